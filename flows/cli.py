@@ -1,0 +1,100 @@
+"""The ``sluice`` command line: run a job from a config file with ``--set`` overrides.
+
+Process settings (Prefect home, caches) must be in place before Prefect is imported, so the
+flow module is imported inside each command, after :func:`flows.runtime.configure_process`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rl.config import ConfigError, RunConfig, load_config
+from storage.layout import RunLayout
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+
+
+def _setup_logging(debug: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
+    for noisy in ("vllm", "ray", "prefect", "mlflow", "alembic", "httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
+def _fail(message: str, debug: bool, error: BaseException) -> None:
+    if debug:
+        raise error
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def run(
+    config: Annotated[
+        Path | None, typer.Argument(help="YAML config (default: built-in defaults).")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a field, e.g. --set train.steps=50 (repeatable)."),
+    ] = None,
+    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+) -> None:
+    """Run an RL job (a Prefect flow) and print a summary at the end."""
+    _setup_logging(debug)
+    try:
+        cfg: RunConfig = load_config(config, set_ or [])
+    except ConfigError as error:
+        _fail(f"{error}\nFix the config file or the --set value.", debug, error)
+        return
+    from flows.runtime import configure_process
+
+    configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
+    from flows.rl_job import RunSummary, rl_job
+
+    logging.getLogger("sluice").info("run %s: writing to %s", cfg.name, cfg.run_dir)
+    try:
+        result = rl_job(cfg.model_dump())
+    except Exception as error:  # one readable line; the traceback is one --debug away
+        _fail(
+            f"the run failed: {type(error).__name__}: {error}\n(rerun with --debug for the "
+            "traceback)",
+            debug,
+            error,
+        )
+        return
+    summary = RunSummary(**result)
+    typer.echo("\n".join(["", "== summary ==", *summary.lines()]))
+
+
+@app.command("show-config")
+def show_config(
+    config: Annotated[Path | None, typer.Argument(help="YAML config.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a field.")] = None,
+) -> None:
+    """Print the fully resolved config (defaults filled in) as YAML."""
+    import yaml
+
+    try:
+        cfg = load_config(config, set_ or [])
+    except ConfigError as error:
+        _fail(str(error), False, error)
+        return
+    typer.echo(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The RL job: a Prefect flow that trains a policy with verifiable rewards.
+
+Components, each in its own folder, wired here and driven by the loop below:
+- ``envs/``: the verifiable environment (prompts + verifier);
+- ``engines/policy.py``: the starting policy (a tiny llama built offline, or a local folder);
+- ``engines/pools.py``: Ray actors, rollout workers hosting vLLM and the torch trainer;
+- ``tasks/rollout.py``: generate n completions per prompt, score, group-relative advantages;
+- ``rl/``: the config tree, advantages and the PPO-clip loss the trainer applies;
+- ``tasks/tracking.py``: parameters and per-step metrics to MLflow (sqlite in the run folder).
+
+Mode ``sync``: generate a batch with the current weights, take one optimiser step on it,
+push the new weights into every live vLLM engine, repeat; evaluate held-out accuracy with
+greedy decoding every ``eval.every`` steps. Weights go trainer -> Ray object store -> rollout
+workers; the driver holds only handles.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import ray
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from engines.policy import prepare_policy
+from engines.pools import launch_rollout_workers, launch_trainer
+from flows.runtime import child_env
+from rl.config import RunConfig, build_config
+from storage.layout import RunLayout
+from tasks.environment import PromptStream, make_environment
+from tasks.rollout import evaluate, rollout_step
+from tasks.tracking import MlflowLogger
+
+log = logging.getLogger("sluice")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_dir: str
+    steps: int
+    start_accuracy: float
+    end_accuracy: float
+    samples_per_s: float
+    tokens_per_s: float
+    wall_s: float
+    mlflow_uri: str
+    mlflow_run_id: str
+    policy: str
+
+    def lines(self) -> list[str]:
+        gain = 100 * (self.end_accuracy - self.start_accuracy)
+        return [
+            f"held-out accuracy {100 * self.start_accuracy:.1f}% -> "
+            f"{100 * self.end_accuracy:.1f}% ({gain:+.1f} points) in {self.steps} steps",
+            f"throughput {self.samples_per_s:.1f} samples/s, {self.tokens_per_s:.0f} tokens/s; "
+            f"wall {self.wall_s:.0f} s",
+            f"trained policy: {self.policy}",
+            f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri {self.mlflow_uri}",
+        ]
+
+
+@task(name="prepare-policy", cache_policy=NO_CACHE)
+def prepare_policy_task(cfg: RunConfig) -> str:
+    env, signature = make_environment(cfg.env)
+    return str(prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir))
+
+
+def _start_ray(cfg: RunConfig, layout: RunLayout) -> None:
+    needed = cfg.rollout.workers * cfg.rollout.cpus_per_worker + cfg.train.cpus
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+        return
+    ray.init(
+        num_cpus=max(int(needed + 0.999), 1),
+        include_dashboard=False,
+        _temp_dir=str(layout.ray_temp),
+        log_to_driver=False,
+        configure_logging=False,
+    )
+
+
+def _step_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    acc = metrics.get("eval/accuracy")
+    shown = f" | held-out {100 * acc:5.1f}%" if acc is not None else ""
+    return (
+        f"step {step:>4}/{total} | reward {metrics['rollout/reward']:.3f}{shown} | "
+        f"loss {metrics['train/loss']:+.4f} | kl {metrics['train/kl_behaviour']:.2e} | "
+        f"entropy {metrics['train/entropy']:.3f} | {metrics['perf/tokens_per_s']:6.0f} tok/s | "
+        f"{metrics['perf/step_s']:.2f} s"
+    )
+
+
+@flow(name="sluice-rl-job", log_prints=False)
+def rl_job(config: dict[str, Any]) -> dict[str, Any]:
+    """Train a policy with RL on a verifiable environment; ``config`` is a RunConfig tree."""
+    cfg = build_config(config)
+    layout = RunLayout(cfg.run_dir, cfg.cache_dir).create()
+    started = time.monotonic()
+    policy_dir = prepare_policy_task(cfg)
+    env, _ = make_environment(cfg.env)
+    prompts = PromptStream(env, cfg.env.train_prompts, cfg.seed)
+    heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
+    eval_tokens = max(len(p.answer) for p in heldout) + 4
+    tracker = MlflowLogger(layout.mlflow_uri, layout.mlflow_artifacts.as_uri(), "sluice", cfg.name)
+    tracker.log_params(cfg.model_dump())
+    _start_ray(cfg, layout)
+    status = "FAILED"
+    try:
+        env_vars = child_env(layout)
+        trainer = launch_trainer(
+            cfg.train.cpus,
+            cfg.train.threads,
+            env_vars,
+            model_dir=policy_dir,
+            lr=cfg.train.lr,
+            clip_eps=cfg.train.clip_eps,
+            grad_clip=cfg.train.grad_clip,
+            micro_batch=cfg.train.micro_batch,
+            seed=cfg.seed,
+        )
+        workers = launch_rollout_workers(
+            cfg.rollout.workers,
+            cfg.rollout.cpus_per_worker,
+            cfg.rollout.threads_per_worker,
+            env_vars,
+            model_dir=policy_dir,
+            seed=cfg.seed,
+            kv_cache_gib=cfg.rollout.kv_cache_gib,
+            enforce_eager=cfg.rollout.enforce_eager,
+            max_model_len=cfg.policy.max_positions,
+        )
+        log.info(
+            "starting %d rollout worker(s) and the trainer (vLLM takes ~30 s to load)", len(workers)
+        )
+        start_acc = evaluate(workers, env, heldout, eval_tokens)
+        ray.get(trainer.version.remote())
+        log.info(
+            "step    0/%d | held-out %5.1f%% (starting policy)", cfg.train.steps, 100 * start_acc
+        )
+        tracker.log_metrics(0, {"eval/accuracy": start_acc})
+        loop_start, samples_seen, tokens_seen, end_acc = time.monotonic(), 0, 0, start_acc
+        for step in range(1, cfg.train.steps + 1):
+            t0 = time.monotonic()
+            batch = rollout_step(
+                workers,
+                env,
+                prompts.take(cfg.rollout.prompts_per_step),
+                cfg.rollout.samples_per_prompt,
+                cfg.rollout.max_new_tokens,
+                cfg.rollout.temperature,
+                cfg.seed * 1_000_003 + step,
+                cfg.train.scale_adv_by_std,
+            )
+            t1 = time.monotonic()
+            train_metrics = ray.get(trainer.step.remote(batch.samples))
+            t2 = time.monotonic()
+            weights = trainer.weights.remote()
+            ray.get([w.load_weights.remote(weights, step) for w in workers])
+            t3 = time.monotonic()
+            samples_seen += len(batch.samples)
+            tokens_seen += batch.tokens
+            metrics = {
+                "rollout/reward": batch.mean_reward,
+                "rollout/accuracy": batch.accuracy,
+                "rollout/response_length": batch.mean_length,
+                "rollout/truncated": batch.truncated,
+                "rollout/reward_errors": batch.reward_errors,
+                **{f"train/{k}": v for k, v in train_metrics.items()},
+                "perf/rollout_s": t1 - t0,
+                "perf/train_s": t2 - t1,
+                "perf/weight_sync_s": t3 - t2,
+                "perf/step_s": t3 - t0,
+                "perf/tokens_per_s": batch.tokens / (t3 - t0),
+                "perf/samples_per_s": len(batch.samples) / (t3 - t0),
+            }
+            if step % cfg.eval.every == 0 or step == cfg.train.steps:
+                end_acc = evaluate(workers, env, heldout, eval_tokens)
+                metrics["eval/accuracy"] = end_acc
+            tracker.log_metrics(step, metrics)
+            log.info(_step_line(step, cfg.train.steps, metrics))
+        loop_s = time.monotonic() - loop_start
+        ray.get(trainer.save.remote(str(layout.final_policy)))
+        summary = RunSummary(
+            run_dir=str(layout.run_dir),
+            steps=cfg.train.steps,
+            start_accuracy=start_acc,
+            end_accuracy=end_acc,
+            samples_per_s=samples_seen / loop_s,
+            tokens_per_s=tokens_seen / loop_s,
+            wall_s=time.monotonic() - started,
+            mlflow_uri=layout.mlflow_uri,
+            mlflow_run_id=tracker.run_id,
+            policy=str(layout.final_policy),
+        )
+        layout.summary.write_text(json.dumps(asdict(summary), indent=2))
+        tracker.log_artifact(str(layout.summary))
+        status = "FINISHED"
+        return asdict(summary)
+    finally:
+        tracker.close(status)
+        ray.shutdown()

@@ -1,0 +1,218 @@
+"""One typed config tree for a Sluice run, loaded from YAML with command-line overrides.
+
+Every field has a description; unknown keys are errors. ``load_config`` turns pydantic's
+validation errors into one ``ConfigError`` whose message names each bad field, the value
+given and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicyConfig(_Section):
+    """The starting policy: a tiny llama built and warm-started here, or a local HF folder."""
+
+    path: str | None = Field(
+        None,
+        description="A local Hugging Face model folder (config.json, safetensors, tokenizer) to "
+        "start from. Empty: build Sluice's own tiny character-level policy.",
+    )
+    layers: int = Field(4, ge=1, le=32, description="Decoder layers of the tiny policy.")
+    hidden: int = Field(128, ge=16, le=4096, description="Hidden size of the tiny policy.")
+    heads: int = Field(4, ge=1, le=64, description="Attention heads (must divide hidden).")
+    intermediate: int = Field(512, ge=16, description="MLP width of the tiny policy.")
+    max_positions: int = Field(256, ge=32, description="Longest prompt+response in tokens.")
+    warmstart_target: float = Field(
+        0.2,
+        gt=0.0,
+        le=1.0,
+        description="Supervised warm start stops once held-out greedy accuracy reaches this, so "
+        "RL starts from a policy that is right sometimes, not never.",
+    )
+    warmstart_max_steps: int = Field(3000, ge=0, description="Upper bound on warm-start steps.")
+    warmstart_batch: int = Field(64, ge=1, description="Warm-start batch size (sequences).")
+    warmstart_lr: float = Field(2e-3, gt=0.0, description="Warm-start AdamW learning rate.")
+    warmstart_eval_every: int = Field(
+        20, ge=1, description="Check held-out accuracy every this many warm-start steps."
+    )
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> PolicyConfig:
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"policy.heads ({self.heads}) must divide policy.hidden ({self.hidden})"
+            )
+        return self
+
+
+class EnvConfig(_Section):
+    """Which verifiable environment to train on, and its difficulty knobs."""
+
+    name: Literal["addition", "countdown"] = Field("addition", description="Environment.")
+    digits: int = Field(2, ge=1, le=12, description="addition: most digits per operand.")
+    scratch: bool = Field(
+        False,
+        description="addition: answer with column-by-column work (least significant digit "
+        "first, with carries) before the sum; far easier for a small model to learn.",
+    )
+    count: int = Field(3, ge=2, le=6, description="countdown: how many numbers are given.")
+    max_number: int = Field(10, ge=2, le=100, description="countdown: largest given number.")
+    long_tail: float = Field(
+        0.0,
+        ge=0.0,
+        le=2.0,
+        description="0 = off. Above 0, problems need scratch work of widely varying length, "
+        "which stretches response lengths into a long tail.",
+    )
+    train_prompts: int = Field(4096, ge=1, description="Size of the training prompt pool.")
+
+
+class RolloutConfig(_Section):
+    """Generation: the vLLM rollout worker and its sampling parameters."""
+
+    prompts_per_step: int = Field(16, ge=1, description="Prompt groups per training step.")
+    samples_per_prompt: int = Field(
+        8, ge=2, description="Completions per prompt (the GRPO group size)."
+    )
+    max_new_tokens: int = Field(16, ge=1, description="Longest response in tokens.")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for rollouts.")
+    workers: int = Field(1, ge=1, description="Rollout actors in the pool.")
+    cpus_per_worker: float = Field(1.0, gt=0.0, description="Ray CPU slots per rollout actor.")
+    threads_per_worker: int = Field(1, ge=1, description="torch threads inside each actor.")
+    kv_cache_gib: float = Field(
+        0.5,
+        gt=0.0,
+        description="vLLM KV-cache size; set explicitly because vLLM's own memory "
+        "probe reads one NUMA node and refuses to start on small CPU machines.",
+    )
+    enforce_eager: bool = Field(
+        True, description="Skip vLLM's graph compilation (starts in seconds instead of ~40 s)."
+    )
+
+
+class TrainConfig(_Section):
+    """The trainer: optimiser, loss and schedule."""
+
+    steps: int = Field(120, ge=1, description="RL steps (one optimiser step each).")
+    lr: float = Field(1e-3, gt=0.0, description="AdamW learning rate.")
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip range epsilon.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
+    scale_adv_by_std: bool = Field(
+        True, description="GRPO's std scaling of advantages (False: Dr. GRPO, centred only)."
+    )
+    micro_batch: int = Field(256, ge=1, description="Sequences per forward/backward pass.")
+    cpus: float = Field(1.0, gt=0.0, description="Ray CPU slots for the trainer actor.")
+    threads: int = Field(1, ge=1, description="torch threads inside the trainer actor.")
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation with greedy decoding."""
+
+    every: int = Field(20, ge=1, description="Evaluate every this many RL steps (and at 0, end).")
+    prompts: int = Field(256, ge=1, description="Held-out prompts per evaluation.")
+
+
+class RunConfig(_Section):
+    """A whole run. Everything it writes lands under ``<root>/<name>/``."""
+
+    name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name.")
+    root: str = Field("runs", description="Folder that holds one sub-folder per run.")
+    cache: str = Field(".cache", description="Shared caches: built policies, vLLM, inductor.")
+    seed: int = Field(0, ge=0, description="Seed for prompts, models and sampling.")
+    mode: Literal["sync"] = Field(
+        "sync", description="sync: generate a batch, train on it, push weights, repeat."
+    )
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Starting policy.")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Training.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.root).resolve() / self.name
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.cache).resolve()
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message says which field and what is allowed."""
+
+
+def apply_override(tree: dict[str, Any], assignment: str) -> None:
+    """Set ``a.b.c=value`` in a nested dict; the value is parsed as YAML (``1e-3``, ``true``)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {assignment!r} is not of the form section.field=value")
+    parts = key.strip().split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {assignment!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            section = _section_for(item["loc"][:-1])
+            allowed = ", ".join(sorted(section.model_fields)) if section else "?"
+            lines.append(f"  {where}: unknown key; allowed here: {allowed}")
+        else:
+            lines.append(f"  {where}: {item['msg']} (got {item.get('input')!r})")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def _section_for(path: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = RunConfig
+    for part in path:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def build_config(tree: dict[str, Any]) -> RunConfig:
+    """Validate a nested dict into a RunConfig, or raise ConfigError naming every bad field."""
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> RunConfig:
+    """Read a YAML config (defaults when ``path`` is None), then apply ``key=value`` overrides."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {str(file)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {str(file)!r} is not valid YAML: {error}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(file)!r} must hold a mapping at the top level")
+        tree = loaded or {}
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    return build_config(tree)

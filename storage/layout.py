@@ -1,0 +1,65 @@
+"""Where a run's files live: all under ``<root>/<name>/``, shared caches under ``<cache>``."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# Unix socket paths are limited to 107 bytes and Ray puts its sockets about 60 characters
+# deep under its temp dir, so a longer temp dir is moved to a short private path in /tmp.
+MAX_RAY_TEMP_CHARS = 45
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Paths of one run. ``create()`` makes the folders."""
+
+    run_dir: Path
+    cache_dir: Path
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.run_dir / "mlflow.db"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"sqlite:///{self.mlflow_db}"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.run_dir / "mlartifacts"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.run_dir / "prefect"
+
+    @property
+    def final_policy(self) -> Path:
+        return self.run_dir / "policy"
+
+    @property
+    def summary(self) -> Path:
+        return self.run_dir / "summary.json"
+
+    @property
+    def ray_temp(self) -> Path:
+        preferred = self.run_dir / "ray"
+        if len(str(preferred)) <= MAX_RAY_TEMP_CHARS:
+            return preferred
+        digest = hashlib.sha256(str(self.run_dir).encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"sluice-ray-{digest}"
+
+    @property
+    def vllm_cache(self) -> Path:
+        return self.cache_dir / "vllm"
+
+    @property
+    def inductor_cache(self) -> Path:
+        return self.cache_dir / "inductor"
+
+    def create(self) -> RunLayout:
+        for folder in (self.run_dir, self.cache_dir, self.prefect_home, self.mlflow_artifacts):
+            folder.mkdir(parents=True, exist_ok=True)
+        return self

@@ -1,0 +1,1 @@
+"""Prefect tasks and the coarse steps they wrap: the pieces a flow composes."""

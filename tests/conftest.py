@@ -1,0 +1,58 @@
+"""Shared fixtures. Process settings go in before any test module imports Prefect or vLLM."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="sluice-tests-"))
+os.environ.update(
+    {
+        "PREFECT_HOME": str(_SESSION_DIR / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+)
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Path:
+    return _SESSION_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(session_dir: Path) -> Path:
+    """A small untrained-but-saved policy folder (no warm start), built once per session."""
+    from engines.policy import prepare_policy
+    from rl.config import EnvConfig, PolicyConfig
+    from tasks.environment import make_environment
+
+    env, signature = make_environment(EnvConfig())
+    cfg = PolicyConfig(layers=2, hidden=64, heads=2, intermediate=128, warmstart_max_steps=0)
+    return prepare_policy(cfg, env, signature, seed=0, cache_dir=session_dir / "cache")
+
+
+@pytest.fixture(scope="session")
+def ray_local(session_dir: Path):
+    """A local Ray instance with two CPU slots, shut down at the end of the session."""
+    import ray
+
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=str(Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))),
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    yield ray
+    ray.shutdown()

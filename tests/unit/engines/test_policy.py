@@ -1,0 +1,95 @@
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from engines.policy import (
+    BOS_ID,
+    EOS_ID,
+    build_model,
+    build_tokenizer,
+    check_policy_folder,
+    prepare_policy,
+    save_policy,
+)
+from envs import ALPHABET, AdditionEnv
+from rl.config import PolicyConfig
+
+TINY = PolicyConfig(layers=1, hidden=32, heads=1, intermediate=64, warmstart_max_steps=0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["47+385=", "7+5=12,4+8+1=13,0+3+1=4|432", "3 5 7>22: (3*5)+7", ALPHABET, "  a  b  "],
+    ids=["addition", "scratch", "countdown", "alphabet", "spaces"],
+)
+def test_tokenizer_round_trip_one_token_per_char(text):
+    tok = build_tokenizer()
+    ids = tok(text)["input_ids"]
+    assert ids[0] == BOS_ID
+    assert len(ids) == len(text) + 1
+    assert tok.decode(ids, skip_special_tokens=True) == text
+
+
+def test_tokenizer_unknown_char_maps_to_unk():
+    tok = build_tokenizer()
+    assert tok("é")["input_ids"][1] == tok.unk_token_id
+
+
+def test_saved_policy_round_trips_through_transformers(tmp_path):
+    tok = build_tokenizer()
+    model = build_model(TINY, vocab_size=len(tok), seed=0)
+    save_policy(model, tok, tmp_path)
+    check_policy_folder(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["tokenizer_class"] == (
+        "PreTrainedTokenizerFast"
+    )
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    loaded_tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded_tok("12+3=")["input_ids"] == tok("12+3=")["input_ids"]
+    assert loaded.config.eos_token_id == EOS_ID
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor)
+
+
+def test_model_is_deterministic_from_seed():
+    a = build_model(TINY, vocab_size=99, seed=3).state_dict()
+    b = build_model(TINY, vocab_size=99, seed=3).state_dict()
+    c = build_model(TINY, vocab_size=99, seed=4).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_check_policy_folder_names_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        check_policy_folder(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        check_policy_folder(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
+        check_policy_folder(tmp_path)
+
+
+def test_prepare_policy_builds_once_then_reuses(tmp_path):
+    env = AdditionEnv(digits=2)
+    cfg = TINY.model_copy(update={"warmstart_max_steps": 2, "warmstart_eval_every": 1})
+    first = prepare_policy(cfg, env, "sig", seed=0, cache_dir=tmp_path)
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    report = json.loads((first / "warmstart.json").read_text())
+    assert report["steps"] == 2
+    again = prepare_policy(cfg, env, "sig", seed=0, cache_dir=tmp_path)
+    assert again == first
+    assert (again / "model.safetensors").stat().st_mtime_ns == stamp
+    other = prepare_policy(cfg, env, "sig", seed=1, cache_dir=tmp_path)
+    assert other != first
+    assert not list((tmp_path / "policies").glob(".building-*"))
+
+
+def test_prepare_policy_uses_a_given_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        prepare_policy(
+            PolicyConfig(path=str(tmp_path / "missing")), AdditionEnv(), "s", 0, tmp_path
+        )

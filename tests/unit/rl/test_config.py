@@ -1,0 +1,63 @@
+from pathlib import Path
+
+import pytest
+
+from rl.config import ConfigError, RunConfig, load_config
+
+CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_parses(path):
+    assert isinstance(load_config(path), RunConfig)
+
+
+def test_configs_folder_is_not_empty():
+    assert CONFIGS, "configs/ should ship at least one example"
+
+
+def test_defaults_and_overrides():
+    cfg = load_config(None, ["train.lr=3e-4", "env.name=countdown", "rollout.enforce_eager=false"])
+    assert cfg.train.lr == pytest.approx(3e-4)
+    assert cfg.env.name == "countdown"
+    assert cfg.rollout.enforce_eager is False
+    assert cfg.mode == "sync"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["train.lrr=1"], r"train\.lrr: unknown key; allowed here: .*\blr\b"),
+        (["env.name=chess"], r"env\.name: .*'addition' or 'countdown'.*'chess'"),
+        (["train.lr=-1"], r"train\.lr: Input should be greater than 0"),
+        (["policy.hidden=100", "policy.heads=3"], r"policy\.heads \(3\) must divide"),
+        (["nosuch.x=1"], r"nosuch: unknown key"),
+        (["train.steps"], "not of the form"),
+        (["train.steps=5", "train.steps.x=1"], "is a value, not a section"),
+    ],
+    ids=[
+        "typo",
+        "bad-literal",
+        "out-of-range",
+        "cross-field",
+        "bad-section",
+        "no-equals",
+        "into-value",
+    ],
+)
+def test_config_errors_name_the_field(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, overrides)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(listy)
