@@ -32,6 +32,8 @@ class TorchTrainer:
         micro_batch: int,
         threads: int,
         seed: int,
+        warmup_steps: int = 0,
+        entropy_coef: float = 0.0,
     ) -> None:
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
@@ -40,7 +42,11 @@ class TorchTrainer:
         self.model.train()
         self._pad_id = int(self.model.config.pad_token_id or 0)
         self._optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        self._schedule = torch.optim.lr_scheduler.LambdaLR(
+            self._optimizer, lambda step: min(1.0, (step + 1) / (warmup_steps + 1))
+        )
         self._clip_eps = clip_eps
+        self._entropy_coef = entropy_coef
         self._grad_clip = grad_clip
         self._micro_batch = micro_batch
         self._version = 0
@@ -64,15 +70,16 @@ class TorchTrainer:
             out = ppo_clip_loss(
                 logprobs, part.old_logprobs, part.advantages, part.mask, self._clip_eps
             )
+            entropy = entropy_from_logits(logits, part.mask)
             # Each micro-batch weighs by its share of tokens: the sum is the batch token mean.
             share = part.mask.sum() / total_tokens
-            (out.loss * share).backward()
+            ((out.loss - self._entropy_coef * entropy) * share).backward()
             with torch.no_grad():
                 sums["loss"] += float(out.loss * share)
                 sums["kl_behaviour"] += float(
                     kl_k3(logprobs.detach(), part.old_logprobs, part.mask) * share
                 )
-                sums["entropy"] += float(entropy_from_logits(logits.detach(), part.mask) * share)
+                sums["entropy"] += float(entropy * share)
                 sums["clip_fraction"] += float(out.clip_fraction * share)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self._grad_clip)
         if not torch.isfinite(grad_norm):
@@ -81,8 +88,10 @@ class TorchTrainer:
                 f"non-finite gradient norm at version {self._version}; the step was skipped"
             )
         self._optimizer.step()
+        lr = self._schedule.get_last_lr()[0]
+        self._schedule.step()
         self._version += 1
-        return {**sums, "grad_norm": float(grad_norm), "tokens": float(total_tokens)}
+        return {**sums, "grad_norm": float(grad_norm), "lr": lr, "tokens": float(total_tokens)}
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[list[float]]:

@@ -33,7 +33,7 @@ from flows.runtime import child_env
 from rl.config import RunConfig, build_config
 from storage.layout import RunLayout
 from tasks.environment import PromptStream, make_environment
-from tasks.rollout import evaluate, rollout_step
+from tasks.rollout import RolloutResult, evaluate, rollout_step
 from tasks.tracking import MlflowLogger
 
 log = logging.getLogger("sluice")
@@ -95,6 +95,26 @@ def _step_line(step: int, total: int, metrics: dict[str, float]) -> str:
     )
 
 
+def _step_metrics(
+    batch: RolloutResult, train: dict[str, float], marks: tuple[float, float, float, float]
+) -> dict[str, float]:
+    t0, t1, t2, t3 = marks
+    return {
+        "rollout/reward": batch.mean_reward,
+        "rollout/accuracy": batch.accuracy,
+        "rollout/response_length": batch.mean_length,
+        "rollout/truncated": batch.truncated,
+        "rollout/reward_errors": batch.reward_errors,
+        **{f"train/{k}": v for k, v in train.items()},
+        "perf/rollout_s": t1 - t0,
+        "perf/train_s": t2 - t1,
+        "perf/weight_sync_s": t3 - t2,
+        "perf/step_s": t3 - t0,
+        "perf/tokens_per_s": batch.tokens / (t3 - t0),
+        "perf/samples_per_s": len(batch.samples) / (t3 - t0),
+    }
+
+
 @flow(name="sluice-rl-job", log_prints=False)
 def rl_job(config: dict[str, Any]) -> dict[str, Any]:
     """Train a policy with RL on a verifiable environment; ``config`` is a RunConfig tree."""
@@ -119,6 +139,8 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
             model_dir=policy_dir,
             lr=cfg.train.lr,
             clip_eps=cfg.train.clip_eps,
+            warmup_steps=cfg.train.warmup_steps,
+            entropy_coef=cfg.train.entropy_coef,
             grad_clip=cfg.train.grad_clip,
             micro_batch=cfg.train.micro_batch,
             seed=cfg.seed,
@@ -146,7 +168,7 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
         loop_start, samples_seen, tokens_seen, end_acc = time.monotonic(), 0, 0, start_acc
         for step in range(1, cfg.train.steps + 1):
             t0 = time.monotonic()
-            batch = rollout_step(
+            batch = rollout_step(  # generate, verify, group-relative advantages
                 workers,
                 env,
                 prompts.take(cfg.rollout.prompts_per_step),
@@ -157,27 +179,14 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
                 cfg.train.scale_adv_by_std,
             )
             t1 = time.monotonic()
-            train_metrics = ray.get(trainer.step.remote(batch.samples))
+            train_metrics = ray.get(trainer.step.remote(batch.samples))  # one PPO-clip step
             t2 = time.monotonic()
-            weights = trainer.weights.remote()
+            weights = trainer.weights.remote()  # trainer -> object store -> every vLLM engine
             ray.get([w.load_weights.remote(weights, step) for w in workers])
             t3 = time.monotonic()
             samples_seen += len(batch.samples)
             tokens_seen += batch.tokens
-            metrics = {
-                "rollout/reward": batch.mean_reward,
-                "rollout/accuracy": batch.accuracy,
-                "rollout/response_length": batch.mean_length,
-                "rollout/truncated": batch.truncated,
-                "rollout/reward_errors": batch.reward_errors,
-                **{f"train/{k}": v for k, v in train_metrics.items()},
-                "perf/rollout_s": t1 - t0,
-                "perf/train_s": t2 - t1,
-                "perf/weight_sync_s": t3 - t2,
-                "perf/step_s": t3 - t0,
-                "perf/tokens_per_s": batch.tokens / (t3 - t0),
-                "perf/samples_per_s": len(batch.samples) / (t3 - t0),
-            }
+            metrics = _step_metrics(batch, train_metrics, (t0, t1, t2, t3))
             if step % cfg.eval.every == 0 or step == cfg.train.steps:
                 end_acc = evaluate(workers, env, heldout, eval_tokens)
                 metrics["eval/accuracy"] = end_acc

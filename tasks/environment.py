@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 from envs import Environment, Problem, make_env
 from rl.config import EnvConfig
@@ -22,12 +23,16 @@ def make_environment(cfg: EnvConfig) -> tuple[Environment, str]:
 
 
 class PromptStream:
-    """Cycles through a fixed pool of training problems, reshuffled each epoch, from a seed."""
+    """Cycles through a fixed pool of distinct training problems, reshuffled each epoch.
+
+    Duplicates are removed because held-out problems are distinct too: with repeats, small
+    problems (``3+5=``) would crowd the training stream while the held-out set, drawn
+    without repeats, is mostly large ones, and training would not aim at what is measured.
+    """
 
     def __init__(self, env: Environment, pool_size: int, seed: int) -> None:
-        import random
-
-        self._pool = env.problems("train", pool_size, seed)
+        unique = {p.prompt: p for p in env.problems("train", pool_size, seed)}
+        self._pool = list(unique.values())
         self._rng = random.Random(seed)
         self._order: list[int] = []
         self.epoch = 0

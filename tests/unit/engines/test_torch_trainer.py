@@ -65,3 +65,36 @@ def test_save_writes_a_loadable_folder(trainer, tmp_path):
     trainer.save(str(out))
     assert (out / "model.safetensors").is_file()
     assert (out / "tokenizer.json").is_file()
+
+
+def test_warmup_ramps_the_learning_rate(tmp_path, trainer):
+    warm = TorchTrainer(
+        str(trainer._model_dir),
+        lr=1e-2,
+        clip_eps=0.2,
+        grad_clip=1.0,
+        micro_batch=8,
+        threads=1,
+        seed=0,
+        warmup_steps=3,
+    )
+    samples = _samples(warm, [1.0, -1.0])
+    lrs = [warm.step(samples)["lr"] for _ in range(5)]
+    assert lrs == pytest.approx([0.25e-2, 0.5e-2, 0.75e-2, 1e-2, 1e-2])
+
+
+def test_entropy_bonus_raises_entropy(trainer):
+    bonus = TorchTrainer(
+        str(trainer._model_dir),
+        lr=1e-2,
+        clip_eps=0.2,
+        grad_clip=1.0,
+        micro_batch=8,
+        threads=1,
+        seed=0,
+        entropy_coef=1.0,
+    )
+    samples = _samples(bonus, [0.0, 0.0])  # no policy-gradient signal: only the bonus acts
+    first = bonus.step(samples)["entropy"]
+    later = [bonus.step(samples)["entropy"] for _ in range(5)]
+    assert later[-1] > first

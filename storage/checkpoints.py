@@ -1,0 +1,221 @@
+"""Atomic checkpoints: named files plus a manifest, under ``<url>/checkpoints/step-NNNNNNNN/``.
+
+Driven by the trainer, which saves every few steps and loads the newest valid checkpoint on
+restart. The manifest (sha256 and size of every file, the step, meta, a format version) is
+written last, and its presence is what makes a checkpoint valid. On a local disk the files
+go to ``step-NNNNNNNN.tmp-<random>/`` first and the folder is renamed into place; on S3,
+where rename is a copy, the files go straight into the final folder, manifest last. A
+corrupt or incomplete newest checkpoint is skipped with a warning in favour of the previous
+one. Tensor, optimizer and RNG state are packed with ``storage.torch_state`` (no pickle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from storage import fsio
+from storage.urls import is_local, open_url, redact, url_of
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_FINAL = re.compile(r"^step-(\d{8,})$")
+_STALE = re.compile(r"^step-\d{8,}\.(tmp|old)-[0-9a-f]+$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is corrupt or incomplete; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    meta: dict[str, Any]
+    files: dict[str, bytes] = field(repr=False)
+    url: str = ""
+
+
+def folder_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _check_file_name(name: str) -> None:
+    parts = name.split("/")
+    if name == MANIFEST or not name or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid checkpoint file name {name!r}")
+
+
+def make_manifest(step: int, files: dict[str, bytes], meta: dict[str, Any]) -> bytes:
+    """The manifest of a checkpoint, as JSON bytes (raises ValueError if meta is not JSON)."""
+    entries = {
+        name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        for name, data in sorted(files.items())
+    }
+    manifest = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "meta": meta,
+        "files": entries,
+        "created_at": datetime.now(UTC).isoformat(),
+    }
+    try:
+        return json.dumps(manifest, indent=1, sort_keys=True, allow_nan=True).encode()
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"checkpoint meta must be plain JSON data: {err}") from err
+
+
+def _parse_manifest(raw: bytes, step: int) -> dict[str, Any]:
+    try:
+        manifest = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"manifest is not valid JSON ({err})") from err
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError("manifest has no 'files' table")
+    if manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"manifest format {manifest.get('format')!r}, this code reads {FORMAT_VERSION}"
+        )
+    if manifest.get("step") != step:
+        raise CheckpointError(f"manifest says step {manifest.get('step')!r}")
+    return manifest
+
+
+def _verify(name: str, data: bytes, entry: Any) -> None:
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"manifest entry for {name!r} is malformed")
+    if len(data) != entry.get("size"):
+        raise CheckpointError(f"{name!r} has {len(data)} bytes, manifest says {entry.get('size')}")
+    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        raise CheckpointError(f"{name!r} does not match its sha256 checksum")
+
+
+class CheckpointStore:
+    """Saves and loads checkpoints under ``<url>/checkpoints/``, keeping the last N valid."""
+
+    def __init__(self, url: str, keep_last: int = 3) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        self.url = redact(url)
+        self.keep_last = keep_last
+        self._fs, root = open_url(url)
+        self._dir = fsio.join(root, "checkpoints")
+
+    def _path(self, step: int) -> str:
+        return fsio.join(self._dir, folder_name(step))
+
+    # -- saving ----------------------------------------------------------------------------
+
+    def save(self, step: int, files: dict[str, bytes], meta: dict[str, Any]) -> str:
+        """Write a checkpoint atomically, prune old ones; returns the checkpoint's URL."""
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+        for name in files:
+            _check_file_name(name)
+        manifest = make_manifest(step, files, meta)
+        final = self._path(step)
+        if is_local(self._fs):
+            self._save_local(final, files, manifest)
+        else:
+            self._save_direct(final, files, manifest)
+        self.prune()
+        return url_of(self._fs, final)
+
+    def _write_files(self, folder: str, files: dict[str, bytes], manifest: bytes) -> None:
+        for name, data in files.items():
+            fsio.write_bytes(self._fs, fsio.join(folder, name), data, atomic=False)
+        fsio.write_bytes(self._fs, fsio.join(folder, MANIFEST), manifest, atomic=False)
+
+    def _save_local(self, final: str, files: dict[str, bytes], manifest: bytes) -> None:
+        tmp = f"{final}.tmp-{fsio.random_suffix()}"
+        self._write_files(tmp, files, manifest)
+        old = None
+        if self._fs.exists(final):
+            old = f"{final}.old-{fsio.random_suffix()}"
+            fsio.rename_dir(final, old)
+        fsio.rename_dir(tmp, final)
+        if old is not None:
+            fsio.remove_tree(self._fs, old)
+
+    def _save_direct(self, final: str, files: dict[str, bytes], manifest: bytes) -> None:
+        # Object stores: un-validate any older copy first, then files, manifest last.
+        fsio.remove_tree(self._fs, final)
+        self._write_files(final, files, manifest)
+
+    def prune(self) -> None:
+        """Keep the newest ``keep_last`` valid checkpoints; delete older ones and stale temps."""
+        valid = self.list()
+        oldest_kept = valid[-self.keep_last] if len(valid) >= self.keep_last else -1
+        for name in fsio.list_names(self._fs, self._dir):
+            match = _FINAL.match(name)
+            doomed = (match and int(match.group(1)) < oldest_kept) or _STALE.match(name)
+            if doomed:
+                fsio.remove_tree(self._fs, fsio.join(self._dir, name))
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _steps(self) -> list[int]:
+        """Steps of every final-named folder, valid or not, ascending."""
+        names = fsio.list_names(self._fs, self._dir)
+        return sorted(int(m.group(1)) for m in map(_FINAL.match, names) if m)
+
+    def _is_complete(self, step: int) -> bool:
+        """Manifest parses and every listed file exists with the right size (no checksums)."""
+        folder = self._path(step)
+        try:
+            manifest = _parse_manifest(fsio.read_bytes(self._fs, fsio.join(folder, MANIFEST)), step)
+        except (FileNotFoundError, CheckpointError):
+            return False
+        sizes = fsio.file_sizes(self._fs, folder)
+        return all(
+            isinstance(entry, dict) and sizes.get(name) == entry.get("size")
+            for name, entry in manifest["files"].items()
+        )
+
+    def list(self) -> list[int]:
+        """Steps of the valid checkpoints, ascending (checksums are verified on load)."""
+        return [step for step in self._steps() if self._is_complete(step)]
+
+    def load(self, step: int) -> Checkpoint:
+        """Load and verify one checkpoint; raises ``CheckpointError`` saying what is wrong."""
+        folder = self._path(step)
+        try:
+            raw = fsio.read_bytes(self._fs, fsio.join(folder, MANIFEST))
+        except FileNotFoundError as err:
+            raise CheckpointError("no manifest (incomplete checkpoint)") from err
+        manifest = _parse_manifest(raw, step)
+        files: dict[str, bytes] = {}
+        for name, entry in manifest["files"].items():
+            try:
+                _check_file_name(name)
+            except ValueError as err:
+                raise CheckpointError(f"manifest lists {err}") from err
+            try:
+                data = fsio.read_bytes(self._fs, fsio.join(folder, name))
+            except FileNotFoundError as err:
+                raise CheckpointError(f"file {name!r} is missing") from err
+            _verify(name, data, entry)
+            files[name] = data
+        meta = manifest.get("meta")
+        return Checkpoint(
+            step, meta if isinstance(meta, dict) else {}, files, url_of(self._fs, folder)
+        )
+
+    def load_latest(self) -> Checkpoint | None:
+        """The newest checkpoint that verifies, falling back past broken ones with a warning."""
+        for step in reversed(self._steps()):
+            try:
+                return self.load(step)
+            except CheckpointError as err:
+                logger.warning(
+                    "checkpoint %s is unusable (%s); falling back to an older checkpoint",
+                    url_of(self._fs, self._path(step)),
+                    err,
+                )
+        return None

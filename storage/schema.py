@@ -1,0 +1,168 @@
+"""The trajectory schema: one Arrow row per sample, with its tokens, reward and life cycle.
+
+Written by the trajectory store as samples move generated -> scored -> leased -> trained (or
+failed / dropped) and read back by the trainer and by offline analysis. The schema version
+lives in the schema metadata under ``sluice.schema_version``; ``validate_batch`` checks a
+batch before it is written and ``check_version`` refuses data written by another version.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+SCHEMA_VERSION = 1
+VERSION_KEY = b"sluice.schema_version"
+STATUSES = ("generated", "scored", "failed", "leased", "trained", "dropped")
+TIMESTAMP = pa.timestamp("ms", tz="UTC")
+
+_FIELDS = [
+    pa.field("sample_id", pa.string(), nullable=False),
+    pa.field("prompt_id", pa.string(), nullable=False),
+    pa.field("group_id", pa.string(), nullable=False),
+    pa.field("env", pa.string(), nullable=False),
+    pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
+    pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
+    pa.field("behaviour_logprobs", pa.list_(pa.float32()), nullable=False),
+    # The policy version that produced each response token (weights can change mid-sample).
+    pa.field("token_versions", pa.list_(pa.int32()), nullable=False),
+    pa.field("reward", pa.float32()),
+    pa.field("advantage", pa.float32()),
+    pa.field("prompt_len", pa.int32(), nullable=False),
+    pa.field("response_len", pa.int32(), nullable=False),
+    pa.field("status", pa.string(), nullable=False),
+    pa.field("reason", pa.string()),
+    # The policy version the sample was trained at.
+    pa.field("version", pa.int32()),
+    pa.field("generated_at", TIMESTAMP),
+    pa.field("scored_at", TIMESTAMP),
+    pa.field("trained_at", TIMESTAMP),
+]
+SCHEMA = pa.schema(_FIELDS, metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()})
+# Columns whose per-row lists must all have ``response_len`` entries.
+RESPONSE_LISTS = ("response_ids", "behaviour_logprobs", "token_versions")
+
+
+class SchemaError(ValueError):
+    """A batch or file does not match the trajectory schema; the message names the column."""
+
+
+def check_version(schema: pa.Schema) -> None:
+    """Refuse data written with another schema version, naming both versions."""
+    metadata = schema.metadata or {}
+    raw = metadata.get(VERSION_KEY)
+    if raw is None:
+        raise SchemaError(
+            f"schema metadata has no {VERSION_KEY.decode()!r} key: not written by this "
+            f"trajectory schema (this code reads version {SCHEMA_VERSION})"
+        )
+    found = raw.decode(errors="replace")
+    if found != str(SCHEMA_VERSION):
+        raise SchemaError(
+            f"trajectory data was written with schema version {found}, "
+            f"but this code reads schema version {SCHEMA_VERSION}"
+        )
+
+
+def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
+    if pa.types.is_list(expected):
+        return pa.types.is_list(actual) and actual.value_type == expected.value_type
+    return bool(actual == expected)
+
+
+def _check_columns(schema: pa.Schema) -> None:
+    expected_names = set(SCHEMA.names)
+    for field in SCHEMA:
+        if field.name not in schema.names:
+            raise SchemaError(f"column {field.name!r} is missing (expected {field.type})")
+        actual = schema.field(field.name).type
+        if not _same_type(actual, field.type):
+            raise SchemaError(f"column {field.name!r} has type {actual}, expected {field.type}")
+    extra = [name for name in schema.names if name not in expected_names]
+    if extra:
+        raise SchemaError(f"unexpected column(s) {extra}: not in trajectory schema")
+
+
+def _first(bad: pa.Array) -> int | None:
+    """Index of the first True in ``bad`` (nulls count as False), or None."""
+    index = pc.index(bad.fill_null(False), True).as_py()
+    return None if index < 0 else int(index)
+
+
+def _row(batch: pa.RecordBatch, index: int) -> str:
+    return f"row {index} (sample_id={batch.column('sample_id')[index].as_py()!r})"
+
+
+def _check_nulls(batch: pa.RecordBatch) -> None:
+    for field in SCHEMA:
+        index = _first(pc.is_null(batch.column(field.name)))
+        if not field.nullable and index is not None:
+            raise SchemaError(
+                f"column {field.name!r} is null at {_row(batch, index)}; expected a value"
+            )
+
+
+def _check_lengths(batch: pa.RecordBatch) -> None:
+    response_len = batch.column("response_len")
+    for name in RESPONSE_LISTS:
+        lengths = pc.list_value_length(batch.column(name))
+        index = _first(pc.not_equal(lengths, response_len))
+        if index is not None:
+            raise SchemaError(
+                f"column {name!r} has {lengths[index].as_py()} entries but response_len is "
+                f"{response_len[index].as_py()} at {_row(batch, index)}; expected "
+                f"{', '.join(RESPONSE_LISTS)} to all have response_len entries"
+            )
+    prompt_lengths = pc.list_value_length(batch.column("prompt_ids"))
+    index = _first(pc.not_equal(prompt_lengths, batch.column("prompt_len")))
+    if index is not None:
+        raise SchemaError(
+            f"column 'prompt_len' does not match len(prompt_ids) at {_row(batch, index)}"
+        )
+
+
+def _check_status(batch: pa.RecordBatch) -> None:
+    status = batch.column("status")
+    index = _first(pc.invert(pc.is_in(status, value_set=pa.array(STATUSES))))
+    if index is not None:
+        raise SchemaError(
+            f"column 'status' is {status[index].as_py()!r} at {_row(batch, index)}; "
+            f"expected one of {', '.join(STATUSES)}"
+        )
+
+
+def _check_reward(batch: pa.RecordBatch) -> None:
+    reward = batch.column("reward")
+    outside = pc.or_(pc.less(reward, 0.0), pc.greater(reward, 1.0))
+    index = _first(pc.or_(pc.invert(pc.is_finite(reward)), outside))
+    if index is not None:
+        raise SchemaError(
+            f"column 'reward' is {reward[index].as_py()} at {_row(batch, index)}; "
+            "expected a finite value in [0, 1] (or null before scoring)"
+        )
+
+
+def validate_batch(batch: pa.RecordBatch) -> None:
+    """Raise ``SchemaError`` naming the column when ``batch`` breaks the trajectory schema."""
+    check_version(batch.schema)
+    _check_columns(batch.schema)
+    _check_nulls(batch)
+    _check_lengths(batch)
+    _check_status(batch)
+    _check_reward(batch)
+
+
+def batch_from_rows(rows: Iterable[Mapping[str, Any]]) -> pa.RecordBatch:
+    """A validated batch built from dicts keyed by column name (missing nullable -> null)."""
+    batch = pa.RecordBatch.from_pylist([dict(r) for r in rows], schema=SCHEMA)
+    validate_batch(batch)
+    return batch
+
+
+def is_valid_reward(value: float | None) -> bool:
+    """Whether a single reward would pass ``validate_batch`` (None means not scored yet)."""
+    return value is None or (math.isfinite(value) and 0.0 <= value <= 1.0)

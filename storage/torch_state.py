@@ -1,0 +1,142 @@
+"""Pack torch model, optimizer and RNG state into checkpoint files without pickle.
+
+Driven by the trainer, which hands the resulting ``{name: bytes}`` to
+``storage.checkpoints.CheckpointStore.save`` and feeds loaded files back here. Tensors go to
+safetensors; everything else (optimizer hyper-parameters, step counts, Python and NumPy RNG
+state) goes to JSON, with tuples and non-string dict keys encoded so they come back exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+OPTIMIZER_TENSORS = "optimizer.safetensors"
+OPTIMIZER_JSON = "optimizer.json"
+RNG_JSON = "rng.json"
+RNG_TENSORS = "rng_torch.safetensors"
+_TENSOR, _TUPLE, _ITEMS = "__tensor__", "__tuple__", "__items__"
+
+
+def tensors_to_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    """Serialize a flat ``{name: tensor}`` dict (e.g. a state dict) with safetensors."""
+    seen: set[int] = set()
+    flat: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name!r} is a {type(tensor).__name__}, not a tensor")
+        t = tensor.detach().to("cpu").contiguous()
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen or storage.nbytes() != t.nbytes:
+            t = t.clone()  # safetensors refuses tensors that share or view a larger storage
+        seen.add(t.untyped_storage().data_ptr())
+        flat[name] = t
+    return bytes(st_save(flat))
+
+
+def bytes_to_tensors(data: bytes) -> dict[str, torch.Tensor]:
+    """The inverse of ``tensors_to_bytes`` (tensors land on the CPU)."""
+    return dict(st_load(data))
+
+
+def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """A JSON-able copy of ``obj`` with tensors moved into ``tensors`` and referenced by key."""
+    if isinstance(obj, torch.Tensor):
+        key = f"{path}#{len(tensors)}"
+        tensors[key] = obj
+        return {_TENSOR: key}
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, tuple):
+        return {_TUPLE: [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        items = []
+        for key, value in obj.items():
+            if not isinstance(key, str | int):
+                raise TypeError(f"cannot store dict key {key!r} at {path}")
+            items.append([key, _encode(value, f"{path}.{key}", tensors)])
+        return {_ITEMS: items}
+    raise TypeError(f"cannot store a {type(obj).__name__} at {path} without pickle")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if _TENSOR in obj:
+        return tensors[obj[_TENSOR]]
+    if _TUPLE in obj:
+        return tuple(_decode(v, tensors) for v in obj[_TUPLE])
+    return {key: _decode(value, tensors) for key, value in obj[_ITEMS]}
+
+
+def state_to_files(state: Any, json_name: str, tensors_name: str) -> dict[str, bytes]:
+    """Any nest of dicts/lists/tuples/scalars/tensors as a JSON file plus a safetensors file."""
+    tensors: dict[str, torch.Tensor] = {}
+    tree = _encode(state, "", tensors)
+    return {json_name: json.dumps(tree).encode(), tensors_name: tensors_to_bytes(tensors)}
+
+
+def files_to_state(files: dict[str, bytes], json_name: str, tensors_name: str) -> Any:
+    """The inverse of ``state_to_files``."""
+    return _decode(json.loads(files[json_name]), bytes_to_tensors(files[tensors_name]))
+
+
+def optimizer_to_files(optimizer: torch.optim.Optimizer) -> dict[str, bytes]:
+    """The optimizer's state dict as ``optimizer.json`` + ``optimizer.safetensors``."""
+    return state_to_files(optimizer.state_dict(), OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, files: dict[str, bytes]) -> None:
+    """Restore state written by ``optimizer_to_files`` into a freshly built optimizer."""
+    optimizer.load_state_dict(files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS))
+
+
+def _byte_tensor(state: torch.Tensor) -> torch.Tensor:
+    return state.detach().to("cpu", torch.uint8).clone()
+
+
+def rng_state_files() -> dict[str, bytes]:
+    """Python, NumPy (legacy global) and torch (CPU, and CUDA when present) RNG states."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    doc = {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy": {
+            "name": name,
+            "keys": [int(k) for k in keys],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
+    tensors = {"cpu": _byte_tensor(torch.get_rng_state())}
+    if torch.cuda.is_available():
+        for index, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{index}"] = _byte_tensor(state)
+    return {RNG_JSON: json.dumps(doc).encode(), RNG_TENSORS: tensors_to_bytes(tensors)}
+
+
+def restore_rng(files: dict[str, bytes]) -> None:
+    """Restore the RNG states written by ``rng_state_files``."""
+    doc = json.loads(files[RNG_JSON])
+    py = doc["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    npy = doc["numpy"]
+    keys = np.asarray(npy["keys"], dtype=np.uint32)
+    np.random.set_state((npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+    tensors = bytes_to_tensors(files[RNG_TENSORS])
+    torch.set_rng_state(tensors["cpu"])
+    cuda_keys = sorted((k for k in tensors if k.startswith("cuda.")), key=lambda k: int(k[5:]))
+    cuda = [tensors[k] for k in cuda_keys]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])

@@ -1,0 +1,117 @@
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from storage.schema import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    VERSION_KEY,
+    SchemaError,
+    batch_from_rows,
+    check_version,
+    validate_batch,
+)
+
+
+def row(**overrides):
+    base = {
+        "sample_id": "s1",
+        "prompt_id": "p1",
+        "group_id": "g1",
+        "env": "addition",
+        "prompt_ids": [1, 2, 3],
+        "response_ids": [4, 5],
+        "behaviour_logprobs": [-0.5, -1.0],
+        "token_versions": [7, 8],
+        "reward": 1.0,
+        "advantage": 0.25,
+        "prompt_len": 3,
+        "response_len": 2,
+        "status": "scored",
+        "generated_at": datetime(2026, 1, 1, tzinfo=UTC),
+    }
+    base.update(overrides)
+    return base
+
+
+def raw_batch(*rows, schema=SCHEMA):
+    return pa.RecordBatch.from_pylist(list(rows), schema=schema)
+
+
+def test_a_valid_batch_passes_and_survives_parquet(tmp_path):
+    batch = batch_from_rows([row(), row(sample_id="s2", reward=None, status="generated")])
+    assert batch.schema.metadata[VERSION_KEY] == str(SCHEMA_VERSION).encode()
+    pq.write_table(pa.Table.from_batches([batch]), tmp_path / "t.parquet")
+    table = pq.read_table(tmp_path / "t.parquet")
+    check_version(table.schema)
+    for back in table.to_batches():
+        validate_batch(back)
+    assert table.column("reward").to_pylist() == [1.0, None]
+
+
+def test_a_missing_column_is_named():
+    batch = raw_batch(row()).drop_columns(["token_versions"])
+    with pytest.raises(SchemaError, match="column 'token_versions' is missing"):
+        validate_batch(batch)
+
+
+def test_a_wrong_type_is_named_with_the_expected_type():
+    fields = [pa.field("reward", pa.float64()) if f.name == "reward" else f for f in SCHEMA]
+    batch = raw_batch(row(), schema=pa.schema(fields, metadata=SCHEMA.metadata))
+    with pytest.raises(SchemaError, match=r"column 'reward' has type double, expected float"):
+        validate_batch(batch)
+
+
+def test_an_unexpected_column_is_named():
+    batch = raw_batch(row()).append_column("extra", pa.array([1]))
+    with pytest.raises(SchemaError, match="extra"):
+        validate_batch(batch)
+
+
+def test_a_null_in_a_required_column_is_named():
+    with pytest.raises(SchemaError, match="column 'env' is null at row 1"):
+        validate_batch(raw_batch(row(), row(sample_id="s2", env=None)))
+
+
+@pytest.mark.parametrize("column", ["behaviour_logprobs", "token_versions", "response_ids"])
+def test_response_lists_of_different_lengths_are_named(column):
+    short = row(sample_id="s2", **{column: row()[column][:1]})
+    with pytest.raises(SchemaError, match=rf"column '{column}' has 1 entries.*sample_id='s2'"):
+        validate_batch(raw_batch(row(), short))
+
+
+def test_response_len_must_match_the_tokens():
+    with pytest.raises(SchemaError, match="response_len is 3"):
+        validate_batch(raw_batch(row(response_len=3)))
+    with pytest.raises(SchemaError, match="column 'prompt_len'"):
+        validate_batch(raw_batch(row(prompt_len=2)))
+
+
+def test_an_unknown_status_is_named():
+    with pytest.raises(SchemaError, match=r"column 'status' is 'lost'.*expected one of generated"):
+        validate_batch(raw_batch(row(status="lost")))
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), 1.5, -0.1])
+def test_a_reward_that_is_not_finite_or_outside_0_1_is_named(reward):
+    with pytest.raises(
+        SchemaError, match=r"column 'reward' .* expected a finite value in \[0, 1\]"
+    ):
+        validate_batch(raw_batch(row(reward=reward)))
+
+
+def test_another_schema_version_fails_naming_both_versions():
+    other = SCHEMA.with_metadata({VERSION_KEY: b"2"})
+    with pytest.raises(SchemaError) as info:
+        check_version(other)
+    assert "schema version 2" in str(info.value)
+    assert f"schema version {SCHEMA_VERSION}" in str(info.value)
+    with pytest.raises(SchemaError, match="schema version 2"):
+        validate_batch(raw_batch(row(), schema=other))
+
+
+def test_data_without_version_metadata_is_refused():
+    with pytest.raises(SchemaError, match=r"sluice\.schema_version"):
+        validate_batch(raw_batch(row(), schema=SCHEMA.remove_metadata()))
