@@ -33,7 +33,7 @@ from flows.runtime import child_env
 from rl.config import RunConfig, build_config
 from storage.layout import RunLayout
 from tasks.environment import PromptStream, make_environment
-from tasks.rollout import RolloutResult, evaluate, rollout_step
+from tasks.rollout import PendingRollout, RolloutResult, collect, evaluate, submit
 from tasks.tracking import MlflowLogger
 
 log = logging.getLogger("sluice")
@@ -166,24 +166,36 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
         )
         tracker.log_metrics(0, {"eval/accuracy": start_acc})
         loop_start, samples_seen, tokens_seen, end_acc = time.monotonic(), 0, 0, start_acc
-        for step in range(1, cfg.train.steps + 1):
-            t0 = time.monotonic()
-            batch = rollout_step(  # generate, verify, group-relative advantages
+
+        def next_rollout(step: int, version: int) -> PendingRollout:
+            return submit(
                 workers,
-                env,
                 prompts.take(cfg.rollout.prompts_per_step),
                 cfg.rollout.samples_per_prompt,
                 cfg.rollout.max_new_tokens,
                 cfg.rollout.temperature,
-                cfg.seed * 1_000_003 + step,
-                cfg.train.scale_adv_by_std,
+                seed=cfg.seed * 1_000_003 + step,
+                behaviour_version=version,
             )
+
+        pending = next_rollout(1, version=0)
+        for step in range(1, cfg.train.steps + 1):
+            t0 = time.monotonic()
+            batch = collect(pending, env, cfg.train.scale_adv_by_std)  # verify + advantages
             t1 = time.monotonic()
+            more = step < cfg.train.steps
+            if more and cfg.mode == "one_step":
+                # Generation of the next batch overlaps this training step; it samples with
+                # the weights of the previous step, so every batch is one version stale.
+                pending = next_rollout(step + 1, version=step - 1)
             train_metrics = ray.get(trainer.step.remote(batch.samples))  # one PPO-clip step
             t2 = time.monotonic()
             weights = trainer.weights.remote()  # trainer -> object store -> every vLLM engine
             ray.get([w.load_weights.remote(weights, step) for w in workers])
             t3 = time.monotonic()
+            if more and cfg.mode == "sync":
+                pending = next_rollout(step + 1, version=step)
+            train_metrics["staleness"] = float(step - 1 - batch.behaviour_version)
             samples_seen += len(batch.samples)
             tokens_seen += batch.tokens
             metrics = _step_metrics(batch, train_metrics, (t0, t1, t2, t3))

@@ -142,8 +142,10 @@ class RunConfig(_Section):
     root: str = Field("runs", description="Folder that holds one sub-folder per run.")
     cache: str = Field(".cache", description="Shared caches: built policies, vLLM, inductor.")
     seed: int = Field(0, ge=0, description="Seed for prompts, models and sampling.")
-    mode: Literal["sync"] = Field(
-        "sync", description="sync: generate a batch, train on it, push weights, repeat."
+    mode: Literal["sync", "one_step"] = Field(
+        "sync",
+        description="sync: generate a batch, train on it, push weights, repeat. one_step: "
+        "generate the next batch while training on this one (each batch one version stale).",
     )
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Starting policy.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")

@@ -1,4 +1,9 @@
-"""Generate, score and turn completions into training samples (the sync rollout step)."""
+"""Generate, score and turn completions into training samples.
+
+A rollout is submitted (the workers start generating at once) and collected later (wait,
+verify, compute group-relative advantages), so the flow can train on one batch while the
+next one generates (the ``one_step`` mode).
+"""
 
 from __future__ import annotations
 
@@ -23,54 +28,59 @@ class RolloutResult:
     mean_length: float
     truncated: float
     reward_errors: int
+    behaviour_version: int
 
 
-def _split(items: list[Any], parts: int) -> list[list[Any]]:
-    return [items[i::parts] for i in range(parts)]
+@dataclass(frozen=True)
+class PendingRollout:
+    """Generation in flight: the problems, and per worker its prompt indices and result refs."""
+
+    problems: list[Problem]
+    shards: list[list[int]]
+    refs: list[tuple[Any, Any]]
+    behaviour_version: int
 
 
-def generate(
+def submit(
     workers: list[Any],
-    prompts: list[str],
-    n: int,
-    max_new_tokens: int,
-    temperature: float,
-    seed: int,
-) -> tuple[list[list[int]], list[list[Completion]]]:
-    """Spread prompts over the workers; return prompt ids and completions in prompt order."""
-    shards = _split(list(range(len(prompts))), len(workers))
-    calls = [
-        (
-            w.prompt_ids.remote([prompts[i] for i in shard]),
-            w.generate.remote([prompts[i] for i in shard], n, max_new_tokens, temperature, seed),
-        )
-        for w, shard in zip(workers, shards, strict=True)
-        if shard
-    ]
-    ids: list[list[int]] = [[] for _ in prompts]
-    completions: list[list[Completion]] = [[] for _ in prompts]
-    for shard, (ids_ref, out_ref) in zip([s for s in shards if s], calls, strict=True):
-        for i, prompt_ids, outs in zip(shard, ray.get(ids_ref), ray.get(out_ref), strict=True):
-            ids[i], completions[i] = prompt_ids, outs
-    return ids, completions
-
-
-def rollout_step(
-    workers: list[Any],
-    env: Environment,
     problems: list[Problem],
     n: int,
     max_new_tokens: int,
     temperature: float,
     seed: int,
-    scale_by_std: bool,
-) -> RolloutResult:
-    """n completions per problem, scored, with group-relative advantages."""
-    prompt_ids, groups = generate(
-        workers, [p.prompt for p in problems], n, max_new_tokens, temperature, seed
-    )
+    behaviour_version: int = 0,
+) -> PendingRollout:
+    """Spread the problems over the workers and start generating; returns at once."""
+    shards = [
+        s for s in (list(range(len(problems)))[i :: len(workers)] for i in range(len(workers))) if s
+    ]
+    refs = []
+    for worker, shard in zip(workers, shards, strict=False):
+        prompts = [problems[i].prompt for i in shard]
+        refs.append(
+            (
+                worker.prompt_ids.remote(prompts),
+                worker.generate.remote(prompts, n, max_new_tokens, temperature, seed),
+            )
+        )
+    return PendingRollout(problems, shards, refs, behaviour_version)
+
+
+def _gather(pending: PendingRollout) -> tuple[list[list[int]], list[list[Completion]]]:
+    size = len(pending.problems)
+    ids: list[list[int]] = [[] for _ in range(size)]
+    groups: list[list[Completion]] = [[] for _ in range(size)]
+    for shard, (ids_ref, out_ref) in zip(pending.shards, pending.refs, strict=True):
+        for i, prompt_ids, outs in zip(shard, ray.get(ids_ref), ray.get(out_ref), strict=True):
+            ids[i], groups[i] = prompt_ids, outs
+    return ids, groups
+
+
+def collect(pending: PendingRollout, env: Environment, scale_by_std: bool) -> RolloutResult:
+    """Wait for the generation, verify every completion, compute GRPO advantages."""
+    prompt_ids, groups = _gather(pending)
     rewards, correct, errors = [], 0, 0
-    for problem, group in zip(problems, groups, strict=True):
+    for problem, group in zip(pending.problems, groups, strict=True):
         row = []
         for completion in group:
             result = score(env, problem, completion.text)
@@ -94,6 +104,7 @@ def rollout_step(
         mean_length=tokens / len(completions),
         truncated=sum(not c.finished for c in completions) / len(completions),
         reward_errors=errors,
+        behaviour_version=pending.behaviour_version,
     )
 
 
@@ -101,7 +112,7 @@ def evaluate(
     workers: list[Any], env: Environment, problems: list[Problem], max_new_tokens: int
 ) -> float:
     """Held-out accuracy with greedy decoding."""
-    _, groups = generate(workers, [p.prompt for p in problems], 1, max_new_tokens, 0.0, 0)
+    _, groups = _gather(submit(workers, problems, 1, max_new_tokens, 0.0, 0))
     return sum(
         score(env, p, g[0].text).correct for p, g in zip(problems, groups, strict=True)
     ) / len(problems)

@@ -30,7 +30,10 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_smoke_run_end_to_end(tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "staleness"), [("sync", [0, 0, 0, 0]), ("one_step", [0, 1, 1, 1])]
+)
+def test_smoke_run_end_to_end(tmp_path, mode, staleness):
     steps = 4
     result = _run(
         [
@@ -42,6 +45,8 @@ def test_smoke_run_end_to_end(tmp_path):
             f"cache={tmp_path / 'cache'}",
             "--set",
             f"train.steps={steps}",
+            "--set",
+            f"mode={mode}",
         ],
         timeout=600,
     )
@@ -62,6 +67,9 @@ def test_smoke_run_end_to_end(tmp_path):
     with sqlite3.connect(run_dir / "mlflow.db") as db:
         rows = db.execute("SELECT key, COUNT(*) FROM metrics GROUP BY key").fetchall()
         params = dict(db.execute("SELECT key, value FROM params").fetchall())
+        recorded = db.execute(
+            "SELECT value FROM metrics WHERE key='train/staleness' ORDER BY step"
+        ).fetchall()
     counts = dict(rows)
     for key in (
         "rollout/reward",
@@ -75,6 +83,9 @@ def test_smoke_run_end_to_end(tmp_path):
     assert counts["eval/accuracy"] >= 2  # start and end
     assert params["train.steps"] == str(steps)
     assert params["env.name"] == "addition"
+    assert params["mode"] == mode
+    # one_step trains each batch (after the first) on samples one version old
+    assert [int(v) for (v,) in recorded] == staleness
 
 
 def test_config_error_is_one_readable_message(tmp_path):
