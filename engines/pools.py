@@ -47,7 +47,7 @@ def launch_rollout_workers(
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}
     return [
         RolloutWorker.options(  # type: ignore[attr-defined]
-            num_cpus=cpus, runtime_env=_thread_env(threads, extra), name=None
+            num_cpus=cpus, runtime_env=_thread_env(threads, extra)
         ).remote(threads=threads, **{**engine_args, "seed": engine_args["seed"] + i})
         for i in range(count)
     ]

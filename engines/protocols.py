@@ -8,7 +8,7 @@ torch implement them here; DeepSpeed and other generators plug in behind the sam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rl.batching import Sample
 
@@ -23,6 +23,7 @@ class Completion:
     finished: bool  # False when it hit max_new_tokens before EOS
 
 
+@runtime_checkable
 class RolloutEngine(Protocol):
     def generate(
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
@@ -43,6 +44,7 @@ class RolloutEngine(Protocol):
         ...
 
 
+@runtime_checkable
 class TrainEngine(Protocol):
     def step(self, samples: list[Sample]) -> dict[str, float]:
         """One optimiser step on ``samples``; returns loss and diagnostics."""

@@ -3,9 +3,24 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from engines.policy import build_model, build_tokenizer, save_policy
+from engines.protocols import TrainEngine
 from engines.torch_trainer import TorchTrainer
+from engines.vllm_rollout import VLLMRolloutEngine
 from rl.batching import Sample
 from rl.config import PolicyConfig
+
+
+def _trainer(folder, **overrides):
+    args = {
+        "lr": 1e-2,
+        "clip_eps": 0.2,
+        "grad_clip": 1.0,
+        "micro_batch": 2,
+        "threads": 1,
+        "seed": 0,
+        **overrides,
+    }
+    return TorchTrainer(str(folder), **args)
 
 
 @pytest.fixture
@@ -13,9 +28,7 @@ def trainer(tmp_path):
     tok = build_tokenizer()
     cfg = PolicyConfig(layers=1, hidden=32, heads=1, intermediate=64)
     save_policy(build_model(cfg, len(tok), seed=0), tok, tmp_path)
-    return TorchTrainer(
-        str(tmp_path), lr=1e-2, clip_eps=0.2, grad_clip=1.0, micro_batch=2, threads=1, seed=0
-    )
+    return _trainer(tmp_path)
 
 
 def _samples(trainer, advantages):
@@ -39,15 +52,7 @@ def test_step_raises_logprob_of_rewarded_response(trainer):
 
 def test_micro_batches_give_the_same_step_as_one_batch(tmp_path, trainer):
     samples = _samples(trainer, [1.0, -0.5, 0.25])
-    whole = TorchTrainer(
-        str(trainer._model_dir),
-        lr=1e-2,
-        clip_eps=0.2,
-        grad_clip=1.0,
-        micro_batch=64,
-        threads=1,
-        seed=0,
-    )
+    whole = _trainer(trainer._model_dir, micro_batch=64)
     trainer.step(samples)  # micro_batch=2: two passes
     whole.step(samples)
     for name, tensor in whole.model.state_dict().items():
@@ -68,33 +73,29 @@ def test_save_writes_a_loadable_folder(trainer, tmp_path):
 
 
 def test_warmup_ramps_the_learning_rate(tmp_path, trainer):
-    warm = TorchTrainer(
-        str(trainer._model_dir),
-        lr=1e-2,
-        clip_eps=0.2,
-        grad_clip=1.0,
-        micro_batch=8,
-        threads=1,
-        seed=0,
-        warmup_steps=3,
-    )
+    warm = _trainer(trainer._model_dir, micro_batch=8, warmup_steps=3)
     samples = _samples(warm, [1.0, -1.0])
     lrs = [warm.step(samples)["lr"] for _ in range(5)]
     assert lrs == pytest.approx([0.25e-2, 0.5e-2, 0.75e-2, 1e-2, 1e-2])
 
 
 def test_entropy_bonus_raises_entropy(trainer):
-    bonus = TorchTrainer(
-        str(trainer._model_dir),
-        lr=1e-2,
-        clip_eps=0.2,
-        grad_clip=1.0,
-        micro_batch=8,
-        threads=1,
-        seed=0,
-        entropy_coef=1.0,
-    )
+    bonus = _trainer(trainer._model_dir, micro_batch=8, entropy_coef=1.0)
     samples = _samples(bonus, [0.0, 0.0])  # no policy-gradient signal: only the bonus acts
     first = bonus.step(samples)["entropy"]
     later = [bonus.step(samples)["entropy"] for _ in range(5)]
     assert later[-1] > first
+
+
+def test_trainer_implements_the_train_engine_protocol(trainer):
+    assert isinstance(trainer, TrainEngine)
+
+
+def test_vllm_engine_has_every_rollout_engine_method():
+    # Building a vLLM engine takes seconds; the integration tests drive a real one.
+    missing = [
+        name
+        for name in ("generate", "prompt_ids", "load_weights", "version")
+        if not callable(getattr(VLLMRolloutEngine, name, None))
+    ]
+    assert not missing
