@@ -7,7 +7,7 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-slow lint format clean
+.PHONY: setup run test test-slow lint format clean bench
 
 setup:
 	@bash scripts/setup.sh
@@ -32,3 +32,6 @@ format: setup
 
 clean:
 	rm -rf runs .cache
+
+bench: setup
+	$(PY) -m benchmarks.modes --steps 200
