@@ -92,6 +92,55 @@ def show_config(
     typer.echo(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
 
 
+@app.command()
+def ledger(
+    run: Annotated[str, typer.Argument(help="A run folder, or a run name under --root.")],
+    prompt: Annotated[
+        str | None, typer.Option(help="Show every event of this prompt id instead.")
+    ] = None,
+    root: Annotated[Path, typer.Option(help="Folder that holds the runs.")] = Path("runs"),
+) -> None:
+    """Summarise a run's ledger (samples per final status, staleness), or trace one prompt."""
+    from storage.ledger import Ledger, check_exactly_once
+
+    folder = Path(run) if Path(run).is_dir() else root / run
+    if not (folder / "ledger").is_dir():
+        _fail(
+            f"no ledger under {folder}; pass a run folder or a run name under {root}/",
+            False,
+            FileNotFoundError(folder),
+        )
+    book = Ledger(folder.resolve().as_uri())
+    if prompt is not None:
+        events = book.where(prompt)
+        if not events:
+            _fail(
+                f"prompt {prompt!r} does not appear in the ledger of {folder}",
+                False,
+                KeyError(prompt),
+            )
+        for e in events:
+            extra = "".join(
+                f" {k}={e[k]}" for k in ("version", "staleness", "reason") if e[k] is not None
+            )
+            typer.echo(f"{e['ts']:%H:%M:%S} {e['sample_id']} {e['event']}{extra}")
+        return
+    summary = book.summary()
+    typer.echo(f"{summary['events']} events, {summary['samples']} samples")
+    for status, count in sorted(summary["final"].items()):
+        typer.echo(f"  {status:>9}: {count}")
+    typer.echo(
+        "staleness of trained samples: "
+        + ", ".join(f"{k}: {v}" for k, v in sorted(summary["staleness"].items()))
+    )
+    problems = check_exactly_once(book.read())
+    typer.echo(
+        "exactly-once: ok"
+        if not problems
+        else "exactly-once violations:\n  " + "\n  ".join(problems)
+    )
+
+
 def main() -> None:
     app()
 

@@ -32,6 +32,7 @@ from engines.pools import launch_rollout_workers, launch_trainer
 from flows.runtime import child_env
 from rl.config import RunConfig, build_config
 from storage.layout import RunLayout
+from storage.ledger import Ledger, LedgerEvent
 from tasks.environment import PromptStream, make_environment
 from tasks.rollout import PendingRollout, RolloutResult, collect, evaluate, submit
 from tasks.tracking import MlflowLogger
@@ -60,6 +61,7 @@ class RunSummary:
             f"throughput {self.samples_per_s:.1f} samples/s, {self.tokens_per_s:.0f} tokens/s; "
             f"wall {self.wall_s:.0f} s",
             f"trained policy: {self.policy}",
+            f"ledger: sluice ledger {self.run_dir}",
             f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri {self.mlflow_uri}",
         ]
 
@@ -115,6 +117,24 @@ def _step_metrics(
     }
 
 
+def _ledger_events(batch: RolloutResult, version: int) -> list[LedgerEvent]:
+    """What happened to each sample of a trained batch.
+
+    A verifier error scores the sample 0 and it is trained on as such; the ledger keeps the
+    error as a ``failed`` event before ``trained``, so "where did prompt X go" shows it.
+    """
+    staleness = version - 1 - batch.behaviour_version
+    events = []
+    for sample_id, prompt_id, error in zip(
+        batch.sample_ids, batch.prompt_ids, batch.errors, strict=True
+    ):
+        events.append(LedgerEvent(sample_id, prompt_id, "generated", batch.behaviour_version))
+        if error is not None:
+            events.append(LedgerEvent(sample_id, prompt_id, "failed", reason=error))
+        events.append(LedgerEvent(sample_id, prompt_id, "trained", version, staleness=staleness))
+    return events
+
+
 @flow(name="sluice-rl-job", log_prints=False)
 def rl_job(config: dict[str, Any]) -> dict[str, Any]:
     """Train a policy with RL on a verifiable environment; ``config`` is a RunConfig tree."""
@@ -128,6 +148,7 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
     eval_tokens = max(len(p.answer) for p in heldout) + 4
     tracker = MlflowLogger(layout.mlflow_uri, layout.mlflow_artifacts.as_uri(), "sluice", cfg.name)
     tracker.log_params(cfg.model_dump())
+    ledger = Ledger(layout.run_dir.as_uri())
     _start_ray(cfg, layout)
     status = "FAILED"
     try:
@@ -196,10 +217,12 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
             if more and cfg.mode == "sync":
                 pending = next_rollout(step + 1, version=step)
             train_metrics["staleness"] = float(step - 1 - batch.behaviour_version)
+            ledger.append(_ledger_events(batch, version=step))
             samples_seen += len(batch.samples)
             tokens_seen += batch.tokens
             metrics = _step_metrics(batch, train_metrics, (t0, t1, t2, t3))
             if step % cfg.eval.every == 0 or step == cfg.train.steps:
+                ledger.flush()
                 end_acc = evaluate(workers, env, heldout, eval_tokens)
                 metrics["eval/accuracy"] = end_acc
             tracker.log_metrics(step, metrics)
@@ -223,5 +246,6 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
         status = "FINISHED"
         return asdict(summary)
     finally:
+        ledger.flush()
         tracker.close(status)
         ray.shutdown()

@@ -29,6 +29,9 @@ class RolloutResult:
     truncated: float
     reward_errors: int
     behaviour_version: int
+    sample_ids: list[str]
+    prompt_ids: list[str]
+    errors: list[str | None]  # the verifier's error per sample, None when it scored cleanly
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class PendingRollout:
     shards: list[list[int]]
     refs: list[tuple[Any, Any]]
     behaviour_version: int
+    tag: str  # makes sample ids unique when a prompt comes round again
 
 
 def submit(
@@ -63,7 +67,7 @@ def submit(
                 worker.generate.remote(prompts, n, max_new_tokens, temperature, seed),
             )
         )
-    return PendingRollout(problems, shards, refs, behaviour_version)
+    return PendingRollout(problems, shards, refs, behaviour_version, tag=f"r{seed}")
 
 
 def _gather(pending: PendingRollout) -> tuple[list[list[int]], list[list[Completion]]]:
@@ -79,14 +83,14 @@ def _gather(pending: PendingRollout) -> tuple[list[list[int]], list[list[Complet
 def collect(pending: PendingRollout, env: Environment, scale_by_std: bool) -> RolloutResult:
     """Wait for the generation, verify every completion, compute GRPO advantages."""
     prompt_ids, groups = _gather(pending)
-    rewards, correct, errors = [], 0, 0
+    rewards, correct, errors = [], 0, []
     for problem, group in zip(pending.problems, groups, strict=True):
         row = []
         for completion in group:
             result = score(env, problem, completion.text)
             row.append(result.reward)
             correct += result.correct
-            errors += result.error is not None
+            errors.append(result.error)
         rewards.append(row)
     advantages = group_advantages(torch.tensor(rewards), scale_by_std=scale_by_std)
     samples = [
@@ -103,8 +107,15 @@ def collect(pending: PendingRollout, env: Environment, scale_by_std: bool) -> Ro
         tokens=tokens,
         mean_length=tokens / len(completions),
         truncated=sum(not c.finished for c in completions) / len(completions),
-        reward_errors=errors,
+        reward_errors=sum(e is not None for e in errors),
         behaviour_version=pending.behaviour_version,
+        sample_ids=[
+            f"{p.prompt_id}@{pending.tag}/{j}"
+            for p, g in zip(pending.problems, groups, strict=True)
+            for j in range(len(g))
+        ],
+        prompt_ids=[p.prompt_id for p, g in zip(pending.problems, groups, strict=True) for _ in g],
+        errors=errors,
     )
 
 

@@ -7,9 +7,12 @@ import os
 import sqlite3
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from storage.ledger import Ledger, check_exactly_once, summarize
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +89,20 @@ def test_smoke_run_end_to_end(tmp_path, mode, staleness):
     assert params["mode"] == mode
     # one_step trains each batch (after the first) on samples one version old
     assert [int(v) for (v,) in recorded] == staleness
+
+    # the ledger accounts for every sample: generated once, trained exactly once
+    table = Ledger(run_dir.as_uri()).read()
+    assert check_exactly_once(table) == []
+    summary = summarize(table)
+    assert summary["final"] == {"trained": steps * 4 * 4}  # smoke: 4 prompts x 4 samples
+    assert summary["staleness"] == dict(Counter(s for s in staleness for _ in range(16)))
+    report = _run(["ledger", str(run_dir)], timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "exactly-once: ok" in report.stdout
+    prompt_id = table.column("prompt_id")[0].as_py()
+    trace = _run(["ledger", str(run_dir), "--prompt", prompt_id], timeout=120)
+    assert trace.returncode == 0, trace.stderr
+    assert " generated" in trace.stdout and " trained version=" in trace.stdout
 
 
 def test_config_error_is_one_readable_message(tmp_path):
