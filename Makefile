@@ -18,8 +18,9 @@ run: setup
 test: setup
 	$(PYTEST) -m "not slow and not gpu"
 
+# pytest exits 5 when no test carries the marker: not a failure here.
 test-slow: setup
-	$(PYTEST) -m "slow and not gpu"
+	$(PYTEST) -m "slow and not gpu" || [ $$? -eq 5 ]
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -6,11 +6,14 @@ Components, each in its own folder, wired here and driven by the loop below:
 - ``engines/pools.py``: Ray actors, rollout workers hosting vLLM and the torch trainer;
 - ``tasks/rollout.py``: generate n completions per prompt, score, group-relative advantages;
 - ``rl/``: the config tree, advantages and the PPO-clip loss the trainer applies;
-- ``tasks/tracking.py``: parameters and per-step metrics to MLflow (sqlite in the run folder).
+- ``tasks/tracking.py``: parameters and per-step metrics to MLflow (sqlite in the run folder);
+- ``storage/ledger.py``: every sample's life (generated, verifier error, trained at version v).
 
 Mode ``sync``: generate a batch with the current weights, take one optimiser step on it,
-push the new weights into every live vLLM engine, repeat; evaluate held-out accuracy with
-greedy decoding every ``eval.every`` steps. Weights go trainer -> Ray object store -> rollout
+push the new weights into every live vLLM engine, repeat. Mode ``one_step``: the same, but
+the next batch is submitted before training on this one, so generation and training
+overlap and each batch is one version stale. Held-out accuracy is measured with greedy
+decoding every ``eval.every`` steps. Weights go trainer -> Ray object store -> rollout
 workers; the driver holds only handles.
 """
 
@@ -62,7 +65,8 @@ class RunSummary:
             f"wall {self.wall_s:.0f} s",
             f"trained policy: {self.policy}",
             f"ledger: sluice ledger {self.run_dir}",
-            f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri {self.mlflow_uri}",
+            f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri {self.mlflow_uri} "
+            "--host 127.0.0.1",
         ]
 
 
@@ -181,7 +185,7 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
             "starting %d rollout worker(s) and the trainer (vLLM takes ~30 s to load)", len(workers)
         )
         start_acc = evaluate(workers, env, heldout, eval_tokens)
-        ray.get(trainer.version.remote())
+        ray.get(trainer.version.remote())  # the trainer actor has loaded the policy
         log.info(
             "step    0/%d | held-out %5.1f%% (starting policy)", cfg.train.steps, 100 * start_acc
         )
