@@ -102,7 +102,7 @@ class RolloutConfig(_Section):
 class TrainConfig(_Section):
     """The trainer: optimiser, loss and schedule."""
 
-    steps: int = Field(800, ge=1, description="RL steps (one optimiser step each).")
+    steps: int = Field(1600, ge=1, description="RL steps (one optimiser step each).")
     lr: float = Field(
         1e-4,
         gt=0.0,
@@ -143,7 +143,7 @@ class RunConfig(_Section):
     cache: str = Field(".cache", description="Shared caches: built policies, vLLM, inductor.")
     seed: int = Field(0, ge=0, description="Seed for prompts, models and sampling.")
     mode: Literal["sync", "one_step"] = Field(
-        "sync",
+        "one_step",
         description="sync: generate a batch, train on it, push weights, repeat. one_step: "
         "generate the next batch while training on this one (each batch one version stale).",
     )

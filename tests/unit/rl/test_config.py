@@ -21,7 +21,7 @@ def test_defaults_and_overrides():
     assert cfg.train.lr == pytest.approx(3e-4)
     assert cfg.env.name == "countdown"
     assert cfg.rollout.enforce_eager is False
-    assert cfg.mode == "sync"
+    assert cfg.mode == "one_step"
 
 
 @pytest.mark.parametrize(
