@@ -8,7 +8,6 @@ trainer -> object store -> rollout worker, never through the driver.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ray
@@ -31,9 +30,6 @@ class RolloutWorker(VLLMRolloutEngine):
 
         torch.set_num_threads(threads)
         super().__init__(**engine_args)
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 @ray.remote

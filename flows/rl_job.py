@@ -156,7 +156,7 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
     _start_ray(cfg, layout)
     status = "FAILED"
     try:
-        env_vars = child_env(layout)
+        env_vars = child_env()
         trainer = launch_trainer(
             cfg.train.cpus,
             cfg.train.threads,

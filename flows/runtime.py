@@ -37,7 +37,7 @@ def configure_process(layout: RunLayout) -> None:
     os.environ.update(settings)
 
 
-def child_env(layout: RunLayout) -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """Variables Ray actors need (they do not inherit this process's later changes)."""
     keys = (
         "VLLM_CACHE_ROOT",

@@ -70,18 +70,6 @@ def test_a_corrupt_newest_falls_back_to_the_previous_with_a_warning(store, tmp_p
     assert "sha256" in caplog.text
 
 
-def test_a_missing_manifest_falls_back_to_the_previous(store, tmp_path, caplog):
-    store.save(1, files_for(1), {})
-    store.save(2, files_for(2), {})
-    (folder(tmp_path, 2) / MANIFEST).unlink()
-    assert store.list() == [1]
-    with caplog.at_level(logging.WARNING, logger="storage.checkpoints"):
-        loaded = store.load_latest()
-    assert loaded is not None
-    assert loaded.step == 1
-    assert "no manifest" in caplog.text
-
-
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
