@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from storage.layout import RunLayout
+from storage.urls import credential_env
 
 # Prefect's temporary API server needs ~11 s to start on 2 cores; its default limit is 20 s.
 PREFECT_STARTUP_TIMEOUT_S = "120"
@@ -50,4 +51,4 @@ def child_env() -> dict[str, str]:
         "TOKENIZERS_PARALLELISM",
         "PYTHONPATH",
     )
-    return {k: os.environ[k] for k in keys if k in os.environ}
+    return {**{k: os.environ[k] for k in keys if k in os.environ}, **credential_env()}

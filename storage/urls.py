@@ -64,6 +64,21 @@ def _env_first(names: tuple[str, ...]) -> str | None:
     return None
 
 
+CREDENTIAL_VARS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    *ENDPOINT_VARS,
+    *REGION_VARS,
+)
+
+
+def credential_env() -> dict[str, str]:
+    """The storage variables set in this process, for the Ray actors that open the same URLs
+    (an actor's environment is fixed when its worker starts, not inherited later)."""
+    return {k: os.environ[k] for k in CREDENTIAL_VARS if os.environ.get(k)}
+
+
 def s3_filesystem() -> fsspec.AbstractFileSystem:
     """An S3 filesystem configured only from the environment (see the module docstring)."""
     import s3fs

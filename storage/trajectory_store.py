@@ -1,0 +1,423 @@
+"""The trajectory store (AsyncFlow's TransferQueue idea): Arrow rows in Ray's object store.
+
+Components:
+- ``TrajectoryStore``, a Ray actor, is the controller. It keeps per-sample metadata in a
+  ``storage.trajectory_index.TrajectoryIndex`` and object references to the data, never
+  the data itself. It applies backpressure (``put`` waits while the store is full), hands
+  out leases on whole ready groups, takes expired leases back, drops samples that grew too
+  stale, and appends every transition to the durable ledger (flushed at every ack).
+- ``StoreClient`` runs in producers (rollout workers) and consumers (the trainer). A
+  producer validates a RecordBatch against the trajectory schema, writes it to
+  ``<url>/trajectories/`` as Parquet (so a restarted store can re-offer it), puts it in the
+  object store and registers it (the controller keeps its own copy, so a producer that dies
+  takes nothing with it). A
+  consumer leases rows and reads them zero-copy out of the object store as an Arrow table.
+
+Restart: a store created with ``restore=True`` reads the ledger and the trajectory files and
+re-offers every stored sample that was not trained, dropped or failed; a sample the ledger
+knows but whose rows are gone is dropped with that reason, never silently lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import ray
+
+from storage import fsio
+from storage.ledger import Ledger, LedgerEvent, latest_events
+from storage.schema import SchemaError, check_version, validate_batch
+from storage.trajectory_index import (
+    TERMINAL,
+    LeaseError,
+    LeaseGrant,
+    SampleMeta,
+    TrajectoryIndex,
+)
+from storage.urls import credential_env, open_url
+
+log = logging.getLogger(__name__)
+
+# How often the controller looks for leases whose consumer stopped answering.
+EXPIRY_TICK_S = 0.5
+# A waiting producer or consumer logs a progress line this often.
+PROGRESS_EVERY_S = 10.0
+TRAJECTORIES = "trajectories"
+
+__all__ = ["Lease", "LeaseError", "StoreClient", "TrajectoryStore", "create_store"]
+
+
+def _metas(batch: pa.RecordBatch) -> list[SampleMeta]:
+    """Index metadata of each row; the version is the oldest policy version of its tokens."""
+    versions = pc.list_value_length(batch.column("token_versions"))
+    empty = pc.index(versions, 0).as_py()
+    if empty >= 0:
+        raise SchemaError(
+            f"row {empty} (sample_id={batch.column('sample_id')[empty].as_py()!r}) has no "
+            "response tokens; a trajectory needs at least one"
+        )
+    status = batch.column("status")
+    bad = pc.index(pc.is_in(status, pa.array(["generated", "scored"])), False).as_py()
+    if bad >= 0:
+        raise SchemaError(
+            f"row {bad} has status {status[bad].as_py()!r}; producers add rows as "
+            "'generated' or 'scored'"
+        )
+    oldest = pc.list_flatten(batch.column("token_versions"))
+    parents = pc.list_parent_indices(batch.column("token_versions")).to_pylist()
+    minimum: dict[int, int] = {}
+    for row, v in zip(parents, oldest.to_pylist(), strict=True):
+        minimum[row] = min(v, minimum.get(row, v))
+    return [
+        SampleMeta(
+            sample_id=row["sample_id"],
+            prompt_id=row["prompt_id"],
+            group_id=row["group_id"],
+            version=minimum[i],
+            reward=row["reward"],
+            advantage=row["advantage"],
+            reason=row["reason"],
+        )
+        for i, row in enumerate(
+            batch.select(
+                ["sample_id", "prompt_id", "group_id", "reward", "advantage", "reason"]
+            ).to_pylist()
+        )
+    ]
+
+
+@ray.remote(num_cpus=0)
+class TrajectoryStore:
+    """The controller actor; see the module docstring. All methods run on one event loop."""
+
+    def __init__(
+        self,
+        url: str | None,
+        capacity: int,
+        lease_s: float = 300.0,
+        restore: bool = False,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"store capacity must be >= 1 sample, got {capacity}")
+        self._ledger = Ledger(url) if url else None
+        self._index = TrajectoryIndex(self._ledger)
+        self._capacity = capacity
+        self._lease_s = lease_s
+        self._changed: asyncio.Condition | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        if restore:
+            if not url:
+                raise ValueError("restoring a trajectory store needs its storage url")
+            self._restore(url)
+
+    # -- restart ---------------------------------------------------------------------------
+
+    def _restore(self, url: str) -> None:
+        assert self._ledger is not None
+        events = self._ledger.read()
+        latest = latest_events(events)
+        pending = _pending_rows(url, latest)
+        if pending is not None:
+            in_ledger = pc.is_in(pending.column("sample_id"), pa.array(list(latest), pa.string()))
+            known, fresh = pending.filter(in_ledger), pending.filter(pc.invert(in_ledger))
+            # The ledger already has the generated/scored events of the rows it knows.
+            for table, record in ((known, False), (fresh, True)):
+                if table.num_rows:
+                    batch = table.combine_chunks().to_batches()[0]
+                    self._index.add(ray.put(batch), _metas(batch), record=record)
+        found = set(pending.column("sample_id").to_pylist()) if pending is not None else set()
+        lost = {s for s, event in latest.items() if event not in TERMINAL and s not in found}
+        ids, prompts = (
+            events.column("sample_id").to_pylist(),
+            events.column("prompt_id").to_pylist(),
+        )
+        prompt_of = dict(zip(ids, prompts, strict=True))
+        self._ledger.append(
+            [
+                LedgerEvent(s, prompt_of[s], "dropped", reason="its rows were lost in a restart")
+                for s in sorted(lost)
+            ]
+        )
+        self._ledger.flush()
+        log.info("trajectory store restored: %d samples re-offered, %d lost", len(found), len(lost))
+
+    # -- event loop plumbing ---------------------------------------------------------------
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+        return self._changed
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_TICK_S)
+            if self._index.expire():
+                await self._notify()
+
+    async def _notify(self) -> None:
+        changed = self._condition()
+        async with changed:
+            changed.notify_all()
+
+    # -- producers -------------------------------------------------------------------------
+
+    async def put(
+        self, blocks: list[Any], metas: list[SampleMeta], group_size: int | None, wait_s: float
+    ) -> bool:
+        """Register one block; waits up to ``wait_s`` for room, False if still full.
+
+        ``blocks[0]`` is the producer's object; the store re-puts it so that it owns the
+        copy it hands out (Ray 2.56 removed ``ray.put(_owner=...)``), and a producer that
+        dies afterwards takes nothing with it. Reading the producer's object is zero-copy;
+        the re-put is one memory copy, in this actor, never in the driver.
+        """
+        if len(metas) > self._capacity:
+            raise ValueError(
+                f"a block of {len(metas)} samples can never fit a store of capacity "
+                f"{self._capacity}; raise the capacity or put smaller blocks"
+            )
+        changed = self._condition()
+        async with changed:
+            try:
+                await asyncio.wait_for(
+                    changed.wait_for(lambda: self._index.held() + len(metas) <= self._capacity),
+                    timeout=wait_s,
+                )
+            except TimeoutError:
+                return False
+            self._index.add(ray.put(await blocks[0]), metas, group_size)
+            changed.notify_all()
+        return True
+
+    async def score(self, updates: list[tuple[str, float, float, str | None]]) -> None:
+        self._index.score(updates)
+        await self._notify()
+
+    async def fail(self, sample_id: str, reason: str) -> None:
+        self._index.fail(sample_id, reason)
+        await self._notify()
+
+    # -- consumers -------------------------------------------------------------------------
+
+    async def lease(
+        self,
+        count: int,
+        current_version: int,
+        max_staleness: int,
+        wait_s: float,
+        lease_s: float | None = None,
+    ) -> LeaseGrant | None:
+        """Whole ready groups totalling at least ``count`` samples, or None after ``wait_s``.
+
+        The lease lasts ``lease_s`` (the store's default when None) unless acknowledged.
+        """
+        changed = self._condition()
+        grant: LeaseGrant | None = None
+
+        def ready() -> bool:
+            nonlocal grant
+            grant = self._index.take(
+                count, current_version, max_staleness, lease_s or self._lease_s
+            )
+            return grant is not None
+
+        async with changed:
+            try:
+                await asyncio.wait_for(changed.wait_for(ready), timeout=wait_s)
+            except TimeoutError:
+                return None
+            changed.notify_all()  # stale groups may have been dropped: room for producers
+        return grant
+
+    async def ack(self, lease_id: str, version: int) -> int:
+        """Mark a lease trained at ``version``; the ledger is flushed before this returns."""
+        trained = self._index.ack(lease_id, version)
+        if self._ledger is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._ledger.flush)
+        await self._notify()  # room for waiting producers
+        return trained
+
+    async def flush(self) -> int:
+        """Write buffered ledger events; returns the ledger watermark (0 without a ledger)."""
+        if self._ledger is None:
+            return 0
+        self._ledger.flush()
+        return self._ledger.watermark()
+
+    async def stats(self) -> dict[str, int]:
+        return {**self._index.stats(), "capacity": self._capacity}
+
+
+def _pending_rows(url: str, latest: dict[str, str]) -> pa.Table | None:
+    """Stored rows not yet trained, dropped or failed, groups contiguous, first copy wins."""
+    fs, root = open_url(url)
+    folder = fsio.join(root, TRAJECTORIES)
+    tables = []
+    for name in sorted(fsio.list_names(fs, folder)):
+        if name.endswith(".parquet"):
+            data = fsio.read_bytes(fs, fsio.join(folder, name))
+            table = pq.read_table(pa.BufferReader(data))
+            check_version(table.schema)
+            tables.append(table)
+    if not tables:
+        return None
+    table = pa.concat_tables(tables)
+    ids = table.column("sample_id").to_pylist()
+    groups = table.column("group_id").to_pylist()
+    seen: set[str] = set()
+    keep = []
+    for i, sample_id in enumerate(ids):
+        if latest.get(sample_id) not in TERMINAL and sample_id not in seen:
+            seen.add(sample_id)
+            keep.append(i)
+    first = {g: n for n, g in reversed(list(enumerate(groups)))}
+    keep.sort(key=lambda i: first[groups[i]])  # stable: rows keep their order within a group
+    return table.take(keep)
+
+
+def create_store(
+    url: str | None, capacity: int, lease_s: float = 300.0, restore: bool = False
+) -> Any:
+    """Start the controller actor (no CPU slot: it only does bookkeeping).
+
+    It gets this process's storage credentials, since it writes the ledger under ``url``.
+    """
+    return TrajectoryStore.options(  # type: ignore[attr-defined]
+        runtime_env={"env_vars": credential_env()}
+    ).remote(url, capacity, lease_s, restore)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Leased rows: ``table`` references the object store (no copy) until it is dropped."""
+
+    lease_id: str
+    table: pa.Table
+    sample_ids: list[str]
+    staleness: list[int]
+    current_version: int
+
+
+class StoreClient:
+    """Producer and consumer calls on one store; picklable, so actors can hold one."""
+
+    def __init__(self, handle: Any, url: str | None = None) -> None:
+        self.handle = handle
+        self.url = url
+
+    # -- producers -------------------------------------------------------------------------
+
+    def put(self, batch: pa.RecordBatch, group_size: int | None = None) -> None:
+        """Validate, persist and register ``batch``; blocks (with progress lines) while full.
+
+        Raises ``SchemaError`` naming the row and column on malformed data, before anything
+        is stored.
+        """
+        validate_batch(batch)
+        metas = _metas(batch)
+        path = self._persist(batch)
+        ref = ray.put(batch)
+        started = time.monotonic()
+        try:
+            while not ray.get(self.handle.put.remote([ref], metas, group_size, PROGRESS_EVERY_S)):
+                stats = ray.get(self.handle.stats.remote())
+                log.info(
+                    "trajectory store full (%d/%d samples held) for %.0f s; waiting for the "
+                    "trainer to consume",
+                    stats["held"],
+                    stats["capacity"],
+                    time.monotonic() - started,
+                )
+        except Exception:
+            self._unpersist(path)
+            raise
+
+    def _persist(self, batch: pa.RecordBatch) -> str | None:
+        if not self.url:
+            return None
+        fs, root = open_url(self.url)
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_batches([batch]), sink)
+        name = f"{time.time_ns():020d}-{fsio.random_suffix()}.parquet"
+        path = fsio.join(root, TRAJECTORIES, name)
+        fsio.write_bytes(fs, path, sink.getvalue().to_pybytes(), atomic=True)
+        return path
+
+    def _unpersist(self, path: str | None) -> None:
+        if path is not None and self.url:
+            fs, _ = open_url(self.url)
+            fs.rm_file(path)
+
+    def score(self, updates: list[tuple[str, float, float, str | None]]) -> None:
+        ray.get(self.handle.score.remote(updates))
+
+    # -- consumers -------------------------------------------------------------------------
+
+    def lease(
+        self,
+        count: int,
+        current_version: int,
+        max_staleness: int,
+        fields: list[str] | None = None,
+        timeout_s: float = 600.0,
+        lease_s: float | None = None,
+    ) -> Lease:
+        """Wait for ``count`` ready samples (whole groups) and read them as one table.
+
+        Unless acknowledged within ``lease_s`` (the store's default when None), the rows
+        go back to the ready pool for another consumer.
+        """
+        started = time.monotonic()
+        while True:
+            left = timeout_s - (time.monotonic() - started)
+            if left <= 0:
+                stats = ray.get(self.handle.stats.remote())
+                raise TimeoutError(
+                    f"no {count} ready samples within {timeout_s:.0f} s (store: {stats}); "
+                    "are the rollout workers alive?"
+                )
+            grant = ray.get(
+                self.handle.lease.remote(
+                    count, current_version, max_staleness, min(left, PROGRESS_EVERY_S), lease_s
+                )
+            )
+            if grant is not None:
+                return Lease(
+                    grant.lease_id,
+                    materialize(grant, fields),
+                    grant.sample_ids,
+                    grant.staleness,
+                    grant.current_version,
+                )
+            log.info(
+                "waiting for %d ready samples for %.0f s (store: %s)",
+                count,
+                time.monotonic() - started,
+                ray.get(self.handle.stats.remote()),
+            )
+
+    def ack(self, lease: Lease, version: int) -> int:
+        return int(ray.get(self.handle.ack.remote(lease.lease_id, version)))
+
+    def stats(self) -> dict[str, int]:
+        return dict(ray.get(self.handle.stats.remote()))
+
+
+def materialize(grant: LeaseGrant, fields: list[str] | None = None) -> pa.Table:
+    """The leased rows as a table of zero-copy slices, with the controller's scalar columns."""
+    blocks = ray.get(grant.blocks)
+    table = pa.Table.from_batches(
+        [blocks[b].slice(start, length) for b, start, length in grant.runs]
+    )
+    for name, values in (("reward", grant.rewards), ("advantage", grant.advantages)):
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, table.schema.field(i), pa.array(values, pa.float32()))
+    return table.select(fields) if fields else table

@@ -1,0 +1,202 @@
+"""The trajectory store on a real Ray instance, with its ledger on file:// and on S3."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+import ray
+
+from storage.batches import to_train_batch
+from storage.ledger import Ledger, check_exactly_once, latest_events
+from storage.schema import SCHEMA, SchemaError, batch_from_rows
+from storage.trajectory_store import LeaseError, StoreClient, create_store
+from storage.urls import credential_env, open_url
+
+pytestmark = pytest.mark.integration
+
+GROUP = 4
+
+
+def rows(group: str, version: int = 0, size: int = GROUP, tokens: int = 6) -> list[dict]:
+    now = datetime.now(UTC)
+    return [
+        {
+            "sample_id": f"{group}/{j}",
+            "prompt_id": f"prompt-{group}",
+            "group_id": group,
+            "env": "addition",
+            "prompt_ids": [1, 2, 3],
+            "response_ids": [4 + j] * tokens,
+            "behaviour_logprobs": [-0.5] * tokens,
+            "token_versions": [version] * tokens,
+            "reward": j / size,
+            "advantage": j - size / 2,
+            "prompt_len": 3,
+            "response_len": tokens,
+            "status": "scored",
+            "generated_at": now,
+            "scored_at": now,
+        }
+        for j in range(size)
+    ]
+
+
+def block(*groups: str, version: int = 0) -> pa.RecordBatch:
+    return batch_from_rows([r for g in groups for r in rows(g, version)])
+
+
+def creds() -> dict:
+    """Actors open the storage URL themselves: they need the S3 variables of this test."""
+    return {"env_vars": credential_env()}
+
+
+@pytest.fixture
+def client(ray_local, store_url):
+    handle = create_store(store_url, capacity=64)
+    yield StoreClient(handle, store_url)
+    ray.kill(handle)
+
+
+@ray.remote(num_cpus=0)
+class Consumer:
+    """A trainer stand-in in its own process: leases and (maybe) acknowledges."""
+
+    def __init__(self, client: StoreClient) -> None:
+        self.client = client
+        self.lease = None
+
+    def take(self, count: int, version: int) -> list[str]:
+        self.lease = self.client.lease(count, version, max_staleness=2, lease_s=1.0)
+        return self.lease.sample_ids
+
+
+@ray.remote(num_cpus=0)
+class Producer:
+    def put(self, client: StoreClient, batch: pa.RecordBatch) -> None:
+        client.put(batch)
+
+
+def test_put_lease_ack_round_trip(client):
+    ray.get(
+        Producer.options(runtime_env=creds()).remote().put.remote(client, block("a", "b"))
+    )  # another process puts
+    lease = client.lease(8, current_version=1, max_staleness=1)
+    assert lease.sample_ids == [f"{g}/{j}" for g in "ab" for j in range(GROUP)]
+    assert lease.table.schema.names == SCHEMA.names
+    tensors = to_train_batch(lease.table, pad_id=0)
+    assert tensors.input_ids.shape == (8, 9) and tensors.advantages[:4].tolist() == [-2, -1, 0, 1]
+    only = client.lease  # field projection: a consumer reads just the columns it needs
+    client.put(block("c"))
+    narrow = only(4, 1, 1, fields=["sample_id", "advantage"])
+    assert narrow.table.column_names == ["sample_id", "advantage"]
+    assert client.ack(lease, version=2) == 8 and client.ack(narrow, version=2) == 4
+    events = Ledger(client.url).read()
+    assert check_exactly_once(events) == []
+    assert set(latest_events(events).values()) == {"trained"}
+
+
+def test_a_dead_consumers_lease_comes_back(client):
+    client.put(block("a", "b"))
+    consumer = Consumer.options(runtime_env=creds()).remote(client)
+    taken = ray.get(consumer.take.remote(4, 0))
+    ray.kill(consumer)  # dies holding the lease on one group
+    # Only one group is ready; the other comes back when the dead consumer's lease expires.
+    first = client.lease(4, 0, 2, timeout_s=30)
+    second = client.lease(4, 0, 2, timeout_s=30)
+    assert taken in (first.sample_ids, second.sample_ids)
+    assert sorted(first.sample_ids + second.sample_ids) == [
+        f"{g}/{j}" for g in "ab" for j in range(4)
+    ]
+    assert client.stats()["expired_leases"] == 1
+    client.ack(first, 1)
+    client.ack(second, 1)
+    assert check_exactly_once(Ledger(client.url).read()) == []
+
+
+def test_a_full_store_holds_producers_back(ray_local, tmp_path):
+    url = f"file://{tmp_path}"
+    client = StoreClient(create_store(url, capacity=8), url)
+    client.put(block("a", "b"))
+    blocked = Producer.options(runtime_env=creds()).remote().put.remote(client, block("c"))
+    ready, _ = ray.wait([blocked], timeout=2.0)
+    assert not ready and client.stats()["held"] == 8  # waiting, not growing
+    client.ack(client.lease(4, 0, 0), 1)
+    ray.get(blocked, timeout=15)  # room was made: the producer got in
+    assert client.stats()["held"] == 8
+    with pytest.raises(ValueError, match="can never fit a store of capacity 8"):
+        client.put(block("d", "e", "f"))
+
+
+def test_stale_samples_are_dropped_with_a_reason(client):
+    client.put(block("old", version=0))
+    client.put(block("new", version=5))
+    lease = client.lease(4, current_version=6, max_staleness=2)
+    assert lease.sample_ids[0] == "new/0" and lease.staleness == [1] * GROUP
+    client.ack(lease, 7)
+    dropped = [e for e in Ledger(client.url).read().to_pylist() if e["event"] == "dropped"]
+    assert len(dropped) == GROUP
+    assert dropped[0]["reason"] == "stale: generated at version 0, trainer at 6, max_staleness 2"
+
+
+def test_bad_rows_are_refused_and_nothing_stored_is_lost(client):
+    client.put(block("good"))
+    broken = block("bad").to_pylist()
+    broken[1]["behaviour_logprobs"] = [-0.5]  # 1 log-prob for 6 tokens
+    with pytest.raises(
+        SchemaError, match="'behaviour_logprobs' has 1 entries but response_len is 6"
+    ):
+        client.put(pa.RecordBatch.from_pylist(broken, schema=SCHEMA))
+    old = block("old-format").replace_schema_metadata({b"sluice.schema_version": b"0"})
+    with pytest.raises(SchemaError, match="schema version 0, but this code reads schema version 1"):
+        client.put(old)
+    with pytest.raises(ValueError, match="'good/0' is already in the store"):
+        client.put(block("good"))
+    fs, root = open_url(client.url)
+    assert len(fs.ls(f"{root}/trajectories")) == 1  # the refused block left no file behind
+    lease = client.lease(4, 0, 0)
+    assert lease.sample_ids == [f"good/{j}" for j in range(GROUP)]
+    with pytest.raises(LeaseError, match="unknown"):
+        ray.get(client.handle.ack.remote("no-such-lease", 1))
+
+
+def test_restart_rebuilds_from_the_ledger(ray_local, store_url):
+    first = StoreClient(create_store(store_url, capacity=64, lease_s=60), store_url)
+    for name in "abcdef":
+        first.put(block(name))
+    first.ack(first.lease(8, 0, 5), 1)  # a, b trained
+    first.lease(4, 1, 5)  # c leased, never acknowledged: the store dies
+    ray.kill(first.handle)
+
+    second = StoreClient(create_store(store_url, capacity=64, restore=True), store_url)
+    assert second.stats()["ready"] == 16
+    rest = second.lease(16, 1, 5)
+    assert sorted({s.split("/")[0] for s in rest.sample_ids}) == list("cdef")
+    second.ack(rest, 2)
+    events = Ledger(store_url).read()
+    assert check_exactly_once(events) == []
+    latest = latest_events(events)
+    assert sorted(latest) == sorted(f"{g}/{j}" for g in "abcdef" for j in range(GROUP))
+    assert set(latest.values()) == {"trained"}
+    ray.kill(second.handle)
+
+
+def test_restart_records_rows_it_cannot_find(ray_local, tmp_path):
+    url = f"file://{tmp_path}"
+    first = StoreClient(create_store(url, capacity=64), url)
+    first.put(block("kept"))
+    first.put(block("gone"))
+    ray.get(first.handle.flush.remote())
+    ray.kill(first.handle)
+    for path in (tmp_path / "trajectories").iterdir():
+        if re.search(rb"gone/0", path.read_bytes()):
+            path.unlink()
+    second = StoreClient(create_store(url, capacity=64, restore=True), url)
+    assert second.stats()["ready"] == GROUP
+    latest = Ledger(url).read().to_pylist()
+    lost = [e for e in latest if e["event"] == "dropped"]
+    assert {e["sample_id"] for e in lost} == {f"gone/{j}" for j in range(GROUP)}
+    assert lost[0]["reason"] == "its rows were lost in a restart"
+    ray.kill(second.handle)

@@ -1,0 +1,61 @@
+"""Arrow rows -> padded tensors must match the list-based collate exactly."""
+
+import pyarrow as pa
+import pytest
+import torch
+
+from rl.batching import Sample, collate
+from storage.batches import to_train_batch
+
+SAMPLES = [
+    Sample([1, 5, 6], [7, 8], [-0.5, -0.25], 1.5),
+    Sample([1], [9, 10, 11, 2], [-1.0, -2.0, -3.0, -0.1], -0.5),
+    Sample([1, 4, 4, 4, 4], [3], [-0.75], 0.0),
+]
+
+
+def table_of(samples: list[Sample]) -> pa.Table:
+    return pa.table(
+        {
+            "prompt_ids": pa.array([s.prompt_ids for s in samples], pa.list_(pa.int32())),
+            "response_ids": pa.array([s.response_ids for s in samples], pa.list_(pa.int32())),
+            "behaviour_logprobs": pa.array(
+                [s.behaviour_logprobs for s in samples], pa.list_(pa.float32())
+            ),
+            "advantage": pa.array([s.advantage for s in samples], pa.float32()),
+        }
+    )
+
+
+def assert_same(got, want) -> None:
+    for name in ("input_ids", "attention_mask", "targets", "mask", "old_logprobs", "advantages"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), msg=name)
+
+
+@pytest.mark.parametrize("pad_id", [0, 3])
+def test_matches_collate(pad_id):
+    assert_same(to_train_batch(table_of(SAMPLES), pad_id), collate(SAMPLES, pad_id))
+
+
+def test_slices_and_chunks_match_collate():
+    """What a lease delivers: slices of several stored blocks, as one chunked table."""
+    both = table_of(SAMPLES + SAMPLES[:1]).to_batches()[0]
+    chunked = pa.Table.from_batches([both.slice(1, 2), both.slice(3, 1)])
+    assert chunked.column("prompt_ids").num_chunks == 2
+    want = collate([SAMPLES[1], SAMPLES[2], SAMPLES[0]], 0)
+    assert_same(to_train_batch(chunked, 0), want)
+
+
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        (table_of(SAMPLES).drop_columns(["advantage"]), "lacks column"),
+        (table_of(SAMPLES).slice(0, 0), "zero rows"),
+        (table_of([Sample([], [7], [-1.0], 1.0)]), "empty prompt"),
+        (table_of([Sample([1], [7, 8], [-1.0], 1.0)]), "differ in length"),
+    ],
+    ids=["no-advantage", "empty", "empty-prompt", "ragged-logprobs"],
+)
+def test_bad_tables_are_named(table, match):
+    with pytest.raises(ValueError, match=match):
+        to_train_batch(table, 0)

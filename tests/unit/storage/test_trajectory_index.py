@@ -1,0 +1,134 @@
+"""The store's bookkeeping with a fake clock: readiness, whole groups, leases, staleness."""
+
+import pytest
+
+from storage.ledger import LedgerEvent
+from storage.trajectory_index import LeaseError, SampleMeta, TrajectoryIndex
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.events: list[LedgerEvent] = []
+
+    def append(self, events: list[LedgerEvent]) -> None:
+        self.events.extend(events)
+
+    def of(self, kind: str) -> list[LedgerEvent]:
+        return [e for e in self.events if e.event == kind]
+
+
+def group(name: str, size: int = 4, version: int = 0, scored: bool = True) -> list[SampleMeta]:
+    return [
+        SampleMeta(
+            f"{name}/{j}",
+            f"p-{name}",
+            name,
+            version,
+            reward=0.5 if scored else None,
+            advantage=float(j) if scored else None,
+        )
+        for j in range(size)
+    ]
+
+
+@pytest.fixture
+def parts() -> tuple[TrajectoryIndex, Sink, Clock]:
+    sink, clock = Sink(), Clock()
+    return TrajectoryIndex(sink, clock), sink, clock
+
+
+def test_lease_whole_groups_oldest_first_and_ack_frees_blocks(parts):
+    index, sink, _ = parts
+    index.add("block-a", group("a") + group("b"))
+    index.add("block-c", group("c"))
+    grant = index.take(6, current_version=2, max_staleness=4, lease_s=60)
+    # 6 samples asked, groups are never split: a and b (8 samples), both from block-a.
+    assert grant.sample_ids == [f"{g}/{j}" for g in "ab" for j in range(4)]
+    assert grant.blocks == ["block-a"] and grant.runs == [(0, 0, 8)]
+    assert grant.advantages == [0.0, 1.0, 2.0, 3.0] * 2
+    assert grant.staleness == [2] * 8
+    assert index.stats()["leased"] == 8 and index.stats()["ready"] == 4
+    assert index.ack(grant.lease_id, version=3) == 8
+    trained = sink.of("trained")
+    assert [e.sample_id for e in trained] == grant.sample_ids
+    assert {(e.version, e.staleness) for e in trained} == {(3, 2)}
+    assert index.stats()["blocks"] == 1  # block-a released, block-c still live
+    with pytest.raises(LeaseError, match="already acknowledged"):
+        index.ack(grant.lease_id, version=3)
+
+
+def test_not_enough_ready_leases_nothing(parts):
+    index, _, _ = parts
+    index.add("blk", group("a"))
+    assert index.take(5, 0, 1, 60) is None
+    assert index.stats()["ready"] == 4 and index.stats()["leases"] == 0
+
+
+def test_group_becomes_ready_only_when_every_sample_arrived_and_scored(parts):
+    index, sink, _ = parts
+    first, second = group("g", scored=False)[:2], group("g", scored=False)[2:]
+    index.add("b1", first, group_size=4)  # samples arrive one block at a time
+    index.add("b2", second, group_size=4)
+    index.score([(m.sample_id, 1.0, 0.5, None) for m in first + second[:1]])
+    assert index.take(1, 0, 0, 60) is None
+    index.score([(second[1].sample_id, 0.0, -1.5, "verifier raised ValueError")])
+    grant = index.take(4, 0, 0, 60)
+    assert grant.runs == [(0, 0, 2), (1, 0, 2)]  # two blocks, one run each
+    assert grant.rewards == [1.0, 1.0, 1.0, 0.0]
+    assert [e.reason for e in sink.of("scored")][-1] == "verifier raised ValueError"
+
+
+def test_stale_groups_are_dropped_with_the_reason(parts):
+    index, sink, _ = parts
+    index.add("old", group("old", version=0))
+    index.add("new", group("new", version=2))
+    grant = index.take(4, current_version=3, max_staleness=1, lease_s=60)
+    assert grant.sample_ids[0] == "new/0"
+    dropped = sink.of("dropped")
+    assert len(dropped) == 4
+    assert dropped[0].reason == "stale: generated at version 0, trainer at 3, max_staleness 1"
+    assert index.stats()["blocks"] == 1  # the stale block was freed
+
+
+def test_expired_lease_goes_back_to_the_front(parts):
+    index, _, clock = parts
+    index.add("blk", group("a") + group("b"))
+    lost = index.take(4, 0, 0, lease_s=30)
+    clock.now = 31.0
+    again = index.take(4, 0, 0, lease_s=30)
+    assert again.sample_ids == lost.sample_ids
+    assert index.stats()["expired_leases"] == 1
+    with pytest.raises(LeaseError, match="expired"):
+        index.ack(lost.lease_id, 1)
+    assert index.ack(again.lease_id, 1) == 4
+
+
+def test_bad_input_changes_nothing(parts):
+    index, sink, _ = parts
+    index.add("blk", group("a"))
+    before, events = index.stats(), len(sink.events)
+    with pytest.raises(ValueError, match="already in the store"):
+        index.add("dup", group("a"))
+    with pytest.raises(ValueError, match="'x/0' is already in the store"):
+        index.add("dup", group("x", size=1) + group("x", size=1))
+    with pytest.raises(ValueError, match="cannot score sample 'nope'"):
+        index.score([("nope", 1.0, 0.0, None)])
+    assert index.stats() == before and len(sink.events) == events
+
+
+def test_failed_samples_leave_their_group(parts):
+    index, sink, _ = parts
+    index.add("blk", group("a", scored=False))
+    index.fail("a/3", "generation crashed")
+    index.score([(f"a/{j}", 1.0, 0.0, None) for j in range(3)])
+    grant = index.take(3, 0, 0, 60)
+    assert grant.sample_ids == ["a/0", "a/1", "a/2"]
+    assert sink.of("failed")[0].reason == "generation crashed"
