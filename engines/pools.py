@@ -2,18 +2,24 @@
 
 Each actor gets a fixed number of Ray CPU slots and sets its own thread count to match,
 so that pools never oversubscribe the cores they were given (Ray sets OMP_NUM_THREADS=1
-in actors; torch would otherwise guess). The driver only holds handles: weights travel
-trainer -> object store -> rollout worker, never through the driver.
+in actors; torch would otherwise guess). The driver only holds handles: trajectories travel
+rollout worker -> trajectory store -> trainer, weights trainer -> parameter service ->
+rollout worker, both through Ray's object store, never through the driver.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
 
+from engines.rollout_worker import RolloutWorkerBase
 from engines.torch_trainer import TorchTrainer
-from engines.vllm_rollout import VLLMRolloutEngine
+from storage.batches import TRAIN_FIELDS, to_train_batch
+from storage.checkpoints import CheckpointStore
+from storage.params import ParameterService
+from storage.trajectory_store import StoreClient
 
 
 def _thread_env(threads: int, extra: dict[str, str]) -> dict[str, Any]:
@@ -22,19 +28,51 @@ def _thread_env(threads: int, extra: dict[str, str]) -> dict[str, Any]:
 
 
 @ray.remote
-class RolloutWorker(VLLMRolloutEngine):
-    """A rollout engine in its own process; vLLM runs in-process (no engine subprocess)."""
-
-    def __init__(self, threads: int, **engine_args: Any) -> None:
-        import torch
-
-        torch.set_num_threads(threads)
-        super().__init__(**engine_args)
+class RolloutWorker(RolloutWorkerBase):
+    """A rollout worker in its own process; vLLM runs in-process (no engine subprocess)."""
 
 
 @ray.remote
 class TrainerActor(TorchTrainer):
-    """The torch trainer in its own process."""
+    """The torch trainer in its own process, consuming from the store, publishing weights."""
+
+    def train_from_store(
+        self,
+        store: StoreClient,
+        params: ParameterService,
+        count: int,
+        max_staleness: int,
+        lease_timeout_s: float,
+    ) -> dict[str, float]:
+        """Lease ``count`` samples, take one step, publish the new version, acknowledge.
+
+        The order is the life of a trajectory (DESIGN.md section 4): the weights are
+        published before the lease is acknowledged, so a trained sample always has a
+        published version behind it.
+        """
+        t0 = time.monotonic()
+        lease = store.lease(
+            count, self.version(), max_staleness, list(TRAIN_FIELDS), timeout_s=lease_timeout_s
+        )
+        t1 = time.monotonic()
+        metrics = self.step_batch(to_train_batch(lease.table, self.pad_id))
+        t2 = time.monotonic()
+        publish_s = params.publish(self.version(), self.state())
+        store.ack(lease, self.version())
+        return {
+            **metrics,
+            "samples": float(len(lease.sample_ids)),
+            "staleness": sum(lease.staleness) / len(lease.staleness),
+            "staleness_max": float(max(lease.staleness)),
+            "lease_s": t1 - t0,
+            "step_s": t2 - t1,
+            "publish_s": publish_s,
+        }
+
+    def save_checkpoint(self, url: str, keep_last: int, step: int, meta: dict[str, Any]) -> str:
+        """Write an atomic checkpoint of the trainer's state; returns its URL."""
+        files, counters = self.checkpoint_files()
+        return CheckpointStore(url, keep_last).save(step, files, {**meta, **counters})
 
 
 def launch_rollout_workers(

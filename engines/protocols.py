@@ -35,8 +35,9 @@ class RolloutEngine(Protocol):
         """The token ids the engine feeds the model for each prompt (BOS included)."""
         ...
 
-    def load_weights(self, safetensors_blob: bytes, version: int) -> None:
-        """Replace the live model's weights; later generations use them."""
+    def load_weights(self, safetensors_blobs: list[bytes], version: int) -> None:
+        """Replace the live model's weights (every tensor, in one or more safetensors
+        buckets); later generations use them."""
         ...
 
     def version(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save as save_safetensors
@@ -15,9 +16,18 @@ from transformers import AutoModelForCausalLM
 
 from rl.batching import Sample, TrainBatch, collate
 from rl.losses import entropy_from_logits, kl_k3, ppo_clip_loss, token_logprobs
+from storage.torch_state import (
+    bytes_to_tensors,
+    load_optimizer,
+    optimizer_to_files,
+    restore_rng,
+    rng_state_files,
+    tensors_to_bytes,
+)
 
 # Files that travel with the weights when the trained policy is saved as a model folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+MODEL_FILE = "model.safetensors"
 
 
 class TorchTrainer:
@@ -59,8 +69,15 @@ class TorchTrainer:
         logits = logits[:, :-1]
         return token_logprobs(logits, batch.targets), logits
 
+    @property
+    def pad_id(self) -> int:
+        return self._pad_id
+
     def step(self, samples: list[Sample]) -> dict[str, float]:
-        batch = collate(samples, self._pad_id)
+        return self.step_batch(collate(samples, self._pad_id))
+
+    def step_batch(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimiser step on padded tensors (``rl.batching.TrainBatch``)."""
         total_tokens = batch.mask.sum().clamp(min=1.0)
         self._optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "kl_behaviour": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
@@ -100,9 +117,29 @@ class TorchTrainer:
         logprobs, _ = self._forward(batch)
         return [logprobs[i][batch.mask[i].bool()].tolist() for i in range(len(batch))]
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The live weights by name (not copies: publish or save before the next step)."""
+        return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
+
     def weights(self) -> bytes:
-        state = {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
-        return save_safetensors(state)
+        return save_safetensors(self.state())
+
+    def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """Model, optimiser and RNG state as named files, plus the counters to restore."""
+        files = {
+            MODEL_FILE: tensors_to_bytes(self.state()),
+            **optimizer_to_files(self._optimizer),
+            **rng_state_files(),
+        }
+        return files, {"version": self._version, "scheduler": self._schedule.state_dict()}
+
+    def load_checkpoint(self, files: dict[str, bytes], counters: dict[str, Any]) -> None:
+        """Restore what ``checkpoint_files`` wrote; continues at the saved version."""
+        self.model.load_state_dict(bytes_to_tensors(files[MODEL_FILE]), strict=True)
+        load_optimizer(self._optimizer, files)
+        self._schedule.load_state_dict(counters["scheduler"])
+        restore_rng(files)
+        self._version = int(counters["version"])
 
     def save(self, folder: str) -> None:
         out = Path(folder)

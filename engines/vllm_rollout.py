@@ -59,8 +59,8 @@ class VLLMRolloutEngine:
         outputs = self._llm.generate(prompts, params, use_tqdm=False)
         return [[_completion(c) for c in out.outputs] for out in outputs]
 
-    def load_weights(self, safetensors_blob: bytes, version: int) -> None:
-        self._llm.collective_rpc("sluice_load_weights", args=(safetensors_blob,))
+    def load_weights(self, safetensors_blobs: list[bytes], version: int) -> None:
+        self._llm.collective_rpc("sluice_load_weights", args=(safetensors_blobs,))
         # Cached KV blocks were computed by the old weights.
         self._llm.reset_prefix_cache()
         self._version = version

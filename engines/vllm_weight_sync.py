@@ -14,7 +14,8 @@ class WeightSyncExtension:
     """Methods vLLM adds to each worker; call through ``LLM.collective_rpc``."""
 
     # Not named `update_weights`: the CPU worker already has a method of that name.
-    def sluice_load_weights(self, blob: bytes) -> int:
-        tensors = load_safetensors(bytes(blob))
+    def sluice_load_weights(self, blobs: list[bytes]) -> int:
+        """Load every tensor of ``blobs`` (safetensors buckets of one version) in one pass."""
+        tensors = {k: v for blob in blobs for k, v in load_safetensors(bytes(blob)).items()}
         self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
         return len(tensors)

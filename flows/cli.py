@@ -15,6 +15,7 @@ import typer
 
 from rl.config import ConfigError, RunConfig, load_config
 from storage.layout import RunLayout
+from storage.urls import open_url
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 
@@ -56,6 +57,11 @@ def run(
     except ConfigError as error:
         _fail(f"{error}\nFix the config file or the --set value.", debug, error)
         return
+    try:
+        open_url(cfg.storage_url)
+    except ValueError as error:
+        _fail(f"storage.url: {error}", debug, error)
+        return
     from flows.runtime import configure_process
 
     configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
@@ -94,7 +100,10 @@ def show_config(
 
 @app.command()
 def ledger(
-    run: Annotated[str, typer.Argument(help="A run folder, or a run name under --root.")],
+    run: Annotated[
+        str,
+        typer.Argument(help="A run folder, a run name under --root, or a storage URL."),
+    ],
     prompt: Annotated[
         str | None, typer.Option(help="Show every event of this prompt id instead.")
     ] = None,
@@ -103,19 +112,28 @@ def ledger(
     """Summarise a run's ledger (samples per final status, staleness), or trace one prompt."""
     from storage.ledger import Ledger, check_exactly_once
 
-    folder = Path(run) if Path(run).is_dir() else root / run
-    if not (folder / "ledger").is_dir():
-        _fail(
-            f"no ledger under {folder}; pass a run folder or a run name under {root}/",
-            False,
-            FileNotFoundError(folder),
-        )
-    book = Ledger(folder.resolve().as_uri())
+    if "://" in run:
+        where = run
+    else:
+        folder = Path(run) if Path(run).is_dir() else root / run
+        if not (folder / "ledger").is_dir():
+            _fail(
+                f"no ledger under {folder}; pass a run folder, a run name under {root}/ "
+                "or a storage URL",
+                False,
+                FileNotFoundError(folder),
+            )
+        where = folder.resolve().as_uri()
+    try:
+        book = Ledger(where)
+    except ValueError as error:
+        _fail(str(error), False, error)
+        return
     if prompt is not None:
         events = book.where(prompt)
         if not events:
             _fail(
-                f"prompt {prompt!r} does not appear in the ledger of {folder}",
+                f"prompt {prompt!r} does not appear in the ledger of {where}",
                 False,
                 KeyError(prompt),
             )

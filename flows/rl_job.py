@@ -3,18 +3,23 @@
 Components, each in its own folder, wired here and driven by the loop below:
 - ``envs/``: the verifiable environment (prompts + verifier);
 - ``engines/policy.py``: the starting policy (a tiny llama built offline, or a local folder);
-- ``engines/pools.py``: Ray actors, rollout workers hosting vLLM and the torch trainer;
-- ``tasks/rollout.py``: generate n completions per prompt, score, group-relative advantages;
+- ``engines/pools.py``: Ray actors: rollout workers (vLLM + verifier, ``rollout_worker.py``)
+  and the torch trainer;
+- ``storage/trajectory_store.py``: scored groups as Arrow blocks in Ray's object store; the
+  trainer leases whole groups, acknowledges them after its step; the ledger records it all;
+- ``storage/params.py``: the parameter service: the trainer publishes each version once,
+  rollout workers pull the newest when they choose;
+- ``storage/checkpoints.py``: atomic checkpoints (model, optimiser, RNG, data cursor,
+  ledger watermark) every ``storage.checkpoint_every`` steps;
 - ``rl/``: the config tree, advantages and the PPO-clip loss the trainer applies;
-- ``tasks/tracking.py``: parameters and per-step metrics to MLflow (sqlite in the run folder);
-- ``storage/ledger.py``: every sample's life (generated, verifier error, trained at version v).
+- ``tasks/tracking.py``: parameters and per-step metrics to MLflow (sqlite in the run folder).
 
-Mode ``sync``: generate a batch with the current weights, take one optimiser step on it,
-push the new weights into every live vLLM engine, repeat. Mode ``one_step``: the same, but
-the next batch is submitted before training on this one, so generation and training
-overlap and each batch is one version stale. Held-out accuracy is measured with greedy
-decoding every ``eval.every`` steps. Weights go trainer -> Ray object store -> rollout
-workers; the driver holds only handles.
+Mode ``sync``: generate a batch with the current weights, train one step on it, workers
+pull the new weights, repeat. Mode ``one_step``: the same, but the next batch is submitted
+before training on this one, so generation and training overlap and each batch is one
+version stale (the store's staleness bound is 0 and 1 respectively). Held-out accuracy is
+measured with greedy decoding every ``eval.every`` steps. The driver holds only handles
+and counts: trajectories and weights move between actors through Ray's object store.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from engines.pools import launch_rollout_workers, launch_trainer
 from flows.runtime import child_env
 from rl.config import RunConfig, build_config
 from storage.layout import RunLayout
-from storage.ledger import Ledger, LedgerEvent
+from storage.params import ParameterService
+from storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
+from storage.urls import redact
 from tasks.environment import PromptStream, make_environment
 from tasks.rollout import PendingRollout, RolloutResult, collect, evaluate, submit
 from tasks.tracking import MlflowLogger
@@ -46,6 +53,7 @@ log = logging.getLogger("sluice")
 @dataclass(frozen=True)
 class RunSummary:
     run_dir: str
+    storage_url: str
     steps: int
     start_accuracy: float
     end_accuracy: float
@@ -64,7 +72,7 @@ class RunSummary:
             f"throughput {self.samples_per_s:.1f} samples/s, {self.tokens_per_s:.0f} tokens/s; "
             f"wall {self.wall_s:.0f} s",
             f"trained policy: {self.policy}",
-            f"ledger: sluice ledger {self.run_dir}",
+            f"ledger: sluice ledger {self.storage_url}",
             f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri {self.mlflow_uri} "
             "--host 127.0.0.1",
         ]
@@ -88,6 +96,22 @@ def _start_ray(cfg: RunConfig, layout: RunLayout) -> None:
         log_to_driver=False,
         configure_logging=False,
     )
+
+
+def _wait(refs: Any, what: str, store: StoreClient) -> Any:
+    """``ray.get(refs)``, with a progress line every ``PROGRESS_EVERY_S`` while it waits."""
+    pending = refs if isinstance(refs, list) else [refs]
+    started = time.monotonic()
+    while len(ray.wait(pending, num_returns=len(pending), timeout=PROGRESS_EVERY_S)[0]) < len(
+        pending
+    ):
+        log.info(
+            "waiting for %s for %.0f s; trajectory store: %s",
+            what,
+            time.monotonic() - started,
+            store.stats(),
+        )
+    return ray.get(refs)
 
 
 def _step_line(step: int, total: int, metrics: dict[str, float]) -> str:
@@ -117,26 +141,8 @@ def _step_metrics(
         "perf/weight_sync_s": t3 - t2,
         "perf/step_s": t3 - t0,
         "perf/tokens_per_s": batch.tokens / (t3 - t0),
-        "perf/samples_per_s": len(batch.samples) / (t3 - t0),
+        "perf/samples_per_s": batch.samples / (t3 - t0),
     }
-
-
-def _ledger_events(batch: RolloutResult, version: int) -> list[LedgerEvent]:
-    """What happened to each sample of a trained batch.
-
-    A verifier error scores the sample 0 and it is trained on as such; the ledger keeps the
-    error as a ``failed`` event before ``trained``, so "where did prompt X go" shows it.
-    """
-    staleness = version - 1 - batch.behaviour_version
-    events = []
-    for sample_id, prompt_id, error in zip(
-        batch.sample_ids, batch.prompt_ids, batch.errors, strict=True
-    ):
-        events.append(LedgerEvent(sample_id, prompt_id, "generated", batch.behaviour_version))
-        if error is not None:
-            events.append(LedgerEvent(sample_id, prompt_id, "failed", reason=error))
-        events.append(LedgerEvent(sample_id, prompt_id, "trained", version, staleness=staleness))
-    return events
 
 
 @flow(name="sluice-rl-job", log_prints=False)
@@ -152,11 +158,22 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
     eval_tokens = max(len(p.answer) for p in heldout) + 4
     tracker = MlflowLogger(layout.mlflow_uri, layout.mlflow_artifacts.as_uri(), "sluice", cfg.name)
     tracker.log_params(cfg.model_dump())
-    ledger = Ledger(layout.run_dir.as_uri())
+    batch_size = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     _start_ray(cfg, layout)
     status = "FAILED"
     try:
         env_vars = child_env()
+        store = StoreClient(
+            create_store(
+                cfg.storage_url,
+                cfg.storage.capacity_batches * batch_size,
+                cfg.storage.lease_timeout_s,
+            ),
+            cfg.storage_url,
+        )
+        params = ParameterService.create(
+            relays=cfg.storage.param_relays, bucket_bytes=cfg.storage.bucket_mib << 20
+        )
         trainer = launch_trainer(
             cfg.train.cpus,
             cfg.train.threads,
@@ -175,6 +192,9 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
             cfg.rollout.cpus_per_worker,
             cfg.rollout.threads_per_worker,
             env_vars,
+            env=env,
+            store=store,
+            params=params,
             model_dir=policy_dir,
             seed=cfg.seed,
             kv_cache_gib=cfg.rollout.kv_cache_gib,
@@ -191,8 +211,9 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
         )
         tracker.log_metrics(0, {"eval/accuracy": start_acc})
         loop_start, samples_seen, tokens_seen, end_acc = time.monotonic(), 0, 0, start_acc
+        max_staleness = {"sync": 0, "one_step": 1}[cfg.mode]
 
-        def next_rollout(step: int, version: int) -> PendingRollout:
+        def next_rollout(step: int) -> PendingRollout:
             return submit(
                 workers,
                 prompts.take(cfg.rollout.prompts_per_step),
@@ -200,41 +221,51 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
                 cfg.rollout.max_new_tokens,
                 cfg.rollout.temperature,
                 seed=cfg.seed * 1_000_003 + step,
-                behaviour_version=version,
+                scale_by_std=cfg.train.scale_adv_by_std,
             )
 
-        pending = next_rollout(1, version=0)
+        def pull_weights(version: int) -> None:
+            timeout = cfg.storage.weight_pull_timeout_s
+            _wait([w.sync_weights.remote(version, timeout) for w in workers], "weights", store)
+
+        pending = next_rollout(1)
         for step in range(1, cfg.train.steps + 1):
             t0 = time.monotonic()
-            batch = collect(pending, env, cfg.train.scale_adv_by_std)  # verify + advantages
+            _wait(pending.refs, "rollouts", store)
+            batch = collect(pending)  # this step's groups are scored and in the store
             t1 = time.monotonic()
             more = step < cfg.train.steps
             if more and cfg.mode == "one_step":
                 # Generation of the next batch overlaps this training step; it samples with
                 # the weights of the previous step, so every batch is one version stale.
-                pending = next_rollout(step + 1, version=step - 1)
-            train_metrics = ray.get(trainer.step.remote(batch.samples))  # one PPO-clip step
+                pending = next_rollout(step + 1)
+            train_metrics = _wait(
+                trainer.train_from_store.remote(
+                    store, params, batch_size, max_staleness, cfg.storage.lease_timeout_s
+                ),
+                "the trainer",
+                store,
+            )  # lease -> one PPO-clip step -> publish the new version -> acknowledge
             t2 = time.monotonic()
-            weights = trainer.weights.remote()  # trainer -> object store -> every vLLM engine
-            ray.get([w.load_weights.remote(weights, step) for w in workers])
+            pull_weights(step)  # every worker loads version `step` (after its generation)
             t3 = time.monotonic()
             if more and cfg.mode == "sync":
-                pending = next_rollout(step + 1, version=step)
-            train_metrics["staleness"] = float(step - 1 - batch.behaviour_version)
-            ledger.append(_ledger_events(batch, version=step))
-            samples_seen += len(batch.samples)
+                pending = next_rollout(step + 1)
+            samples_seen += batch.samples
             tokens_seen += batch.tokens
             metrics = _step_metrics(batch, train_metrics, (t0, t1, t2, t3))
             if step % cfg.eval.every == 0 or step == cfg.train.steps:
-                ledger.flush()
                 end_acc = evaluate(workers, env, heldout, eval_tokens)
                 metrics["eval/accuracy"] = end_acc
+            if step % cfg.storage.checkpoint_every == 0 or step == cfg.train.steps:
+                _checkpoint(cfg, trainer, store, step, prompts)
             tracker.log_metrics(step, metrics)
             log.info(_step_line(step, cfg.train.steps, metrics))
         loop_s = time.monotonic() - loop_start
         ray.get(trainer.save.remote(str(layout.final_policy)))
         summary = RunSummary(
             run_dir=str(layout.run_dir),
+            storage_url=redact(cfg.storage_url),
             steps=cfg.train.steps,
             start_accuracy=start_acc,
             end_accuracy=end_acc,
@@ -250,6 +281,17 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
         status = "FINISHED"
         return asdict(summary)
     finally:
-        ledger.flush()
         tracker.close(status)
         ray.shutdown()
+
+
+def _checkpoint(
+    cfg: RunConfig, trainer: Any, store: StoreClient, step: int, prompts: PromptStream
+) -> None:
+    """Model, optimiser and RNG (written by the trainer) with the data cursor and watermark."""
+    watermark = ray.get(store.handle.flush.remote())
+    meta = {"step": step, "ledger_watermark": watermark, "data_cursor": prompts.cursor()}
+    url = ray.get(
+        trainer.save_checkpoint.remote(cfg.storage_url, cfg.storage.keep_checkpoints, step, meta)
+    )
+    log.info("checkpoint %s", url)

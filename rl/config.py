@@ -135,6 +135,42 @@ class EvalConfig(_Section):
     prompts: int = Field(256, ge=1, description="Held-out prompts per evaluation.")
 
 
+class StorageConfig(_Section):
+    """Durable state (ledger, trajectories, checkpoints) and the two data planes."""
+
+    url: str | None = Field(
+        None,
+        description="Where the run's durable state goes, as file:///abs/path or "
+        "s3://bucket/prefix (S3 credentials from AWS_* variables); the run's name is appended. "
+        "Default: the run folder itself.",
+    )
+    capacity_batches: int = Field(
+        4,
+        ge=2,
+        description="Trajectory store capacity in training batches; rollout workers wait "
+        "when it is full instead of letting it grow.",
+    )
+    lease_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="A leased batch not acknowledged within this many seconds goes back to "
+        "the ready pool (its consumer is presumed dead).",
+    )
+    checkpoint_every: int = Field(
+        200, ge=1, description="Checkpoint every this many steps, and at the end."
+    )
+    keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept.")
+    param_relays: int = Field(
+        1, ge=1, description="Relay actors of the parameter service (one per node at scale)."
+    )
+    bucket_mib: int = Field(
+        64, ge=1, description="Weights travel in safetensors buckets of at most this size."
+    )
+    weight_pull_timeout_s: float = Field(
+        120.0, gt=0.0, description="A rollout worker's weight pull fails after this long."
+    )
+
+
 class RunConfig(_Section):
     """A whole run. Everything it writes lands under ``<root>/<name>/``."""
 
@@ -152,10 +188,20 @@ class RunConfig(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig, description="Durable state and data planes."
+    )
 
     @property
     def run_dir(self) -> Path:
         return Path(self.root).resolve() / self.name
+
+    @property
+    def storage_url(self) -> str:
+        """This run's storage URL: ``<storage.url>/<name>``, or the run folder."""
+        if self.storage.url is None:
+            return self.run_dir.as_uri()
+        return f"{self.storage.url.rstrip('/')}/{self.name}"
 
     @property
     def cache_dir(self) -> Path:

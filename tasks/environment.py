@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 from envs import Environment, Problem, make_env
 from rl.config import EnvConfig
@@ -36,6 +37,23 @@ class PromptStream:
         self._rng = random.Random(seed)
         self._order: list[int] = []
         self.epoch = 0
+
+    def cursor(self) -> dict[str, Any]:
+        """Where the stream stands, as JSON data (for checkpoints); ``restore`` resumes it."""
+        version, state, gauss = self._rng.getstate()
+        return {
+            "epoch": self.epoch,
+            "order": list(self._order),
+            "rng": [version, list(state), gauss],
+        }
+
+    def restore(self, cursor: dict[str, Any]) -> None:
+        version, state, gauss = cursor["rng"]
+        self._rng.setstate((version, tuple(state), gauss))
+        self._order = [int(i) for i in cursor["order"]]
+        if any(not 0 <= i < len(self._pool) for i in self._order):
+            raise ValueError("data cursor does not match this prompt pool (different config?)")
+        self.epoch = int(cursor["epoch"])
 
     def take(self, count: int) -> list[Problem]:
         out = []

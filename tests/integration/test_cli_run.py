@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from storage.checkpoints import CheckpointStore
 from storage.ledger import Ledger, check_exactly_once, summarize
 
 pytestmark = pytest.mark.integration
@@ -50,6 +51,8 @@ def test_smoke_run_end_to_end(tmp_path, mode, staleness):
             f"train.steps={steps}",
             "--set",
             f"mode={mode}",
+            "--set",
+            "storage.checkpoint_every=3",
         ],
         timeout=600,
     )
@@ -104,9 +107,30 @@ def test_smoke_run_end_to_end(tmp_path, mode, staleness):
     assert trace.returncode == 0, trace.stderr
     assert " generated" in trace.stdout and " trained version=" in trace.stdout
 
+    # checkpoints at step 3 and at the end, with the data cursor and the ledger watermark
+    store = CheckpointStore(run_dir.as_uri())
+    assert store.list() == [3, steps]
+    latest = store.load_latest()
+    assert latest.meta["version"] == steps and latest.meta["ledger_watermark"] > 0
+    assert len(latest.meta["data_cursor"]["order"]) > 0
+    assert {"model.safetensors", "optimizer.json"} <= set(latest.files)
+    # every trained block also has its Parquet copy (what a restarted store re-offers)
+    assert len(list((run_dir / "trajectories").glob("*.parquet"))) == steps
 
-def test_config_error_is_one_readable_message(tmp_path):
-    result = _run(["run", "configs/smoke.yaml", "--set", "train.lr=-1"], timeout=120)
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("train.lr=-1", "train.lr: Input should be greater than 0"),
+        (
+            "storage.url=ftp://host/x",
+            "storage.url: bad storage URL 'ftp://host/x': unsupported scheme 'ftp'",
+        ),
+    ],
+    ids=["config", "storage-url"],
+)
+def test_bad_input_is_one_readable_message(setting, message):
+    result = _run(["run", "configs/smoke.yaml", "--set", setting], timeout=120)
     assert result.returncode == 2
-    assert "train.lr: Input should be greater than 0" in result.stderr
+    assert message in result.stderr
     assert "Traceback" not in result.stderr + result.stdout

@@ -56,7 +56,7 @@ def test_weight_push_matches_trainer_logprobs(ray_local, tiny_policy):
     # The step moved the trainer's log-probs away from what vLLM still serves.
     assert _max_gap([s.behaviour_logprobs for s in before], trainer.logprobs(before)) > 1e-3
 
-    ray.get(worker.load_weights.remote(trainer.weights(), 1))
+    ray.get(worker.load_weights.remote([trainer.weights()], 1))
     assert ray.get(worker.version.remote()) == 1
     groups = ray.get(worker.generate.remote(PROMPTS, 2, 8, 1.0, 1))
     after = _samples(prompt_ids, groups, [0.0] * 4)

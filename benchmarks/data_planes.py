@@ -1,0 +1,215 @@
+"""The two data planes, measured in one Ray session: trajectory store vs a queue, and weights.
+
+Trajectories: a producer actor holds rows as a rollout worker has them after generation
+(Python lists of token ids and log-probs) and hands them over in blocks of ``BLOCK`` rows
+(8 groups of 8); a consumer actor turns each delivered block into padded training tensors,
+as the trainer does. Compared side by side on the same rows:
+
+- ``store``: the trajectory store: the producer builds an Arrow RecordBatch and puts it
+  (``StoreClient.put``), the consumer leases whole groups, reads them zero-copy and pads
+  them with ``storage.batches.to_train_batch``, then acknowledges. No durable copy.
+- ``store+file``: the same with the ledger and the Parquet copy of every block written
+  to a local ``file://`` folder (what a run does).
+- ``queue``: ``ray.util.queue.Queue``, what several peer frameworks use: the producer puts
+  the block as a list of Python dicts, the consumer gets it and pads it with
+  ``rl.batching.collate``.
+
+Throughput is rows (and MB of row payload) per second from the first put to the last
+padded batch. Weights: the parameter service's publish and pull latency against model size
+(``benchmarks.params``). Writes both tables into BENCHMARKS.md between markers.
+
+    .venv/bin/python -m benchmarks.data_planes
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.queue import Queue
+
+from benchmarks import params as params_bench
+from rl.batching import Sample, collate
+from storage.batches import TRAIN_FIELDS, to_train_batch
+from storage.schema import batch_from_rows
+from storage.trajectory_store import StoreClient, create_store
+
+ROOT = Path(__file__).parents[1]
+BEGIN, END = "<!-- data-planes:begin -->", "<!-- data-planes:end -->"
+BLOCK = 64  # rows per hand-over: 8 prompts x 8 samples, one rollout call's worth
+GROUP = 8
+# Bytes per response token in a row: token id (int32), behaviour log-prob (float32) and
+# policy version (int32).
+BYTES_PER_TOKEN = 12
+PROMPT_TOKENS = 32
+MAX_ROWS_MB = 96  # total payload per variant and size, so large rows stay quick
+
+
+def make_rows(block: int, tokens: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "sample_id": f"b{block}/g{i // GROUP}/{i % GROUP}",
+            "prompt_id": f"p{block}/{i // GROUP}",
+            "group_id": f"b{block}/g{i // GROUP}",
+            "env": "addition",
+            "prompt_ids": list(range(1, PROMPT_TOKENS + 1)),
+            "response_ids": [(i + t) % 90 + 3 for t in range(tokens)],
+            "behaviour_logprobs": [-0.01 * (t % 50) for t in range(tokens)],
+            "token_versions": [0] * tokens,
+            "reward": 1.0 if i % 2 else 0.0,
+            "advantage": 1.0 if i % 2 else -1.0,
+            "prompt_len": PROMPT_TOKENS,
+            "response_len": tokens,
+            "status": "scored",
+        }
+        for i in range(BLOCK)
+    ]
+
+
+@ray.remote(num_cpus=1)
+class Producer:
+    def __init__(self, blocks: int, tokens: int) -> None:
+        self.rows = [make_rows(b, tokens) for b in range(blocks)]
+
+    def to_store(self, client: StoreClient) -> None:
+        for rows in self.rows:
+            client.put(batch_from_rows(rows))
+
+    def to_queue(self, queue: Queue) -> None:
+        for rows in self.rows:
+            queue.put(rows)
+
+
+@ray.remote(num_cpus=1)
+class Consumer:
+    def from_store(self, client: StoreClient, blocks: int) -> int:
+        tokens = 0
+        for _ in range(blocks):
+            lease = client.lease(BLOCK, 0, 0, list(TRAIN_FIELDS))
+            tokens += int(to_train_batch(lease.table, 0).mask.sum())
+            client.ack(lease, 1)
+        return tokens
+
+    def from_queue(self, queue: Queue, blocks: int) -> int:
+        tokens = 0
+        for _ in range(blocks):
+            rows = queue.get()
+            samples = [
+                Sample(r["prompt_ids"], r["response_ids"], r["behaviour_logprobs"], r["advantage"])
+                for r in rows
+            ]
+            tokens += int(collate(samples, 0).mask.sum())
+        return tokens
+
+
+def run_variant(variant: str, blocks: int, tokens: int, folder: Path) -> float:
+    """Seconds from the first hand-over to the last padded batch."""
+    producer = Producer.remote(blocks, tokens)
+    consumer = Consumer.remote()
+    ray.get(producer.__ray_ready__.remote())
+    ray.get(consumer.__ray_ready__.remote())
+    if variant == "queue":
+        queue = Queue(maxsize=8)
+        start = time.perf_counter()
+        done = consumer.from_queue.remote(queue, blocks)
+        ray.get(producer.to_queue.remote(queue))
+        got = ray.get(done)
+        queue.shutdown()
+    else:
+        url = f"file://{folder / variant}-{tokens}" if variant == "store+file" else None
+        client = StoreClient(create_store(url, capacity=8 * BLOCK), url)
+        start = time.perf_counter()
+        done = consumer.from_store.remote(client, blocks)
+        ray.get(producer.to_store.remote(client))
+        got = ray.get(done)
+        ray.kill(client.handle)
+    elapsed = time.perf_counter() - start
+    if got != blocks * BLOCK * tokens:
+        raise RuntimeError(f"{variant}: consumed {got} tokens, expected {blocks * BLOCK * tokens}")
+    ray.kill(producer)
+    ray.kill(consumer)
+    return elapsed
+
+
+def measure_store(row_kb: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
+        for kb in row_kb:
+            tokens = max(1, (kb * 1024 - PROMPT_TOKENS * 4) // BYTES_PER_TOKEN)
+            row_bytes = PROMPT_TOKENS * 4 + tokens * BYTES_PER_TOKEN
+            blocks = max(4, min(64, (MAX_ROWS_MB << 20) // (row_bytes * BLOCK)))
+            samples = blocks * BLOCK
+            result: dict[str, Any] = {"row_kb": kb, "samples": samples}
+            for variant in ("store", "store+file", "queue"):
+                seconds = run_variant(variant, blocks, tokens, Path(tmp))
+                result[variant] = (samples / seconds, samples * row_bytes / seconds / 1e6)
+                print(f"  {kb} KB rows, {variant}: {samples / seconds:,.0f} samples/s", flush=True)
+            rows.append(result)
+    return rows
+
+
+def store_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| row size | rows | store samples/s (MB/s) | store+file samples/s (MB/s) "
+        "| queue samples/s (MB/s) | store / queue |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [f"{r[v][0]:,.0f} ({r[v][1]:.0f})" for v in ("store", "store+file", "queue")]
+        lines.append(
+            f"| {r['row_kb']} KB | {r['samples']} | {' | '.join(cells)} "
+            f"| {r['store'][0] / r['queue'][0]:.1f}x |"
+        )
+    return "\n".join(lines)
+
+
+def write(section: str) -> None:
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text()
+    block = f"{BEGIN}\n{section}\n{END}"
+    if BEGIN in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n## Data planes\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--row-kb", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--model-mb", type=int, nargs="+", default=[4, 16, 64, 256])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        print("trajectory store vs ray.util.queue.Queue ...", flush=True)
+        store = store_table(measure_store(args.row_kb))
+        print("parameter service publish vs pull ...", flush=True)
+        weights = params_bench.table(params_bench.measure(args.model_mb, args.repeats))
+    finally:
+        ray.shutdown()
+    header = (
+        f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, ray {version('ray')}, pyarrow {version('pyarrow')}; "
+        f"one Ray session, one producer and one consumer actor (1 CPU each).\n"
+        f"Command: `make bench` (`.venv/bin/python -m benchmarks.data_planes`)."
+    )
+    section = f"{header}\n\nTrajectories, blocks of {BLOCK} rows:\n\n{store}\n\n"
+    section += (
+        f"Weights (publish holds the trainer; pull is what a rollout worker waits):\n\n{weights}"
+    )
+    print(section)
+    write(section)
+
+
+if __name__ == "__main__":
+    main()
