@@ -7,23 +7,68 @@ the response tokens a loss applies to; padding and prompt tokens carry mask 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
+
+LossName = Literal["ppo", "decoupled_ppo", "tis"]
+LOSS_NAMES: tuple[str, ...] = get_args(LossName)
 
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """The scalar to minimise plus the statistics a person wants to see per step."""
+    """The scalar to minimise plus the statistics a person wants to see per step.
+
+    All statistics are detached token-level means over the mask, except ``weight_max``.
+    ``weight_*`` describe the importance weight that corrects for the policy that generated
+    the tokens, before any cap; ``truncated_fraction`` is the share of tokens whose weight
+    exceeded the cap (0 for a loss without one).
+    """
 
     loss: torch.Tensor
     clip_fraction: torch.Tensor
     ratio_mean: torch.Tensor
+    weight_mean: torch.Tensor
+    weight_max: torch.Tensor
+    truncated_fraction: torch.Tensor
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` over positions where ``mask`` is 1 (0 when the mask is empty)."""
     total = mask.sum()
     return (values * mask).sum() / total.clamp(min=1.0)
+
+
+def masked_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Largest of ``values`` where ``mask`` is 1 (0 when the mask is empty)."""
+    if not bool(mask.any()):
+        return values.new_zeros(())
+    return values.detach()[mask.bool()].max()
+
+
+def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Advantages [batch] (one per sequence, GRPO) or [batch, tokens], as [batch, tokens]."""
+    return advantages.unsqueeze(1).expand_as(like) if advantages.dim() == 1 else advantages
+
+
+def _weight_stats(
+    weight: torch.Tensor, mask: torch.Tensor, cap: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean and max of an uncapped importance weight [batch, tokens], and the share over ``cap``."""
+    weight = weight.detach()
+    over = torch.zeros_like(weight) if cap is None else (weight > cap).float()
+    return masked_mean(weight, mask), masked_max(weight, mask), masked_mean(over, mask)
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token min(r A, clip(r, 1-eps, 1+eps) A) and whether the clipped branch won."""
+    unclipped = ratio * advantages
+    surrogate = torch.minimum(
+        unclipped, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    )
+    return surrogate, (unclipped != surrogate).float()
 
 
 def ppo_clip_loss(
@@ -37,22 +82,132 @@ def ppo_clip_loss(
 
     Schulman et al., "Proximal Policy Optimization Algorithms", arXiv 1707.06347, eq. 7:
     L = -E_t[min(r_t A_t, clip(r_t, 1-eps, 1+eps) A_t)], r_t = pi(a_t) / pi_old(a_t).
-    ``advantages`` is [batch] (one per sequence, as GRPO gives) or [batch, tokens].
+    ``logprobs``, ``old_logprobs``, ``mask`` are [batch, tokens]; ``advantages`` is [batch]
+    (one per sequence, as GRPO gives) or [batch, tokens].
     Token-level averaging (every token weighs the same, as in DAPO, arXiv 2503.14476 §3.3)
     keeps long answers from being diluted.
+
+    The ratio r_t is also the importance weight against ``old_logprobs`` (the behaviour policy
+    when the trainer passes vLLM's log-probs), so ``weight_*`` report r_t's statistics; with
+    no cap, ``truncated_fraction`` is 0.
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1).expand_as(logprobs)
     ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
-    was_clipped = (unclipped != torch.minimum(unclipped, clipped)).float()
+    surrogate, was_clipped = _clipped_surrogate(ratio, _per_token(advantages, logprobs), clip_eps)
+    weight_mean, weight_max, truncated = _weight_stats(ratio, mask, cap=None)
     return PolicyLoss(
-        loss=loss,
+        loss=-masked_mean(surrogate, mask),
+        clip_fraction=masked_mean(was_clipped, mask).detach(),
+        ratio_mean=weight_mean,
+        weight_mean=weight_mean,
+        weight_max=weight_max,
+        truncated_fraction=truncated,
+    )
+
+
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    weight_cap: float | None,
+) -> PolicyLoss:
+    """Decoupled PPO: clip against a proximal policy, importance-weight against the behaviour one.
+
+    Hilton, Cobbe, Schulman, "Batch size-invariance for policy optimization", arXiv 2110.00641
+    (the proximal policy), as AReaL uses it for asynchronous RL (Fu et al., arXiv 2505.24298,
+    eq. 5): L = -E_t[w_t min(r_t A_t, clip(r_t, 1-eps, 1+eps) A_t)], with
+    r_t = pi_theta / pi_prox and w_t = pi_prox / pi_behav held constant (no gradient).
+    All tensors are [batch, tokens] except ``advantages``, [batch] or [batch, tokens].
+    ``proximal_logprobs`` come from the trainer's policy before this update (no grad).
+
+    ``weight_cap`` truncates w_t at the cap (None: no cap). AReaL's ``behav_imp_weight_cap``
+    instead drops tokens whose weight exceeds it; truncation keeps their signal, bounded.
+    ``weight_*`` describe w_t before the cap; ``ratio_mean`` and ``clip_fraction`` describe r_t.
+    """
+    ratio = torch.exp(logprobs - proximal_logprobs)
+    raw_weight = torch.exp(proximal_logprobs - behaviour_logprobs).detach()
+    weight = raw_weight if weight_cap is None else raw_weight.clamp(max=weight_cap)
+    surrogate, was_clipped = _clipped_surrogate(ratio, _per_token(advantages, logprobs), clip_eps)
+    weight_mean, weight_max, truncated = _weight_stats(raw_weight, mask, weight_cap)
+    return PolicyLoss(
+        loss=-masked_mean(weight * surrogate, mask),
         clip_fraction=masked_mean(was_clipped, mask).detach(),
         ratio_mean=masked_mean(ratio, mask).detach(),
+        weight_mean=weight_mean,
+        weight_max=weight_max,
+        truncated_fraction=truncated,
     )
+
+
+def tis_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float,
+) -> PolicyLoss:
+    """Policy gradient with truncated importance sampling against the behaviour policy.
+
+    Espeholt et al., "IMPALA", arXiv 1802.01561, §4.1 (the truncated rho of V-trace's policy
+    gradient): L = -E_t[sg(min(rho_t, cap)) log pi_theta(a_t) A_t], rho_t = pi_theta / pi_behav,
+    so the gradient is -E_t[min(rho_t, cap) A_t grad log pi_theta(a_t)].
+    All tensors are [batch, tokens] except ``advantages``, [batch] or [batch, tokens].
+    The loss value itself carries no meaning (it scales with log pi); only its gradient does.
+    No clipping: ``clip_fraction`` is 0, ``ratio_mean`` equals ``weight_mean`` (rho before the
+    cap), and ``truncated_fraction`` is the share of tokens with rho_t > cap.
+    """
+    rho = torch.exp(logprobs - behaviour_logprobs).detach()
+    weight = rho.clamp(max=cap)
+    loss = -masked_mean(weight * logprobs * _per_token(advantages, logprobs), mask)
+    weight_mean, weight_max, truncated = _weight_stats(rho, mask, cap)
+    return PolicyLoss(
+        loss=loss,
+        clip_fraction=loss.new_zeros(()).detach(),
+        ratio_mean=weight_mean,
+        weight_mean=weight_mean,
+        weight_max=weight_max,
+        truncated_fraction=truncated,
+    )
+
+
+def logprob_mismatch(
+    proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean |log pi_prox - log pi_behav| per response token; all inputs [batch, tokens].
+
+    How far the trainer's log-probs of the sampled tokens sit from those the generator
+    recorded: staleness plus any numerical mismatch between the two engines.
+    """
+    return masked_mean((proximal_logprobs - behaviour_logprobs).abs(), mask).detach()
+
+
+def policy_loss(
+    name: str,
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    is_cap: float,
+) -> PolicyLoss:
+    """The policy loss called ``name`` (one of ``LOSS_NAMES``), so a trainer need not know which.
+
+    ppo: ``ppo_clip_loss`` with the ratio against the behaviour policy. decoupled_ppo:
+    ``decoupled_ppo_loss`` with the behaviour weight capped at ``is_cap``. tis: ``tis_loss``
+    truncated at ``is_cap``. Shapes as in those functions.
+    """
+    if name == "ppo":
+        return ppo_clip_loss(logprobs, behaviour_logprobs, advantages, mask, clip_eps)
+    if name == "decoupled_ppo":
+        return decoupled_ppo_loss(
+            logprobs, proximal_logprobs, behaviour_logprobs, advantages, mask, clip_eps, is_cap
+        )
+    if name == "tis":
+        return tis_loss(logprobs, behaviour_logprobs, advantages, mask, is_cap)
+    raise ValueError(f"unknown policy loss {name!r}; allowed: {', '.join(LOSS_NAMES)}")
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

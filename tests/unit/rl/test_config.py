@@ -1,8 +1,10 @@
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from rl.config import ConfigError, RunConfig, load_config
+from rl.config import ConfigError, RunConfig, TrainConfig, load_config
+from rl.losses import LOSS_NAMES
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 
@@ -34,6 +36,8 @@ def test_defaults_and_overrides():
         (["nosuch.x=1"], r"nosuch: unknown key"),
         (["train.steps"], "not of the form"),
         (["train.steps=5", "train.steps.x=1"], "is a value, not a section"),
+        (["train.loss=a2c"], r"train\.loss: .*'ppo', 'decoupled_ppo' or 'tis'.*'a2c'"),
+        (["train.is_cap=0.5"], r"train\.is_cap: Input should be greater than or equal to 1"),
     ],
     ids=[
         "typo",
@@ -43,6 +47,8 @@ def test_defaults_and_overrides():
         "bad-section",
         "no-equals",
         "into-value",
+        "unknown-loss",
+        "cap-below-one",
     ],
 )
 def test_config_errors_name_the_field(overrides, expected):
@@ -61,3 +67,13 @@ def test_missing_and_malformed_files(tmp_path):
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(listy)
+
+
+def test_loss_choices_are_the_losses_rl_losses_knows():
+    assert get_args(TrainConfig.model_fields["loss"].annotation) == LOSS_NAMES
+
+
+def test_loss_defaults_and_overrides():
+    assert (load_config(None).train.loss, load_config(None).train.is_cap) == ("ppo", 2.0)
+    cfg = load_config(None, ["train.loss=tis", "train.is_cap=1"])
+    assert (cfg.train.loss, cfg.train.is_cap) == ("tis", 1.0)

@@ -1,9 +1,21 @@
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from rl.losses import entropy_from_logits, kl_k3, masked_mean, ppo_clip_loss, token_logprobs
+from rl.losses import (
+    LOSS_NAMES,
+    decoupled_ppo_loss,
+    entropy_from_logits,
+    kl_k3,
+    logprob_mismatch,
+    masked_mean,
+    policy_loss,
+    ppo_clip_loss,
+    tis_loss,
+    token_logprobs,
+)
 
 E = math.e
 
@@ -92,3 +104,239 @@ def test_token_logprobs_picks_target():
 
 def test_masked_mean_empty_mask_is_zero():
     assert masked_mean(torch.ones(2, 2), torch.zeros(2, 2)).item() == 0.0
+
+
+LN2 = math.log(2.0)
+
+
+@pytest.mark.parametrize(
+    ("logp", "prox", "behav", "adv", "cap", "expected_loss", "expected_clip", "expected_trunc"),
+    [
+        # all three policies agree: w = r = 1, loss -A
+        (0.0, 0.0, 0.0, 2.0, None, -2.0, 0.0, 0.0),
+        # stale behaviour: w = e uncapped, r = 1 -> loss -e A
+        (0.0, 0.0, -1.0, 1.0, None, -E, 0.0, 0.0),
+        # the same weight capped at 2 -> loss -2 A, every token truncated
+        (0.0, 0.0, -1.0, 1.0, 2.0, -2.0, 0.0, 1.0),
+        # w = 1, r = e > 1.2 with A > 0: clipped -> loss -1.2 A, as plain PPO
+        (1.0, 0.0, 0.0, 1.0, None, -1.2, 1.0, 0.0),
+        # w = 1/2, r = e clipped -> loss -0.5 * 1.2
+        (1.0, 0.0, LN2, 1.0, 2.0, -0.6, 1.0, 0.0),
+        # w = e capped at 2, r = e, A < 0: min picks e A -> loss 2 e
+        (1.0, 0.0, -1.0, -1.0, 2.0, 2.0 * E, 0.0, 1.0),
+    ],
+    ids=[
+        "on-policy",
+        "stale-uncapped",
+        "stale-capped",
+        "proximal-clipped",
+        "down-weighted-clipped",
+        "capped-neg-adv",
+    ],
+)
+def test_decoupled_ppo_closed_form(
+    logp, prox, behav, adv, cap, expected_loss, expected_clip, expected_trunc
+):
+    # r = e^(logp - prox), w = e^(prox - behav), over three response tokens
+    shape = (1, 3)
+    out = decoupled_ppo_loss(
+        torch.full(shape, logp),
+        torch.full(shape, prox),
+        torch.full(shape, behav),
+        torch.tensor([adv]),
+        torch.ones(shape),
+        clip_eps=0.2,
+        weight_cap=cap,
+    )
+    assert out.loss.item() == pytest.approx(expected_loss, rel=1e-6)
+    assert out.clip_fraction.item() == pytest.approx(expected_clip)
+    assert out.truncated_fraction.item() == pytest.approx(expected_trunc)
+    assert out.ratio_mean.item() == pytest.approx(math.exp(logp - prox), rel=1e-6)
+    # weight statistics describe w before the cap
+    assert out.weight_mean.item() == pytest.approx(math.exp(prox - behav), rel=1e-6)
+    assert out.weight_max.item() == pytest.approx(math.exp(prox - behav), rel=1e-6)
+
+
+def _random_case(seed):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (3, 5)
+    logp = -torch.rand(shape, generator=gen) * 2.0
+    behav = logp + 0.5 * torch.randn(shape, generator=gen)
+    adv = torch.randn(3, generator=gen)
+    mask = (torch.rand(shape, generator=gen) > 0.3).float()
+    return logp, behav, adv, mask
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2], ids=["seed0", "seed1", "seed2"])
+def test_decoupled_ppo_with_proximal_equal_behaviour_is_ppo(seed):
+    logp, behav, adv, mask = _random_case(seed)
+    # pi_theta moves away from pi_prox so that some ratios clip
+    step = 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(seed))
+    theta_a = (logp + step).requires_grad_()
+    theta_b = theta_a.detach().clone().requires_grad_()
+    ppo = ppo_clip_loss(theta_a, behav, adv, mask, clip_eps=0.2)
+    decoupled = decoupled_ppo_loss(theta_b, behav, behav, adv, mask, 0.2, weight_cap=None)
+    ppo.loss.backward()
+    decoupled.loss.backward()
+    assert ppo.clip_fraction.item() > 0.0
+    torch.testing.assert_close(decoupled.loss, ppo.loss)
+    torch.testing.assert_close(decoupled.clip_fraction, ppo.clip_fraction)
+    torch.testing.assert_close(theta_b.grad, theta_a.grad)
+
+
+@pytest.mark.parametrize(
+    ("behav", "cap", "weight"),
+    [(0.0, None, 1.0), (-1.0, None, E), (-1.0, 2.0, 2.0), (LN2, 2.0, 0.5)],
+    ids=["on-policy", "stale-uncapped", "stale-capped", "down-weighted"],
+)
+def test_decoupled_ppo_gradient_at_proximal(behav, cap, weight):
+    # at pi_theta = pi_prox (r = 1, inside the clip range) d loss / d logp_t = -w_t A / N
+    adv, n = 1.5, 4
+    logp = torch.zeros(1, n, requires_grad=True)
+    out = decoupled_ppo_loss(
+        logp,
+        logp.detach(),
+        torch.full((1, n), behav),
+        torch.tensor([adv]),
+        torch.ones(1, n),
+        clip_eps=0.2,
+        weight_cap=cap,
+    )
+    out.loss.backward()
+    torch.testing.assert_close(logp.grad, torch.full((1, n), -weight * adv / n))
+
+
+@pytest.mark.parametrize(
+    ("logp", "behav", "adv", "cap", "expected_loss", "expected_weight", "expected_trunc"),
+    [
+        # rho = 1: loss -logp A = 1, weight 1
+        (-1.0, -1.0, 1.0, 2.0, 1.0, 1.0, 0.0),
+        # rho = e^(1/2) < 2: loss -e^(1/2) * logp * A
+        (-1.0, -1.5, 1.0, 2.0, math.exp(0.5), math.exp(0.5), 0.0),
+        # rho = e > 2: truncated to 2 -> loss -2 * (-1) * 1 = 2
+        (-1.0, -2.0, 1.0, 2.0, 2.0, E, 1.0),
+        # rho = e, A < 0, cap 1 (IMPALA's rho-bar): loss -1 * (-1) * (-1) = -1
+        (-1.0, -2.0, -1.0, 1.0, -1.0, E, 1.0),
+        # rho = 1/e < cap: loss -(1/e) * (-2) * 1
+        (-2.0, -1.0, 1.0, 2.0, 2.0 / E, 1.0 / E, 0.0),
+    ],
+    ids=["on-policy", "below-cap", "above-cap", "neg-adv-cap-one", "under-one"],
+)
+def test_tis_closed_form(logp, behav, adv, cap, expected_loss, expected_weight, expected_trunc):
+    # loss = -min(rho, cap) * logp * A with rho = e^(logp - behav), over three tokens
+    shape = (1, 3)
+    logprobs = torch.full(shape, logp, requires_grad=True)
+    out = tis_loss(logprobs, torch.full(shape, behav), torch.tensor([adv]), torch.ones(shape), cap)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(expected_loss, rel=1e-6)
+    assert out.weight_mean.item() == pytest.approx(expected_weight, rel=1e-6)
+    assert out.weight_max.item() == pytest.approx(expected_weight, rel=1e-6)
+    assert out.truncated_fraction.item() == pytest.approx(expected_trunc)
+    assert out.clip_fraction.item() == 0.0
+    # the weight is held constant: d loss / d logp_t = -min(rho, cap) A / N
+    truncated = min(expected_weight, cap)
+    torch.testing.assert_close(logprobs.grad, torch.full(shape, -truncated * adv / 3))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2], ids=["seed0", "seed1", "seed2"])
+def test_tis_gradient_matches_closed_form_under_a_mask(seed):
+    logp, behav, adv, mask = _random_case(seed)
+    logp.requires_grad_()
+    cap = 1.2
+    tis_loss(logp, behav, adv, mask, cap).loss.backward()
+    rho = torch.exp(logp.detach() - behav)
+    expected = -torch.clamp(rho, max=cap) * adv.unsqueeze(1) * mask / mask.sum()
+    torch.testing.assert_close(logp.grad, expected)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2], ids=["seed0", "seed1", "seed2"])
+def test_decoupled_ppo_at_proximal_has_the_tis_gradient(seed):
+    # One optimiser step per batch makes pi_prox = pi_theta: r = 1 and both losses give
+    # min(pi/pi_behav, cap) * A * grad log pi.
+    logp, behav, adv, mask = _random_case(seed)
+    a = logp.clone().requires_grad_()
+    b = logp.clone().requires_grad_()
+    decoupled_ppo_loss(a, a.detach(), behav, adv, mask, 0.2, weight_cap=1.5).loss.backward()
+    tis_loss(b, behav, adv, mask, cap=1.5).loss.backward()
+    torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_weight_statistics_and_truncation_over_mixed_tokens():
+    # rho = [1/2, 1, 3, 5], cap 2: mean 9.5/4, max 5, half the tokens truncated
+    rho = torch.tensor([[0.5, 1.0, 3.0, 5.0]])
+    logp = torch.zeros(1, 4)
+    out = tis_loss(logp, -torch.log(rho), torch.tensor([1.0]), torch.ones(1, 4), cap=2.0)
+    assert out.weight_mean.item() == pytest.approx(9.5 / 4, rel=1e-6)
+    assert out.weight_max.item() == pytest.approx(5.0, rel=1e-6)
+    assert out.truncated_fraction.item() == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "loss_fn",
+    [
+        lambda lp, b, a, m: ppo_clip_loss(lp, b, a, m, 0.2),
+        lambda lp, b, a, m: decoupled_ppo_loss(lp, lp.detach(), b, a, m, 0.2, 2.0),
+        lambda lp, b, a, m: tis_loss(lp, b, a, m, 2.0),
+    ],
+    ids=["ppo", "decoupled_ppo", "tis"],
+)
+def test_masked_tokens_change_neither_loss_nor_statistics(loss_fn):
+    # the second token has a weight of e^5 but mask 0: everything is as for the first alone
+    logp = torch.tensor([[-1.0, 0.0]], requires_grad=True)
+    behav = torch.tensor([[-1.0, -5.0]])
+    out = loss_fn(logp, behav, torch.tensor([1.0]), torch.tensor([[1.0, 0.0]]))
+    out.loss.backward()
+    alone = loss_fn(logp[:, :1].detach(), behav[:, :1], torch.tensor([1.0]), torch.ones(1, 1))
+    assert out.loss.item() == pytest.approx(alone.loss.item())
+    assert out.weight_mean.item() == pytest.approx(1.0)
+    assert out.weight_max.item() == pytest.approx(1.0)
+    assert out.truncated_fraction.item() == 0.0
+    assert logp.grad[0, 1].item() == 0.0
+
+
+def test_ppo_reports_its_ratio_as_the_weight_and_never_truncates():
+    # ratio [e, 1/e]: mean (e + 1/e) / 2, max e; PPO has no cap
+    out = ppo_clip_loss(
+        torch.tensor([[1.0, -1.0]]), torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2)
+    )
+    assert out.weight_mean.item() == pytest.approx((E + 1 / E) / 2, rel=1e-6)
+    assert out.weight_max.item() == pytest.approx(E, rel=1e-6)
+    assert out.truncated_fraction.item() == 0.0
+
+
+def test_empty_mask_gives_zero_statistics():
+    out = tis_loss(torch.zeros(1, 2), torch.full((1, 2), -3.0), torch.ones(1), torch.zeros(1, 2), 2)
+    assert (out.loss.item(), out.weight_mean.item(), out.weight_max.item()) == (0.0, 0.0, 0.0)
+    assert out.truncated_fraction.item() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("prox", "behav", "mask", "expected"),
+    [
+        ([[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 1.0]], 0.0),
+        ([[-1.0, -2.0]], [[-1.5, -1.0]], [[1.0, 1.0]], 0.75),  # (0.5 + 1) / 2
+        ([[-1.0, -2.0]], [[-1.5, -9.0]], [[1.0, 0.0]], 0.5),  # second token masked
+    ],
+    ids=["equal", "both-signs", "masked"],
+)
+def test_logprob_mismatch_closed_form(prox, behav, mask, expected):
+    out = logprob_mismatch(torch.tensor(prox), torch.tensor(behav), torch.tensor(mask))
+    assert out.item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", LOSS_NAMES, ids=LOSS_NAMES)
+def test_policy_loss_dispatches_by_name(name):
+    logp, behav, adv, mask = _random_case(0)
+    direct = {
+        "ppo": lambda: ppo_clip_loss(logp, behav, adv, mask, 0.2),
+        "decoupled_ppo": lambda: decoupled_ppo_loss(logp, logp, behav, adv, mask, 0.2, 1.5),
+        "tis": lambda: tis_loss(logp, behav, adv, mask, 1.5),
+    }[name]()
+    out = policy_loss(name, logp, logp, behav, adv, mask, clip_eps=0.2, is_cap=1.5)
+    for field in dataclasses.fields(out):
+        torch.testing.assert_close(getattr(out, field.name), getattr(direct, field.name))
+
+
+def test_policy_loss_rejects_unknown_names():
+    with pytest.raises(ValueError, match="allowed: ppo, decoupled_ppo, tis"):
+        policy_loss("a2c", *(torch.zeros(1, 1),) * 3, torch.zeros(1), torch.ones(1, 1), 0.2, 2.0)
