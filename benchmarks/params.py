@@ -1,14 +1,23 @@
 """Parameter service: how long ``publish`` holds the trainer against a full pull, by size.
 
 In one Ray session, for each model size a publisher actor holds a state dict of float32
-tensors in 4 MB chunks and publishes versions, timing each ``publish`` call; once relay 0
-holds a version, a puller actor times a full pull of it (``pull_blobs`` plus
+tensors in 4 MB chunks and publishes versions. Per version it times:
+
+- publish: the ``publish`` call itself, what the trainer's call costs. It only records the
+  tensors; the copy into a staging buffer (the snapshot), the puts into the object store
+  and the offer to relay 0 all run in the service's threads after it returns.
+- snapshot: from the start of ``publish`` until the snapshot is copied, measured by calling
+  ``wait_snapshot`` right after ``publish``. That is the worst case for the trainer: the
+  longest its next ``optimizer.step()`` can wait, if no forward and backward pass ran
+  between the publish and the step (in a run they do, and the wait is usually zero).
+
+Once relay 0 holds a version, a puller actor times a full pull of it (``pull_blobs`` plus
 ``from_buckets``). The first ``warmup`` versions of each size are not in the medians: the
-first time a process writes to a page of the object store it takes a page fault, and a
-publisher that has not yet touched the whole store pays that on top of its one copy (the
-first publish, reported on its own, shows it). A run publishes every step, so the medians
-are what the trainer sees for all but its first few versions. Prints a markdown table and
-returns its rows (for a script that writes BENCHMARKS.md).
+first snapshot into each of the two staging buffers takes a page fault per page it writes
+on top of its one copy (the first snapshot, reported on its own, shows it). A run
+publishes every step, so the medians are what the trainer sees for all but its first few
+versions. Prints a markdown table and returns its rows (for a script that writes
+BENCHMARKS.md).
 
     .venv/bin/python -m benchmarks.params --sizes 4 16 64 256 --repeats 5
 """
@@ -39,8 +48,12 @@ class _Publisher:
         self._state = {f"layer{i:04d}.weight": torch.randn(chunk) for i in range(count)}
         self._service = service
 
-    def publish(self, version: int) -> float:
-        return self._service.publish(version, self._state)
+    def publish(self, version: int) -> tuple[float, float]:
+        """Seconds in ``publish``, and from its start until the snapshot is copied."""
+        start = time.perf_counter()
+        publish_s = self._service.publish(version, self._state)
+        self._service.wait_snapshot()
+        return publish_s, time.perf_counter() - start
 
 
 @ray.remote(num_cpus=0)
@@ -67,15 +80,19 @@ def _wait_for(service: ParameterService, version: int) -> None:
 
 
 def measure(sizes_mb: list[int], repeats: int, warmup: int = 5) -> list[dict[str, Any]]:
-    """Median publish and full-pull seconds per size; needs a running Ray session."""
+    """Median publish, snapshot and full-pull seconds per size; needs a running Ray session."""
     rows = []
     for size_mb in sizes_mb:
         service = ParameterService.create()
         publisher = _Publisher.remote(service, size_mb)  # type: ignore[attr-defined]
         puller = _Puller.remote(service)  # type: ignore[attr-defined]
-        publish_s, pull_s = [], []
+        publish_s, snapshot_s, pull_s = [], [], []
         for version in range(warmup + repeats):
-            publish_s.append(ray.get(publisher.publish.remote(version), timeout=HANDOVER_TIMEOUT_S))
+            published, snapshotted = ray.get(
+                publisher.publish.remote(version), timeout=HANDOVER_TIMEOUT_S
+            )
+            publish_s.append(published)
+            snapshot_s.append(snapshotted)
             _wait_for(service, version)
             pulled, seconds = ray.get(puller.pull.remote(version - 1), timeout=HANDOVER_TIMEOUT_S)
             if pulled != version:
@@ -84,28 +101,36 @@ def measure(sizes_mb: list[int], repeats: int, warmup: int = 5) -> list[dict[str
         for actor in (publisher, puller):
             ray.kill(actor)
         service.shutdown()
-        publish, pull = statistics.median(publish_s[warmup:]), statistics.median(pull_s[warmup:])
+        publish, snapshot, pull = (
+            statistics.median(seconds[warmup:]) for seconds in (publish_s, snapshot_s, pull_s)
+        )
         rows.append(
             {
                 "size_mb": size_mb,
                 "publish_s": publish,
+                "snapshot_s": snapshot,
                 "pull_s": pull,
                 "ratio": publish / pull,
-                "first_publish_s": publish_s[0],
+                "first_snapshot_s": snapshot_s[0],
             }
         )
-        print(f"{size_mb} MB: publish {publish * 1e3:.1f} ms, pull {pull * 1e3:.1f} ms", flush=True)
+        print(
+            f"{size_mb} MB: publish {publish * 1e3:.2f} ms, snapshot {snapshot * 1e3:.1f} ms, "
+            f"pull {pull * 1e3:.1f} ms",
+            flush=True,
+        )
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| size MB | publish ms | pull ms | publish / pull | first publish ms |",
-        "|---:|---:|---:|---:|---:|",
+        "| size MB | publish ms | snapshot ms (worst case) | pull ms | publish / pull "
+        "| first snapshot ms |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {r['size_mb']} | {r['publish_s'] * 1e3:.1f} | {r['pull_s'] * 1e3:.1f} "
-        f"| {r['ratio']:.2f} | {r['first_publish_s'] * 1e3:.1f} |"
+        f"| {r['size_mb']} | {r['publish_s'] * 1e3:.2f} | {r['snapshot_s'] * 1e3:.1f} "
+        f"| {r['pull_s'] * 1e3:.1f} | {r['ratio']:.3f} | {r['first_snapshot_s'] * 1e3:.1f} |"
         for r in rows
     ]
     return "\n".join(lines)

@@ -1,10 +1,13 @@
-"""The parameter service on a real local Ray: bucketing, publish/pull, ownership, failures."""
+"""The parameter service on a real local Ray: bucketing, publish/pull, background snapshots,
+hand-over, ownership, failures."""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import ray
@@ -160,6 +163,7 @@ def test_old_versions_are_released(service):
     size = sum(t.nbytes for t in state.values())
     before = _plasma_bytes()
     for version in range(20):
+        service.wait_snapshot()
         state["step"].fill_(version)
         service.publish(version, state)
     _wait_until(lambda: service.latest_version() == 19, "relay 0 taking version 19")
@@ -183,6 +187,220 @@ def test_a_chained_relay_serves_the_version_on_its_own(ray_local, worker):
         _assert_same(state, _state(5))
     finally:
         chained.shutdown()
+
+
+def test_a_pulled_version_has_the_values_at_publish_time(service, worker):
+    state = _state(7, megabytes=16)
+    service.publish(7, state)
+    # The trainer steps in place as soon as wait_snapshot returns, before the hand-over puts.
+    assert service.wait_snapshot(timeout=30) >= 0.0
+    for tensor in state.values():
+        tensor.zero_()
+    service.flush(timeout=30)
+    version, pulled = ray.get(worker.pull.remote(service, -1, 10.0), timeout=30)
+    assert version == 7
+    _assert_same(pulled, _state(7, megabytes=16))
+    assert service.wait_snapshot(timeout=0) == 0.0  # nothing left to wait for
+
+
+def test_the_handle_a_worker_gets_carries_no_staging_buffers(service):
+    service.publish(1, _state(1))
+    copy = ray.cloudpickle.loads(ray.cloudpickle.dumps(service))
+    assert len(ray.cloudpickle.dumps(service)) < 64 << 10  # the state is 2 MB
+    assert copy.in_flight() == []
+    # Nothing published through the copy: nothing to wait for.
+    assert copy.wait_snapshot(timeout=0) == 0.0
+    copy.flush(timeout=0)
+    service.flush(timeout=30)
+
+
+# -- the hand-over thread ------------------------------------------------------------------
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class _RecordingRelay:
+    """A relay that keeps every version it is offered; ``gated`` ones wait for `open`."""
+
+    def __init__(self, gated: bool) -> None:
+        self._gate = threading.Event()
+        if not gated:
+            self._gate.set()
+        self._taken: dict[int, list[bytes]] = {}
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def open(self) -> None:
+        self._gate.set()
+
+    def offer(self, version: int, refs: list[ray.ObjectRef]) -> bool:
+        self._gate.wait()
+        self._taken[version] = [b"".join(parts) for parts in ray.get(refs, timeout=30)]
+        return True
+
+    def taken(self) -> dict[int, list[bytes]]:
+        return self._taken
+
+    def version(self) -> int:
+        return max(self._taken, default=-1)
+
+
+@pytest.fixture
+def fake_service(ray_local) -> Iterator[Callable[..., ParameterService]]:
+    """Makes services whose one relay is the given fake; kills them afterwards."""
+    made: list[ParameterService] = []
+
+    def make(relay: ray.actor.ActorHandle, fetch_timeout: float = 0.5) -> ParameterService:
+        node = ray.get(relay.node_id.remote(), timeout=30)
+        made.append(ParameterService([relay], [node], MB, fetch_timeout=fetch_timeout))
+        return made[-1]
+
+    yield make
+    for svc in made:
+        svc.shutdown()
+
+
+def test_publish_returns_before_relay_0_has_the_version_and_flush_waits(fake_service):
+    relay = _RecordingRelay.remote(gated=True)  # type: ignore[attr-defined]
+    service = fake_service(relay, fetch_timeout=30)
+    service.publish(1, _state(1))
+    assert service.in_flight() == [1]
+    assert service.latest_version() == -1
+    with pytest.raises(ParameterError, match=r"relay 0 has not taken version 1 within .* 0.2 s"):
+        service.flush(timeout=0.2)
+    ray.get(relay.open.remote(), timeout=10)
+    service.flush(timeout=30)
+    assert service.in_flight() == []
+    assert service.latest_version() == 1
+
+
+def test_every_version_is_the_state_at_its_publish(fake_service):
+    # Versions follow each other faster than they are put: both staging buffers are busy
+    # and the third publish waits for the first; none may see a later step's values.
+    relay = _RecordingRelay.remote(gated=False)  # type: ignore[attr-defined]
+    service = fake_service(relay, fetch_timeout=30)
+    versions = range(6)
+    state = _state(versions[0], megabytes=8)
+    for version in versions:
+        service.publish(version, state)
+        following = _state(version + 1, megabytes=8)
+        service.wait_snapshot(timeout=30)
+        for name, tensor in state.items():  # the next step, in place
+            tensor.copy_(following[name])
+    service.flush(timeout=60)
+    taken = ray.get(relay.taken.remote(), timeout=30)
+    assert sorted(taken) == list(versions)
+    for version in versions:
+        _assert_same(from_buckets(taken[version]), _state(version, megabytes=8))
+
+
+# -- the snapshot thread -------------------------------------------------------------------
+
+
+class _HeldTensor(torch.Tensor):
+    """A tensor whose copies out wait for ``release``: holds a snapshot mid-copy."""
+
+    release = threading.Event()
+
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if func is torch.Tensor.copy_:
+            assert cls.release.wait(30), "the test never released the snapshot"
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.fixture
+def held() -> Iterator[torch.Tensor]:
+    """A tensor to publish whose snapshot waits until ``_HeldTensor.release`` is set."""
+    _HeldTensor.release.clear()
+    yield torch.arange(6, dtype=torch.float32).as_subclass(_HeldTensor)
+    _HeldTensor.release.set()  # never leave a snapshot thread stuck
+
+
+def test_publish_returns_before_the_snapshot_and_wait_snapshot_waits(service, held, worker):
+    state = {**_state(1), "held": held}
+    service.publish(1, state)  # returns with the copy still held
+    assert service.in_flight() == [1]
+    with pytest.raises(
+        ParameterError, match=r"snapshot of version 1 is still being copied after 0.1 s"
+    ):
+        service.wait_snapshot(timeout=0.1)
+    _HeldTensor.release.set()
+    service.wait_snapshot(timeout=30)
+    for tensor in state.values():
+        tensor.zero_()
+    service.flush(timeout=30)
+    version, pulled = ray.get(worker.pull.remote(service, -1, 10.0), timeout=30)
+    assert version == 1
+    _assert_same(pulled, {**_state(1), "held": torch.arange(6, dtype=torch.float32)})
+
+
+def test_publish_waits_for_the_previous_snapshot(service, held):
+    state = {**_state(1), "held": held}
+    service.publish(1, state)
+    second = threading.Thread(target=service.publish, args=(2, _state(2)))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # held behind version 1's copy, which is still running
+    _HeldTensor.release.set()
+    second.join(30)
+    assert not second.is_alive()
+    service.flush(timeout=30)
+    assert service.latest_version() == 2
+
+
+def test_a_large_snapshot_completes_in_the_background(service, worker):
+    # No timing asserted: publish returns a duration, wait_snapshot then leaves nothing.
+    state = _state(3, megabytes=64)
+    assert service.publish(3, state) >= 0.0
+    assert service.wait_snapshot(timeout=60) >= 0.0
+    assert service.wait_snapshot(timeout=0) == 0.0
+    for tensor in state.values():
+        tensor.fill_(1)
+    service.flush(timeout=60)
+    version, pulled = ray.get(worker.pull.remote(service, -1, 30.0), timeout=60)
+    assert version == 3
+    _assert_same(pulled, _state(3, megabytes=64))
+
+
+def _no_data() -> dict[str, torch.Tensor]:
+    """A state whose copy fails in the snapshot thread: a meta tensor has no data."""
+    return {"w": torch.zeros(4), "lazy": torch.empty(3, device="meta")}
+
+
+def test_a_failed_snapshot_is_raised_once_by_wait_snapshot(service):
+    service.publish(1, _no_data())  # nothing is read in publish itself
+    with pytest.raises(
+        ParameterError, match=r"copying version 1 into a staging buffer failed: .*meta"
+    ):
+        service.wait_snapshot(timeout=30)
+    assert service.wait_snapshot(timeout=0) == 0.0
+    assert service.in_flight() == []
+    service.flush(timeout=0)
+    service.publish(2, _state(2))
+    service.flush(timeout=30)
+    assert service.latest_version() == 2
+
+
+@pytest.mark.parametrize("surfaces_from", ["publish", "flush"])
+def test_a_failed_snapshot_is_raised_once_by_the_next_publish_or_flush(service, surfaces_from):
+    service.publish(1, _no_data())
+    with pytest.raises(ParameterError, match="copying version 1 into a staging buffer failed"):
+        if surfaces_from == "publish":
+            service.publish(2, _state(2))
+        else:
+            service.flush(timeout=30)
+    assert service.wait_snapshot(timeout=0) == 0.0
+    service.flush(timeout=0)
+    service.publish(3, _state(3))
+    service.flush(timeout=30)
+    assert service.latest_version() == 3
 
 
 # -- failures ------------------------------------------------------------------------------
@@ -233,47 +451,38 @@ class _FakeRelay:
         return -1
 
 
-@pytest.fixture
-def fake_service(ray_local) -> Iterator[Callable[[bool], ParameterService]]:
-    """Makes services whose one relay is a `_FakeRelay`; kills them afterwards."""
-    made: list[ParameterService] = []
-
-    def make(hang: bool) -> ParameterService:
-        relay = _FakeRelay.remote(hang)  # type: ignore[attr-defined]
-        node = ray.get(relay.node_id.remote(), timeout=30)
-        made.append(ParameterService([relay], [node], MB, fetch_timeout=0.5))
-        return made[-1]
-
-    yield make
-    for svc in made:
-        svc.shutdown()
-
-
 def test_publish_does_not_wait_for_the_relay_until_too_far_behind(fake_service):
-    service = fake_service(True)  # its offers take 600 s
+    service = fake_service(_FakeRelay.remote(hang=True))  # type: ignore[attr-defined]
     state = _state(1)
     start = time.monotonic()
     for version in range(MAX_IN_FLIGHT):
         service.publish(version, state)
     assert time.monotonic() - start < 2.0
-    # One more would pile another copy into the object store: it waits, then says why.
+    # One more needs a staging buffer, and both hold versions relay 0 has not taken: it
+    # waits for the oldest hand-over, which gives up on the relay, and says why.
     with pytest.raises(ParameterError, match=r"relay 0 has not taken version 0 after 0.5 s"):
         service.publish(MAX_IN_FLIGHT, state)
 
 
-def test_a_failed_hand_over_is_raised_by_the_next_publish(fake_service):
-    service = fake_service(False)
+def test_a_failed_hand_over_is_raised_by_the_next_publish_and_by_flush(fake_service):
+    service = fake_service(_FakeRelay.remote(hang=False))  # type: ignore[attr-defined]
     service.publish(1, _state(1))
-    # The relay runs its calls in order, so once this returns the offer has failed.
-    assert service.latest_version() == -1
+    _wait_until(lambda: service.in_flight() == [], "the hand-over of version 1 failing")
     with pytest.raises(
         ParameterError, match=r"(?s)relay 0 did not take version 1: .*cannot fetch version 1"
     ):
         service.publish(2, _state(2))
+    # That publish published nothing; the retry does, and its failure reaches flush.
+    service.publish(2, _state(2))
+    with pytest.raises(
+        ParameterError, match=r"(?s)relay 0 did not take version 2: .*cannot fetch version 2"
+    ):
+        service.flush(timeout=10)
+    service.flush(timeout=0)  # each failure is raised once
 
 
 def test_a_pull_from_an_unresponsive_relay_times_out(fake_service):
-    service = fake_service(False)
+    service = fake_service(_FakeRelay.remote(hang=False))  # type: ignore[attr-defined]
     start = time.monotonic()
     with pytest.raises(ParameterError, match=r"relay 0 timed out after 0.5 s; is the relay alive"):
         service.pull(-1, timeout=0.5)
