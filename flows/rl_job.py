@@ -37,14 +37,22 @@ from prefect.cache_policies import NO_CACHE
 
 from engines.policy import prepare_policy
 from engines.pools import launch_rollout_workers, launch_trainer
+from engines.rollout_worker import StreamSettings
+from envs import Environment
 from flows.runtime import child_env
 from rl.config import RunConfig, build_config
 from storage.layout import RunLayout
 from storage.params import ParameterService
 from storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
 from storage.urls import redact
+from tasks.dispatcher import Dispatcher
 from tasks.environment import PromptStream, make_environment
-from tasks.rollout import PendingRollout, RolloutResult, collect, evaluate, submit
+from tasks.rollout import (
+    BatchRollouts,
+    BatchSettings,
+    StreamRollouts,
+    evaluate,
+)
 from tasks.tracking import MlflowLogger
 
 log = logging.getLogger("sluice")
@@ -54,6 +62,7 @@ log = logging.getLogger("sluice")
 class RunSummary:
     run_dir: str
     storage_url: str
+    mode: str
     steps: int
     start_accuracy: float
     end_accuracy: float
@@ -68,7 +77,8 @@ class RunSummary:
         gain = 100 * (self.end_accuracy - self.start_accuracy)
         return [
             f"held-out accuracy {100 * self.start_accuracy:.1f}% -> "
-            f"{100 * self.end_accuracy:.1f}% ({gain:+.1f} points) in {self.steps} steps",
+            f"{100 * self.end_accuracy:.1f}% ({gain:+.1f} points) in {self.steps} "
+            f"{self.mode} steps",
             f"throughput {self.samples_per_s:.1f} samples/s, {self.tokens_per_s:.0f} tokens/s; "
             f"wall {self.wall_s:.0f} s",
             f"trained policy: {self.policy}",
@@ -117,31 +127,45 @@ def _wait(refs: Any, what: str, store: StoreClient) -> Any:
 def _step_line(step: int, total: int, metrics: dict[str, float]) -> str:
     acc = metrics.get("eval/accuracy")
     shown = f" | held-out {100 * acc:5.1f}%" if acc is not None else ""
+    reward = metrics.get("rollout/reward")  # async: no group may have finished this step
+    rewarded = "  -  " if reward is None else f"{reward:.3f}"
     return (
-        f"step {step:>4}/{total} | reward {metrics['rollout/reward']:.3f}{shown} | "
+        f"step {step:>4}/{total} | reward {rewarded}{shown} | "
         f"loss {metrics['train/loss']:+.4f} | kl {metrics['train/kl_behaviour']:.2e} | "
         f"entropy {metrics['train/entropy']:.3f} | {metrics['perf/tokens_per_s']:6.0f} tok/s | "
         f"{metrics['perf/step_s']:.2f} s"
     )
 
 
+class _StoreMetrics:
+    """The trajectory store's gauges, and its counters as per-step increments."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+
+    def update(self, stats: dict[str, int]) -> dict[str, float]:
+        out = {f"store/{k}": float(stats[k]) for k in ("held", "ready", "leased")}
+        for k in ("dropped", "expired_leases"):
+            out[f"store/{k}"] = float(stats[k] - self.last.get(k, 0))
+        self.last = stats
+        return out
+
+
 def _step_metrics(
-    batch: RolloutResult, train: dict[str, float], marks: tuple[float, float, float, float]
+    train: dict[str, float], marks: tuple[float, float, float, float]
 ) -> dict[str, float]:
     t0, t1, t2, t3 = marks
+    step_s = t3 - t0
     return {
-        "rollout/reward": batch.mean_reward,
-        "rollout/accuracy": batch.accuracy,
-        "rollout/response_length": batch.mean_length,
-        "rollout/truncated": batch.truncated,
-        "rollout/reward_errors": batch.reward_errors,
         **{f"train/{k}": v for k, v in train.items()},
+        # Time the trainer sat waiting for a full batch in the store, over the step.
+        "perf/trainer_idle_fraction": min(1.0, (t1 - t0 + train["lease_s"]) / step_s),
         "perf/rollout_s": t1 - t0,
         "perf/train_s": t2 - t1,
         "perf/weight_sync_s": t3 - t2,
-        "perf/step_s": t3 - t0,
-        "perf/tokens_per_s": batch.tokens / (t3 - t0),
-        "perf/samples_per_s": batch.samples / (t3 - t0),
+        "perf/step_s": step_s,
+        "perf/tokens_per_s": train["tokens"] / step_s,
+        "perf/samples_per_s": train["samples"] / step_s,
     }
 
 
@@ -153,119 +177,74 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     policy_dir = prepare_policy_task(cfg)
     env, _ = make_environment(cfg.env)
-    prompts = PromptStream(env, cfg.env.train_prompts, cfg.seed)
     heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
     eval_tokens = max(len(p.answer) for p in heldout) + 4
     tracker = MlflowLogger(layout.mlflow_uri, layout.mlflow_artifacts.as_uri(), "sluice", cfg.name)
     tracker.log_params(cfg.model_dump())
     batch_size = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    max_staleness = {"sync": 0, "one_step": 1, "async": cfg.max_staleness}[cfg.mode]
     _start_ray(cfg, layout)
     status = "FAILED"
     try:
-        env_vars = child_env()
-        store = StoreClient(
-            create_store(
-                cfg.storage_url,
-                cfg.storage.capacity_batches * batch_size,
-                cfg.storage.lease_timeout_s,
-            ),
-            cfg.storage_url,
-        )
-        params = ParameterService.create(
-            relays=cfg.storage.param_relays, bucket_bytes=cfg.storage.bucket_mib << 20
-        )
-        trainer = launch_trainer(
-            cfg.train.cpus,
-            cfg.train.threads,
-            env_vars,
-            model_dir=policy_dir,
-            lr=cfg.train.lr,
-            clip_eps=cfg.train.clip_eps,
-            warmup_steps=cfg.train.warmup_steps,
-            entropy_coef=cfg.train.entropy_coef,
-            grad_clip=cfg.train.grad_clip,
-            micro_batch=cfg.train.micro_batch,
-            seed=cfg.seed,
-        )
-        workers = launch_rollout_workers(
-            cfg.rollout.workers,
-            cfg.rollout.cpus_per_worker,
-            cfg.rollout.threads_per_worker,
-            env_vars,
-            env=env,
-            store=store,
-            params=params,
-            model_dir=policy_dir,
-            seed=cfg.seed,
-            kv_cache_gib=cfg.rollout.kv_cache_gib,
-            enforce_eager=cfg.rollout.enforce_eager,
-            max_model_len=cfg.policy.max_positions,
-        )
-        log.info(
-            "starting %d rollout worker(s) and the trainer (vLLM takes ~30 s to load)", len(workers)
-        )
-        start_acc = evaluate(workers, env, heldout, eval_tokens)
+        store, trainer, workers = _launch(cfg, env, policy_dir, batch_size)
+        rollouts = _rollouts(cfg, env, workers)
+
+        def wait(refs: Any, what: str) -> Any:
+            return _wait(refs, what, store)
+
+        def evaluate_now(step: int) -> float:
+            rollouts.pause(wait)  # async: workers hand vLLM back, then load version `step`
+            wait([w.sync_weights.remote(step) for w in workers], "weights")
+            accuracy = evaluate(workers, env, heldout, eval_tokens)
+            rollouts.resume()
+            return accuracy
+
+        log.info("starting %d rollout worker(s) and the trainer (vLLM takes ~30 s)", len(workers))
+        start_acc = end_acc = evaluate(workers, env, heldout, eval_tokens)
         ray.get(trainer.version.remote())  # the trainer actor has loaded the policy
         log.info(
             "step    0/%d | held-out %5.1f%% (starting policy)", cfg.train.steps, 100 * start_acc
         )
         tracker.log_metrics(0, {"eval/accuracy": start_acc})
-        loop_start, samples_seen, tokens_seen, end_acc = time.monotonic(), 0, 0, start_acc
-        max_staleness = {"sync": 0, "one_step": 1}[cfg.mode]
-
-        def next_rollout(step: int) -> PendingRollout:
-            return submit(
-                workers,
-                prompts.take(cfg.rollout.prompts_per_step),
-                cfg.rollout.samples_per_prompt,
-                cfg.rollout.max_new_tokens,
-                cfg.rollout.temperature,
-                seed=cfg.seed * 1_000_003 + step,
-                scale_by_std=cfg.train.scale_adv_by_std,
-            )
-
-        def pull_weights(version: int) -> None:
-            timeout = cfg.storage.weight_pull_timeout_s
-            _wait([w.sync_weights.remote(version, timeout) for w in workers], "weights", store)
-
-        pending = next_rollout(1)
+        loop_start, samples_seen, tokens_seen = time.monotonic(), 0, 0
+        store_metrics = _StoreMetrics()
+        rollouts.start()
         for step in range(1, cfg.train.steps + 1):
             t0 = time.monotonic()
-            _wait(pending.refs, "rollouts", store)
-            batch = collect(pending)  # this step's groups are scored and in the store
+            rollouts.before_train(step, wait)  # batch modes: this step's groups are in the store
             t1 = time.monotonic()
-            more = step < cfg.train.steps
-            if more and cfg.mode == "one_step":
-                # Generation of the next batch overlaps this training step; it samples with
-                # the weights of the previous step, so every batch is one version stale.
-                pending = next_rollout(step + 1)
-            train_metrics = _wait(
+            train = wait(  # lease -> one step -> publish the new version -> acknowledge
                 trainer.train_from_store.remote(
-                    store, params, batch_size, max_staleness, cfg.storage.lease_timeout_s
+                    store, batch_size, max_staleness, cfg.storage.lease_timeout_s
                 ),
                 "the trainer",
-                store,
-            )  # lease -> one PPO-clip step -> publish the new version -> acknowledge
+            )
             t2 = time.monotonic()
-            pull_weights(step)  # every worker loads version `step` (after its generation)
+            rollouts.after_train(step, wait)  # batch modes: workers load version `step`
             t3 = time.monotonic()
-            if more and cfg.mode == "sync":
-                pending = next_rollout(step + 1)
-            samples_seen += batch.samples
-            tokens_seen += batch.tokens
-            metrics = _step_metrics(batch, train_metrics, (t0, t1, t2, t3))
+            samples_seen += int(train["samples"])
+            tokens_seen += int(train["tokens"])
+            metrics = {
+                **rollouts.drain(step),
+                **_step_metrics(train, (t0, t1, t2, t3)),
+                **store_metrics.update(store.stats()),
+            }
             if step % cfg.eval.every == 0 or step == cfg.train.steps:
-                end_acc = evaluate(workers, env, heldout, eval_tokens)
-                metrics["eval/accuracy"] = end_acc
+                end_acc = metrics["eval/accuracy"] = evaluate_now(step)
             if step % cfg.storage.checkpoint_every == 0 or step == cfg.train.steps:
-                _checkpoint(cfg, trainer, store, step, prompts)
+                _checkpoint(cfg, trainer, store, step, rollouts.cursor())
             tracker.log_metrics(step, metrics)
             log.info(_step_line(step, cfg.train.steps, metrics))
         loop_s = time.monotonic() - loop_start
+        rollouts.stop(wait)
+        left = ray.get(store.handle.close.remote("the run ended before it was trained"))
+        if left:
+            log.info("%d generated samples were left untrained (recorded as dropped)", left)
         ray.get(trainer.save.remote(str(layout.final_policy)))
         summary = RunSummary(
             run_dir=str(layout.run_dir),
             storage_url=redact(cfg.storage_url),
+            mode=cfg.mode,
             steps=cfg.train.steps,
             start_accuracy=start_acc,
             end_accuracy=end_acc,
@@ -285,12 +264,107 @@ def rl_job(config: dict[str, Any]) -> dict[str, Any]:
         ray.shutdown()
 
 
+def _launch(
+    cfg: RunConfig, env: Environment, policy_dir: str, batch_size: int
+) -> tuple[StoreClient, Any, list[Any]]:
+    """The trajectory store, the parameter service, the trainer and the rollout workers."""
+    env_vars = child_env()
+    # async: rows reach storage in files of one training batch, not one file per group.
+    persist_rows = batch_size if cfg.mode == "async" else 0
+    store = StoreClient(
+        create_store(
+            cfg.storage_url, cfg.storage.capacity_batches * batch_size, cfg.storage.lease_timeout_s
+        ),
+        cfg.storage_url,
+        persist_rows,
+    )
+    params = ParameterService.create(
+        relays=cfg.storage.param_relays, bucket_bytes=cfg.storage.bucket_mib << 20
+    )
+    trainer = launch_trainer(
+        cfg.train.cpus,
+        cfg.train.threads,
+        env_vars,
+        params=params,
+        model_dir=policy_dir,
+        lr=cfg.train.lr,
+        clip_eps=cfg.train.clip_eps,
+        warmup_steps=cfg.train.warmup_steps,
+        entropy_coef=cfg.train.entropy_coef,
+        grad_clip=cfg.train.grad_clip,
+        micro_batch=cfg.train.micro_batch,
+        micro_batch_tokens=cfg.train.micro_batch_tokens,
+        loss=cfg.train.loss,
+        is_cap=cfg.train.is_cap,
+        seed=cfg.seed,
+    )
+    workers = launch_rollout_workers(
+        cfg.rollout.workers,
+        cfg.rollout.cpus_per_worker,
+        cfg.rollout.threads_per_worker,
+        env_vars,
+        env=env,
+        store=store,
+        params=params,
+        model_dir=policy_dir,
+        seed=cfg.seed,
+        kv_cache_gib=cfg.rollout.kv_cache_gib,
+        enforce_eager=cfg.rollout.enforce_eager,
+        max_model_len=cfg.policy.max_positions,
+    )
+    return store, trainer, workers
+
+
+def _rollouts(
+    cfg: RunConfig, env: Environment, workers: list[Any]
+) -> BatchRollouts | StreamRollouts:
+    prompts = PromptStream(env, cfg.env.train_prompts, cfg.seed)
+    r = cfg.rollout
+    if cfg.mode != "async":
+        settings = BatchSettings(
+            steps=cfg.train.steps,
+            prompts_per_step=r.prompts_per_step,
+            samples_per_prompt=r.samples_per_prompt,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            seed=cfg.seed,
+            scale_by_std=cfg.train.scale_adv_by_std,
+            weight_pull_timeout_s=cfg.storage.weight_pull_timeout_s,
+        )
+        return BatchRollouts(workers, prompts, settings, overlap=cfg.mode == "one_step")
+    dispatcher = Dispatcher.remote(  # type: ignore[attr-defined]
+        prompts,
+        env.name,
+        r.prompts_per_step,
+        r.samples_per_prompt,
+        cfg.max_staleness,
+        cfg.seed,
+        long_first=r.long_first,
+        balance=r.balance,
+        prior_length=float(r.max_new_tokens),
+    )
+    streams = [
+        StreamSettings(
+            worker=i,
+            samples_per_prompt=r.samples_per_prompt,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            scale_by_std=cfg.train.scale_adv_by_std,
+            concurrency=r.concurrency or r.prompts_per_step * r.samples_per_prompt,
+            partial_rollout=r.partial_rollout,
+            pull_timeout_s=cfg.storage.weight_pull_timeout_s,
+        )
+        for i in range(len(workers))
+    ]
+    return StreamRollouts(workers, dispatcher, streams)
+
+
 def _checkpoint(
-    cfg: RunConfig, trainer: Any, store: StoreClient, step: int, prompts: PromptStream
+    cfg: RunConfig, trainer: Any, store: StoreClient, step: int, cursor: dict[str, Any]
 ) -> None:
     """Model, optimiser and RNG (written by the trainer) with the data cursor and watermark."""
     watermark = ray.get(store.handle.flush.remote())
-    meta = {"step": step, "ledger_watermark": watermark, "data_cursor": prompts.cursor()}
+    meta = {"step": step, "ledger_watermark": watermark, "data_cursor": cursor}
     url = ray.get(
         trainer.save_checkpoint.remote(cfg.storage_url, cfg.storage.keep_checkpoints, step, meta)
     )

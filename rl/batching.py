@@ -39,6 +39,18 @@ class TrainBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def rows(self, index: torch.Tensor) -> TrainBatch:
+        """The rows ``index``, with columns past their longest sequence cut off."""
+        width = int(self.attention_mask[index].sum(dim=1).max())
+        return TrainBatch(
+            self.input_ids[index, :width],
+            self.attention_mask[index, :width],
+            self.targets[index, : width - 1],
+            self.mask[index, : width - 1],
+            self.old_logprobs[index, : width - 1],
+            self.advantages[index],
+        )
+
     def slice(self, start: int, stop: int) -> TrainBatch:
         return TrainBatch(
             *(t[start:stop] for t in (self.input_ids, self.attention_mask, self.targets)),
@@ -73,3 +85,29 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
         old[row, p - 1 : p - 1 + r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     return TrainBatch(input_ids, attention, input_ids[:, 1:].clone(), mask, old, advantages)
+
+
+def micro_batches(batch: TrainBatch, max_rows: int, max_tokens: int) -> list[TrainBatch]:
+    """Split a batch for forward/backward passes, padding each part only to its own longest row.
+
+    A batch that fits (``max_rows`` rows and ``max_tokens`` padded tokens) stays whole and in
+    order. Otherwise rows are sorted by length and cut into parts within both limits, so a
+    few long answers no longer pad every short one to their length (sequence bucketing, as
+    in length-grouped samplers). Every row lands in exactly one part.
+    """
+    lengths = batch.attention_mask.sum(dim=1)
+    size, width = len(batch), batch.input_ids.shape[1]
+    if size <= max_rows and size * width <= max_tokens:
+        return [batch]
+    order = torch.argsort(lengths, stable=True)
+    parts, start = [], 0
+    for end in range(1, size + 1):
+        rows, longest = end - start, int(lengths[order[end - 1]])
+        last = end == size
+        too_many = rows > max_rows or (rows > 1 and rows * longest > max_tokens)
+        if too_many:
+            parts.append(batch.rows(order[start : end - 1]))
+            start = end - 1
+        if last:
+            parts.append(batch.rows(order[start:end]))
+    return parts

@@ -88,6 +88,25 @@ class RolloutConfig(_Section):
     workers: int = Field(1, ge=1, description="Rollout actors in the pool.")
     cpus_per_worker: float = Field(1.0, gt=0.0, description="Ray CPU slots per rollout actor.")
     threads_per_worker: int = Field(1, ge=1, description="torch threads inside each actor.")
+    concurrency: int = Field(
+        0,
+        ge=0,
+        description="async: samples in flight per worker (vLLM's running batch); 0 means "
+        "one training batch (prompts_per_step x samples_per_prompt).",
+    )
+    partial_rollout: bool = Field(
+        True,
+        description="async: a sample in flight when new weights arrive continues under "
+        "them (its tokens record both versions); off: finish running samples, then load.",
+    )
+    long_first: bool = Field(
+        True,
+        description="async: hand out the groups predicted to answer longest first "
+        "(an online length predictor learns from this run's lengths).",
+    )
+    balance: bool = Field(
+        True, description="async: spread predicted tokens evenly across rollout workers."
+    )
     kv_cache_gib: float = Field(
         0.5,
         gt=0.0,
@@ -118,12 +137,33 @@ class TrainConfig(_Section):
     entropy_coef: float = Field(
         0.0, ge=0.0, description="Weight of an entropy bonus in the loss (0 = none)."
     )
+    loss: Literal["ppo", "decoupled_ppo", "tis"] = Field(
+        "ppo",
+        description="Policy loss (rl.losses). ppo: PPO-clip with the ratio taken against the "
+        "behaviour (generating) policy. decoupled_ppo: PPO-clip against the trainer's policy "
+        "before the step, times the behaviour weight pi_prox/pi_behav capped at is_cap "
+        "(AReaL). tis: plain policy gradient weighted by pi/pi_behav truncated at is_cap "
+        "(IMPALA).",
+    )
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip range epsilon.")
+    is_cap: float = Field(
+        2.0,
+        ge=1.0,
+        description="Truncation of importance weights for tis, and the cap of decoupled_ppo's "
+        "behaviour weight (IMPALA's rho-bar is 1: weights never exceed 1). Unused by ppo.",
+    )
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     scale_adv_by_std: bool = Field(
         True, description="GRPO's std scaling of advantages (False: Dr. GRPO, centred only)."
     )
     micro_batch: int = Field(256, ge=1, description="Sequences per forward/backward pass.")
+    micro_batch_tokens: int = Field(
+        4096,
+        ge=64,
+        description="Padded tokens per forward/backward pass. A batch over this is sorted by "
+        "length and split, each part padded only to its own longest row (long-tail answers "
+        "then stop padding every short one).",
+    )
     cpus: float = Field(1.0, gt=0.0, description="Ray CPU slots for the trainer actor.")
     threads: int = Field(1, ge=1, description="torch threads inside the trainer actor.")
 
@@ -178,10 +218,19 @@ class RunConfig(_Section):
     root: str = Field("runs", description="Folder that holds one sub-folder per run.")
     cache: str = Field(".cache", description="Shared caches: built policies, vLLM, inductor.")
     seed: int = Field(0, ge=0, description="Seed for prompts, models and sampling.")
-    mode: Literal["sync", "one_step"] = Field(
+    mode: Literal["sync", "one_step", "async"] = Field(
         "one_step",
-        description="sync: generate a batch, train on it, push weights, repeat. one_step: "
-        "generate the next batch while training on this one (each batch one version stale).",
+        description="sync: generate a batch, train on it, load the new weights, repeat. "
+        "one_step: generate the next batch while training on this one (one version stale). "
+        "async: rollout workers stream continuously; every sample is trained at most "
+        "max_staleness versions after the policy that generated it.",
+    )
+    max_staleness: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="async: how many versions a trained sample may lag the trainer; "
+        "generation never runs further ahead, staler samples are dropped and counted.",
     )
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Starting policy.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")

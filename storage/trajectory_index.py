@@ -298,6 +298,15 @@ class TrajectoryIndex:
         self.counts["expired_leases"] += len(late)
         return len(late)
 
+    def drop_all(self, reason: str) -> int:
+        """Drop every sample not yet trained (the run is over); returns how many."""
+        self._ready.clear()
+        self._leases.clear()
+        ids = list(self._entries)
+        if ids:
+            self._finish(ids, "dropped", reason=reason)
+        return len(ids)
+
     # -- shared ----------------------------------------------------------------------------
 
     def _finish(

@@ -7,11 +7,11 @@ Components:
   out leases on whole ready groups, takes expired leases back, drops samples that grew too
   stale, and appends every transition to the durable ledger (flushed at every ack).
 - ``StoreClient`` runs in producers (rollout workers) and consumers (the trainer). A
-  producer validates a RecordBatch against the trajectory schema, writes it to
-  ``<url>/trajectories/`` as Parquet (so a restarted store can re-offer it), puts it in the
-  object store and registers it (the controller keeps its own copy, so a producer that dies
-  takes nothing with it). A
-  consumer leases rows and reads them zero-copy out of the object store as an Arrow table.
+  producer validates a RecordBatch against the trajectory schema, puts it in the object
+  store and registers it (the controller keeps its own copy, so a producer that dies takes
+  nothing with it), then writes it to ``<url>/trajectories/`` as Parquet so a restarted
+  store can re-offer it. A consumer leases rows and reads them zero-copy out of the object
+  store as an Arrow table.
 
 Restart: a store created with ``restore=True`` reads the ledger and the trajectory files and
 re-offers every stored sample that was not trained, dropped or failed; a sample the ledger
@@ -245,6 +245,13 @@ class TrajectoryStore:
         await self._notify()  # room for waiting producers
         return trained
 
+    async def close(self, reason: str) -> int:
+        """Drop what is left with ``reason`` (recorded in the ledger, which is flushed)."""
+        dropped = self._index.drop_all(reason)
+        await self.flush()
+        await self._notify()
+        return dropped
+
     async def flush(self) -> int:
         """Write buffered ledger events; returns the ledger watermark (0 without a ledger)."""
         if self._ledger is None:
@@ -307,54 +314,63 @@ class Lease:
 
 
 class StoreClient:
-    """Producer and consumer calls on one store; picklable, so actors can hold one."""
+    """Producer and consumer calls on one store; picklable, so actors can hold one.
 
-    def __init__(self, handle: Any, url: str | None = None) -> None:
+    A producer's rows are written to ``<url>/trajectories/`` once the store has taken them,
+    in one Parquet file per ``persist_rows`` rows (0: one file per put). Rows still in a
+    producer's buffer when everything crashes are recorded as lost by a restored store.
+    """
+
+    def __init__(self, handle: Any, url: str | None = None, persist_rows: int = 0) -> None:
         self.handle = handle
         self.url = url
+        self.persist_rows = persist_rows
+        self._unwritten: list[pa.RecordBatch] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"handle": self.handle, "url": self.url, "persist_rows": self.persist_rows}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
 
     # -- producers -------------------------------------------------------------------------
 
     def put(self, batch: pa.RecordBatch, group_size: int | None = None) -> None:
-        """Validate, persist and register ``batch``; blocks (with progress lines) while full.
+        """Validate and register ``batch``, then persist it; blocks while the store is full.
 
-        Raises ``SchemaError`` naming the row and column on malformed data, before anything
-        is stored.
+        Raises ``SchemaError`` naming the row and column on malformed data, and
+        ``ValueError`` when the store refuses the rows; then nothing is stored or written.
         """
         validate_batch(batch)
         metas = _metas(batch)
-        path = self._persist(batch)
         ref = ray.put(batch)
         started = time.monotonic()
-        try:
-            while not ray.get(self.handle.put.remote([ref], metas, group_size, PROGRESS_EVERY_S)):
-                stats = ray.get(self.handle.stats.remote())
-                log.info(
-                    "trajectory store full (%d/%d samples held) for %.0f s; waiting for the "
-                    "trainer to consume",
-                    stats["held"],
-                    stats["capacity"],
-                    time.monotonic() - started,
-                )
-        except Exception:
-            self._unpersist(path)
-            raise
+        while not ray.get(self.handle.put.remote([ref], metas, group_size, PROGRESS_EVERY_S)):
+            stats = ray.get(self.handle.stats.remote())
+            log.info(
+                "trajectory store full (%d/%d samples held) for %.0f s; waiting for the "
+                "trainer to consume",
+                stats["held"],
+                stats["capacity"],
+                time.monotonic() - started,
+            )
+        if self.url:
+            self._unwritten.append(batch)
+            if sum(b.num_rows for b in self._unwritten) >= self.persist_rows:
+                self.flush()
 
-    def _persist(self, batch: pa.RecordBatch) -> str | None:
-        if not self.url:
-            return None
+    def flush(self) -> None:
+        """Write the buffered rows as one Parquet file under ``<url>/trajectories/``."""
+        if not self._unwritten or not self.url:
+            return
         fs, root = open_url(self.url)
         sink = pa.BufferOutputStream()
-        pq.write_table(pa.Table.from_batches([batch]), sink)
+        pq.write_table(pa.Table.from_batches(self._unwritten), sink)
         name = f"{time.time_ns():020d}-{fsio.random_suffix()}.parquet"
-        path = fsio.join(root, TRAJECTORIES, name)
-        fsio.write_bytes(fs, path, sink.getvalue().to_pybytes(), atomic=True)
-        return path
-
-    def _unpersist(self, path: str | None) -> None:
-        if path is not None and self.url:
-            fs, _ = open_url(self.url)
-            fs.rm_file(path)
+        fsio.write_bytes(
+            fs, fsio.join(root, TRAJECTORIES, name), sink.getvalue().to_pybytes(), atomic=True
+        )
+        self._unwritten.clear()
 
     def score(self, updates: list[tuple[str, float, float, str | None]]) -> None:
         ray.get(self.handle.score.remote(updates))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from storage.checkpoints import CheckpointStore
-from storage.ledger import Ledger, check_exactly_once, summarize
+from storage.ledger import Ledger, check_exactly_once, latest_events, summarize
 
 pytestmark = pytest.mark.integration
 
@@ -112,10 +112,59 @@ def test_smoke_run_end_to_end(tmp_path, mode, staleness):
     assert store.list() == [3, steps]
     latest = store.load_latest()
     assert latest.meta["version"] == steps and latest.meta["ledger_watermark"] > 0
-    assert len(latest.meta["data_cursor"]["order"]) > 0
+    assert len(latest.meta["data_cursor"]["prompts"]["order"]) > 0
     assert {"model.safetensors", "optimizer.json"} <= set(latest.files)
     # every trained block also has its Parquet copy (what a restarted store re-offers)
     assert len(list((run_dir / "trajectories").glob("*.parquet"))) == steps
+
+
+def test_async_run_keeps_the_staleness_bound(tmp_path):
+    """Streaming workers, a dispatcher's admission control and the store's staleness bound."""
+    steps, bound = 6, 1
+    result = _run(
+        [
+            "run",
+            "configs/smoke.yaml",
+            "--set",
+            f"root={tmp_path / 'runs'}",
+            "--set",
+            f"cache={tmp_path / 'cache'}",
+            "--set",
+            f"train.steps={steps}",
+            "--set",
+            "mode=async",
+            "--set",
+            f"max_staleness={bound}",
+            "--set",
+            "eval.every=3",  # a pause of the streams in mid-run, for held-out evaluation
+            "--set",
+            "train.loss=decoupled_ppo",
+        ],
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"in {steps} async steps" in result.stdout
+    run_dir = tmp_path / "runs" / "smoke"
+    with sqlite3.connect(run_dir / "mlflow.db") as db:
+        worst = [
+            v for (v,) in db.execute("SELECT value FROM metrics WHERE key='train/staleness_max'")
+        ]
+        weights = db.execute(
+            "SELECT COUNT(*) FROM metrics WHERE key='train/is_weight_mean'"
+        ).fetchone()
+        loads = db.execute(
+            "SELECT SUM(value) FROM metrics WHERE key='rollout/worker0/weight_loads'"
+        ).fetchone()
+    assert len(worst) == steps and max(worst) <= bound
+    assert weights == (steps,) and loads[0] >= 1  # the worker pulled new weights itself
+    table = Ledger(run_dir.as_uri()).read()
+    assert check_exactly_once(table) == []
+    summary = summarize(table)
+    assert summary["final"]["trained"] == steps * 16
+    assert set(summary["final"]) <= {"trained", "dropped"}  # leftovers dropped with a reason
+    assert max(summary["staleness"]) <= bound
+    generated = {r["sample_id"] for r in table.to_pylist() if r["event"] == "generated"}
+    assert generated == set(latest_events(table))  # every generated sample accounted for
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import re
 from datetime import UTC, datetime
 
 import pyarrow as pa
+import pyarrow.parquet  # (pa.parquet)
 import pytest
 import ray
 
@@ -200,3 +201,16 @@ def test_restart_records_rows_it_cannot_find(ray_local, tmp_path):
     assert {e["sample_id"] for e in lost} == {f"gone/{j}" for j in range(GROUP)}
     assert lost[0]["reason"] == "its rows were lost in a restart"
     ray.kill(second.handle)
+
+
+def test_rows_are_written_in_files_of_persist_rows(ray_local, tmp_path):
+    url = f"file://{tmp_path}"
+    client = StoreClient(create_store(url, capacity=64), url, persist_rows=8)
+    client.put(block("a"))
+    assert not (tmp_path / "trajectories").exists()  # 4 rows buffered, below 8
+    client.put(block("b"))
+    client.put(block("c"))
+    client.flush()
+    files = sorted((tmp_path / "trajectories").glob("*.parquet"))
+    assert [pa.parquet.read_table(f).num_rows for f in files] == [8, 4]
+    ray.kill(client.handle)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rl.batching import Sample, collate
+from rl.batching import Sample, collate, micro_batches
 
 
 def test_collate_aligns_response_mask_with_targets():
@@ -43,3 +43,29 @@ def test_batch_slice():
     part = collate(samples, pad_id=0).slice(1, 3)
     assert len(part) == 2
     assert part.advantages.tolist() == [1.0, 2.0]
+
+
+def _ragged_batch():
+    samples = [Sample([1, 2], [3] * n, [-0.5] * n, float(n)) for n in (1, 9, 2, 8, 3, 7)]
+    return samples, collate(samples, pad_id=0)
+
+
+@pytest.mark.parametrize(
+    ("max_rows", "max_tokens", "parts"),
+    [(64, 10_000, 1), (2, 10_000, 3), (64, 24, 3)],
+    ids=["fits-whole", "row-limit", "token-limit"],
+)
+def test_micro_batches_cover_every_row_once_and_pad_less(max_rows, max_tokens, parts):
+    samples, batch = _ragged_batch()
+    split = micro_batches(batch, max_rows, max_tokens)
+    assert len(split) == parts
+    assert sorted(float(a) for p in split for a in p.advantages) == sorted(
+        s.advantage for s in samples
+    )
+    for part in split:
+        assert len(part) <= max_rows
+        assert part.mask.sum() == sum(float(a) for a in part.advantages)  # advantage = tokens
+        # no column is pure padding
+        assert part.attention_mask[:, -1].any()
+    padded = sum(p.input_ids.numel() for p in split)
+    assert padded <= batch.input_ids.numel()

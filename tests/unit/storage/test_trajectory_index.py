@@ -132,3 +132,15 @@ def test_failed_samples_leave_their_group(parts):
     grant = index.take(3, 0, 0, 60)
     assert grant.sample_ids == ["a/0", "a/1", "a/2"]
     assert sink.of("failed")[0].reason == "generation crashed"
+
+
+def test_drop_all_accounts_for_every_sample_left(parts):
+    index, sink, _ = parts
+    index.add("b1", group("a") + group("b"))
+    index.add("b2", group("c", scored=False))
+    index.take(4, 0, 0, 60)  # a is leased when the run ends
+    assert index.drop_all("the run ended") == 12
+    assert {e.sample_id for e in sink.of("dropped")} == {
+        f"{g}/{j}" for g in "abc" for j in range(4)
+    }
+    assert index.stats()["held"] == 0 and index.stats()["blocks"] == 0

@@ -1,0 +1,166 @@
+"""The dispatcher: hands prompt groups to streaming rollout workers, within the staleness bound.
+
+A zero-CPU Ray actor, created by the flow in ``async`` mode and asked by each rollout worker
+(``engines/rollout_worker.py: stream``) for more groups whenever the worker has room.
+
+- Admission control (AReaL's rule, arXiv 2505.24298 section 5.1): group number g (in issue
+  order) is trained at trainer version about g // B (B groups per step); a worker holding
+  version v may only start it while ``g < (v + max_staleness + 1) * B``, so generation
+  never runs further ahead of training than the bound allows. The store drops whatever
+  still ends up staler (counted and recorded in the ledger).
+- Skew-aware dispatch (StreamRL, arXiv 2504.15930): an online length predictor
+  (``rl.dispatch.LengthPredictor``) learns response lengths per prompt and environment;
+  a look-ahead pool of upcoming groups is handed out longest first, and with ``balance``
+  the predicted tokens are spread across workers (``rl.dispatch.plan``).
+- Workers report finished groups (lengths, rewards) and their counters; the flow reads
+  them once per step with ``drain``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from engines.rollout_worker import GroupDone
+from envs import Problem
+from rl.dispatch import GroupRequest, LengthPredictor, WorkerLoad, plan
+from tasks.environment import PromptStream
+
+# Groups kept ready for ordering: enough for a couple of steps, so "longest first" has
+# something to choose from without running far ahead of the prompt stream.
+LOOKAHEAD_STEPS = 2
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One prompt group for a worker: n samples of ``problem``, seeds from ``seed``."""
+
+    problem: Problem
+    group_id: str
+    seed: int
+    predicted: float
+
+
+@dataclass
+class _Totals:
+    groups: int = 0
+    samples: int = 0
+    tokens: int = 0
+    reward_sum: float = 0.0
+    correct: int = 0
+    truncated: int = 0
+    reward_errors: int = 0
+    lengths: list[int] = field(default_factory=list)
+
+
+class GroupDispatcher:
+    """The dispatcher's logic; ``Dispatcher`` is the same class as a Ray actor."""
+
+    def __init__(
+        self,
+        prompts: PromptStream,
+        env: str,
+        groups_per_step: int,
+        samples_per_prompt: int,
+        max_staleness: int,
+        seed: int,
+        long_first: bool = True,
+        balance: bool = True,
+        prior_length: float = 32.0,
+    ) -> None:
+        self._prompts = prompts
+        self._env = env
+        self._per_step = groups_per_step
+        self._n = samples_per_prompt
+        self._k = max_staleness
+        self._seed = seed
+        self._long_first = long_first
+        self._balance = balance
+        self._predictor = LengthPredictor(prior=prior_length)
+        self._pool: list[Problem] = []
+        self._issued = 0
+        self._stopped = False
+        self._workers: dict[int, dict[str, float]] = {}
+        self._totals = _Totals()
+
+    def _request(self, index: int, problem: Problem) -> GroupRequest:
+        prompt_len = len(problem.prompt)
+        return GroupRequest(
+            group_id=str(index),  # the pool position: a prompt can be in the pool twice
+            prompt_id=problem.prompt_id,
+            env=self._env,
+            prompt_len=prompt_len,
+            samples=self._n,
+            predicted=self._predictor.predict(problem.prompt_id, self._env, prompt_len),
+        )
+
+    def take(self, worker: int, want: int, worker_version: int) -> list[Assignment] | None:
+        """Up to ``want`` groups for ``worker``; [] while admission holds it back; None: stop."""
+        if self._stopped:
+            return None
+        allowed = (worker_version + self._k + 1) * self._per_step - self._issued
+        count = min(want, allowed)
+        if count <= 0:
+            return []
+        while len(self._pool) < max(count, LOOKAHEAD_STEPS * self._per_step):
+            self._pool.extend(self._prompts.take(self._per_step))
+        requests = [self._request(i, p) for i, p in enumerate(self._pool)]
+        loads = [
+            WorkerLoad(w, c["in_flight_tokens"], int(c["free_groups"]) if self._balance else 0)
+            for w, c in self._workers.items()
+            if w != worker
+        ] + [WorkerLoad(worker, self._load(worker), count)]
+        chosen = plan(requests, loads, self._long_first, self._balance).assignments[worker]
+        taken = {int(r.group_id) for r in chosen}
+        picked = [(self._pool[int(r.group_id)], r.predicted) for r in chosen]
+        self._pool = [p for i, p in enumerate(self._pool) if i not in taken]
+        out = []
+        for problem, predicted in picked:
+            out.append(
+                Assignment(
+                    problem,
+                    f"{problem.prompt_id}@g{self._issued}",
+                    self._seed * 1_000_003 + self._issued,
+                    predicted,
+                )
+            )
+            self._issued += 1
+        return out
+
+    def _load(self, worker: int) -> float:
+        counters = self._workers.get(worker)
+        return counters["in_flight_tokens"] if counters else 0.0
+
+    def report(self, worker: int, groups: list[GroupDone], counters: dict[str, float]) -> None:
+        for g in groups:
+            self._predictor.observe(g.prompt_id, self._env, g.prompt_len, g.lengths)
+            t = self._totals
+            t.groups += 1
+            t.samples += len(g.lengths)
+            t.tokens += sum(g.lengths)
+            t.reward_sum += g.reward_sum
+            t.correct += g.correct
+            t.truncated += g.truncated
+            t.reward_errors += g.reward_errors
+            t.lengths.extend(g.lengths)
+        self._workers[worker] = counters
+
+    def drain(self) -> dict[str, Any]:
+        """Rollout totals since the last call, and each worker's latest counters."""
+        totals, self._totals = self._totals, _Totals()
+        return {"totals": totals, "workers": dict(self._workers), "issued": self._issued}
+
+    def stop(self) -> None:
+        """No more groups: workers finish what they hold and return."""
+        self._stopped = True
+
+    def resume(self) -> None:
+        self._stopped = False
+
+    def cursor(self) -> dict[str, Any]:
+        return {"prompts": self._prompts.cursor(), "issued": self._issued}
+
+
+Dispatcher = ray.remote(num_cpus=0)(GroupDispatcher)
