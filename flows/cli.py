@@ -58,7 +58,7 @@ def run(
         _fail(f"{error}\nFix the config file or the --set value.", debug, error)
         return
     try:
-        open_url(cfg.storage_url)
+        open_url(cfg.storage.url or cfg.storage_url)
     except ValueError as error:
         _fail(f"storage.url: {error}", debug, error)
         return
