@@ -219,7 +219,7 @@ class RunConfig(_Section):
     cache: str = Field(".cache", description="Shared caches: built policies, vLLM, inductor.")
     seed: int = Field(0, ge=0, description="Seed for prompts, models and sampling.")
     mode: Literal["sync", "one_step", "async"] = Field(
-        "one_step",
+        "async",
         description="sync: generate a batch, train on it, load the new weights, repeat. "
         "one_step: generate the next batch while training on this one (one version stale). "
         "async: rollout workers stream continuously; every sample is trained at most "

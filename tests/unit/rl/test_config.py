@@ -23,7 +23,7 @@ def test_defaults_and_overrides():
     assert cfg.train.lr == pytest.approx(3e-4)
     assert cfg.env.name == "countdown"
     assert cfg.rollout.enforce_eager is False
-    assert cfg.mode == "one_step"
+    assert cfg.mode == "async" and cfg.max_staleness == 2
 
 
 @pytest.mark.parametrize(
