@@ -37,13 +37,12 @@ import ray
 from ray.util.queue import Queue
 
 from benchmarks import params as params_bench
+from benchmarks.report import write_section
 from rl.batching import Sample, collate
 from storage.batches import TRAIN_FIELDS, to_train_batch
 from storage.schema import batch_from_rows
 from storage.trajectory_store import StoreClient, create_store
 
-ROOT = Path(__file__).parents[1]
-BEGIN, END = "<!-- data-planes:begin -->", "<!-- data-planes:end -->"
 BLOCK = 64  # rows per hand-over: 8 prompts x 8 samples, one rollout call's worth
 GROUP = 8
 # Bytes per response token in a row: token id (int32), behaviour log-prob (float32) and
@@ -171,18 +170,6 @@ def store_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write(section: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text()
-    block = f"{BEGIN}\n{section}\n{END}"
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n## Data planes\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--row-kb", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -208,7 +195,7 @@ def main() -> None:
         f"Weights (publish holds the trainer; pull is what a rollout worker waits):\n\n{weights}"
     )
     print(section)
-    write(section)
+    write_section("data-planes", "Data planes", section)
 
 
 if __name__ == "__main__":

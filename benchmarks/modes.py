@@ -25,6 +25,8 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
+from benchmarks.report import write_section
+
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
 # (label, overrides): the baseline first, ratios are to it.
@@ -43,7 +45,6 @@ VARIANTS: list[tuple[str, list[str]]] = [
         ["mode=async", "max_staleness=2", "rollout.partial_rollout=false"],
     ),
 ]
-BEGIN, END = "<!-- modes:begin -->", "<!-- modes:end -->"
 
 
 def run_variant(label: str, overrides: list[str], steps: int, root: Path) -> dict[str, float]:
@@ -101,18 +102,6 @@ def table(results: dict[str, dict[str, float]], steps: int) -> str:
     return "\n".join(lines)
 
 
-def write(section: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{section}\n{END}"
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n## Modes\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
@@ -128,7 +117,7 @@ def main() -> None:
     section = table(results, args.steps)
     print(section)
     if not args.only:
-        write(section)
+        write_section("modes", "Modes", section)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
 """The rollout worker: a Ray actor with a vLLM engine, the verifier, and a store producer.
 
-Driven by ``tasks/rollout.py``. ``rollout`` generates n completions per prompt with the
-weights it holds, scores them with the environment's verifier, computes group-relative
-advantages and puts the groups into the trajectory store as one Arrow block, tagged with
-the policy version of every token; only counts come back to the caller. ``sync_weights``
-pulls the newest version from the parameter service when the worker chooses to, never
-waiting on the trainer. Scoring here, next to the tokens, keeps trajectories off the driver.
+Driven by ``tasks/rollout.py``, in one of two ways:
+- ``rollout`` (modes ``sync`` and ``one_step``): generate n completions for each prompt of
+  a batch with the weights it holds, score them with the environment's verifier, compute
+  group-relative advantages and put the groups into the trajectory store as one Arrow
+  block, every token tagged with the policy version; only counts come back.
+  ``sync_weights`` then loads the version the flow names from the parameter service.
+- ``stream`` (mode ``async``): run until told to stop, keeping vLLM's running batch full
+  with one request per sample, taking prompt groups from the dispatcher as samples finish,
+  putting finished groups into the store within ``PUT_EVERY_S``, and loading newer
+  weights between engine steps when the parameter service has them, never waiting on the
+  trainer.
+Scoring here, next to the tokens, keeps trajectories off the driver.
 """
 
 from __future__ import annotations
@@ -197,8 +203,9 @@ class RolloutWorkerBase(VLLMRolloutEngine):
         """Generate continuously until ``source`` says stop; returns this worker's totals.
 
         Keeps up to ``settings.concurrency`` samples in vLLM's running batch, one request
-        per sample, refilled from ``source`` as samples finish. A finished group is scored,
-        gets its advantages and goes to the store at once. Between engine steps the worker
+        per sample, refilled from ``source`` as samples finish. A finished group is scored
+        and gets its advantages; finished groups go to the store together, at the latest
+        ``PUT_EVERY_S`` after the first of them finished. Between engine steps the worker
         checks the parameter service and loads a newer version when there is one: with
         ``partial_rollout`` the samples in flight continue under the new weights and their
         later tokens carry the new version; without it the worker stops taking new work

@@ -34,28 +34,20 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _smoke(tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
+    """`sluice run configs/smoke.yaml` into ``tmp_path`` with ``--set`` for each setting."""
+    args = ["run", "configs/smoke.yaml"]
+    for setting in (f"root={tmp_path / 'runs'}", f"cache={tmp_path / 'cache'}", *settings):
+        args += ["--set", setting]
+    return _run(args, timeout=600)
+
+
 @pytest.mark.parametrize(
     ("mode", "staleness"), [("sync", [0, 0, 0, 0]), ("one_step", [0, 1, 1, 1])]
 )
 def test_smoke_run_end_to_end(tmp_path, mode, staleness):
     steps = 4
-    result = _run(
-        [
-            "run",
-            "configs/smoke.yaml",
-            "--set",
-            f"root={tmp_path / 'runs'}",
-            "--set",
-            f"cache={tmp_path / 'cache'}",
-            "--set",
-            f"train.steps={steps}",
-            "--set",
-            f"mode={mode}",
-            "--set",
-            "storage.checkpoint_every=3",
-        ],
-        timeout=600,
-    )
+    result = _smoke(tmp_path, f"train.steps={steps}", f"mode={mode}", "storage.checkpoint_every=3")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "== summary ==" in result.stdout
     assert f"step    {steps}/{steps}" in result.stdout
@@ -121,26 +113,13 @@ def test_smoke_run_end_to_end(tmp_path, mode, staleness):
 def test_async_run_keeps_the_staleness_bound(tmp_path):
     """Streaming workers, a dispatcher's admission control and the store's staleness bound."""
     steps, bound = 6, 1
-    result = _run(
-        [
-            "run",
-            "configs/smoke.yaml",
-            "--set",
-            f"root={tmp_path / 'runs'}",
-            "--set",
-            f"cache={tmp_path / 'cache'}",
-            "--set",
-            f"train.steps={steps}",
-            "--set",
-            "mode=async",
-            "--set",
-            f"max_staleness={bound}",
-            "--set",
-            "eval.every=3",  # a pause of the streams in mid-run, for held-out evaluation
-            "--set",
-            "train.loss=decoupled_ppo",
-        ],
-        timeout=600,
+    result = _smoke(
+        tmp_path,
+        f"train.steps={steps}",
+        "mode=async",
+        f"max_staleness={bound}",
+        "eval.every=3",  # a pause of the streams in mid-run, for held-out evaluation
+        "train.loss=decoupled_ppo",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"in {steps} async steps" in result.stdout
