@@ -11,8 +11,10 @@ as the trainer does. Compared side by side on the same rows:
 - ``store+file``: the same with the ledger and the Parquet copy of every block written
   to a local ``file://`` folder (what a run does).
 - ``queue``: ``ray.util.queue.Queue``, what several peer frameworks use: the producer puts
-  the block as a list of Python dicts, the consumer gets it and pads it with
-  ``rl.batching.collate``.
+  each trajectory as a Python dict as it finishes, the consumer gets 64 of them and pads
+  them with ``rl.batching.collate``.
+- ``queue, blocks``: the same queue handed whole blocks (a list of 64 dicts per put), to
+  separate what batching buys from what the Arrow format buys.
 
 Throughput is rows (and MB of row payload) per second from the first put to the last
 padded batch. Weights: the parameter service's publish and pull latency against model size
@@ -50,6 +52,7 @@ GROUP = 8
 BYTES_PER_TOKEN = 12
 PROMPT_TOKENS = 32
 MAX_ROWS_MB = 96  # total payload per variant and size, so large rows stay quick
+VARIANTS = ("store", "store+file", "queue", "queue, blocks")
 
 
 def make_rows(block: int, tokens: int) -> list[dict[str, Any]]:
@@ -82,9 +85,13 @@ class Producer:
         for rows in self.rows:
             client.put(batch_from_rows(rows))
 
-    def to_queue(self, queue: Queue) -> None:
+    def to_queue(self, queue: Queue, blocks: bool) -> None:
         for rows in self.rows:
-            queue.put(rows)
+            if blocks:
+                queue.put(rows)
+            else:
+                for row in rows:
+                    queue.put(row)
 
 
 @ray.remote(num_cpus=1)
@@ -97,10 +104,10 @@ class Consumer:
             client.ack(lease, 1)
         return tokens
 
-    def from_queue(self, queue: Queue, blocks: int) -> int:
+    def from_queue(self, queue: Queue, count: int, blocks: bool) -> int:
         tokens = 0
-        for _ in range(blocks):
-            rows = queue.get()
+        for _ in range(count):
+            rows = queue.get() if blocks else [queue.get() for _ in range(BLOCK)]
             samples = [
                 Sample(r["prompt_ids"], r["response_ids"], r["behaviour_logprobs"], r["advantage"])
                 for r in rows
@@ -115,11 +122,12 @@ def run_variant(variant: str, blocks: int, tokens: int, folder: Path) -> float:
     consumer = Consumer.remote()
     ray.get(producer.__ray_ready__.remote())
     ray.get(consumer.__ray_ready__.remote())
-    if variant == "queue":
-        queue = Queue(maxsize=8)
+    if variant.startswith("queue"):
+        in_blocks = variant == "queue, blocks"
+        queue = Queue(maxsize=8 if in_blocks else 8 * BLOCK)
         start = time.perf_counter()
-        done = consumer.from_queue.remote(queue, blocks)
-        ray.get(producer.to_queue.remote(queue))
+        done = consumer.from_queue.remote(queue, blocks, in_blocks)
+        ray.get(producer.to_queue.remote(queue, in_blocks))
         got = ray.get(done)
         queue.shutdown()
     else:
@@ -147,7 +155,7 @@ def measure_store(row_kb: list[int]) -> list[dict[str, Any]]:
             blocks = max(4, min(64, (MAX_ROWS_MB << 20) // (row_bytes * BLOCK)))
             samples = blocks * BLOCK
             result: dict[str, Any] = {"row_kb": kb, "samples": samples}
-            for variant in ("store", "store+file", "queue"):
+            for variant in VARIANTS:
                 seconds = run_variant(variant, blocks, tokens, Path(tmp))
                 result[variant] = (samples / seconds, samples * row_bytes / seconds / 1e6)
                 print(f"  {kb} KB rows, {variant}: {samples / seconds:,.0f} samples/s", flush=True)
@@ -157,15 +165,16 @@ def measure_store(row_kb: list[int]) -> list[dict[str, Any]]:
 
 def store_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| row size | rows | store samples/s (MB/s) | store+file samples/s (MB/s) "
-        "| queue samples/s (MB/s) | store / queue |",
-        "|---|---|---|---|---|---|",
+        "| row size | rows | store samples/s (MB/s) | store+file | queue | queue, blocks "
+        "| store / queue | store / queue, blocks |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        cells = [f"{r[v][0]:,.0f} ({r[v][1]:.0f})" for v in ("store", "store+file", "queue")]
+        cells = [f"{r[v][0]:,.0f} ({r[v][1]:.0f})" for v in VARIANTS]
         lines.append(
             f"| {r['row_kb']} KB | {r['samples']} | {' | '.join(cells)} "
-            f"| {r['store'][0] / r['queue'][0]:.1f}x |"
+            f"| {r['store'][0] / r['queue'][0]:.1f}x "
+            f"| {r['store'][0] / r['queue, blocks'][0]:.1f}x |"
         )
     return "\n".join(lines)
 

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -56,8 +57,7 @@ __all__ = ["Lease", "LeaseError", "StoreClient", "TrajectoryStore", "create_stor
 
 def _metas(batch: pa.RecordBatch) -> list[SampleMeta]:
     """Index metadata of each row; the version is the oldest policy version of its tokens."""
-    versions = pc.list_value_length(batch.column("token_versions"))
-    empty = pc.index(versions, 0).as_py()
+    empty = pc.index(pc.list_value_length(batch.column("token_versions")), 0).as_py()
     if empty >= 0:
         raise SchemaError(
             f"row {empty} (sample_id={batch.column('sample_id')[empty].as_py()!r}) has no "
@@ -70,17 +70,18 @@ def _metas(batch: pa.RecordBatch) -> list[SampleMeta]:
             f"row {bad} has status {status[bad].as_py()!r}; producers add rows as "
             "'generated' or 'scored'"
         )
-    oldest = pc.list_flatten(batch.column("token_versions"))
-    parents = pc.list_parent_indices(batch.column("token_versions")).to_pylist()
-    minimum: dict[int, int] = {}
-    for row, v in zip(parents, oldest.to_pylist(), strict=True):
-        minimum[row] = min(v, minimum.get(row, v))
+    # Each row's oldest token version, vectorised (a Python loop over tokens cost more
+    # than the rest of a put for long responses).
+    versions = batch.column("token_versions")
+    lengths = pc.list_value_length(versions).to_numpy()
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    minimum = np.minimum.reduceat(pc.list_flatten(versions).to_numpy(), starts).tolist()
     return [
         SampleMeta(
             sample_id=row["sample_id"],
             prompt_id=row["prompt_id"],
             group_id=row["group_id"],
-            version=minimum[i],
+            version=int(minimum[i]),
             reward=row["reward"],
             advantage=row["advantage"],
             reason=row["reason"],
