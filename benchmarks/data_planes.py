@@ -6,8 +6,9 @@ Trajectories: a producer actor holds rows as a rollout worker has them after gen
 as the trainer does. Compared side by side on the same rows:
 
 - ``store``: the trajectory store: the producer builds an Arrow RecordBatch and puts it
-  (``StoreClient.put``), the consumer leases whole groups, reads them zero-copy and pads
-  them with ``storage.batches.to_train_batch``, then acknowledges. No durable copy.
+  (``StoreClient.put``, two puts in flight as an async rollout worker has them), the
+  consumer leases whole groups, reads them zero-copy, pads them with
+  ``storage.batches.to_train_batch`` and acknowledges. No durable copy.
 - ``store+file``: the same with the ledger and the Parquet copy of every block written
   to a local ``file://`` folder (what a run does).
 - ``queue``: ``ray.util.queue.Queue``, what several peer frameworks use: the producer puts
@@ -53,6 +54,7 @@ BYTES_PER_TOKEN = 12
 PROMPT_TOKENS = 32
 MAX_ROWS_MB = 96  # total payload per variant and size, so large rows stay quick
 VARIANTS = ("store", "store+file", "queue", "queue, blocks")
+PIPELINE = 2  # puts in flight per producer, as an async rollout worker runs them
 
 
 def make_rows(block: int, tokens: int) -> list[dict[str, Any]]:
@@ -84,6 +86,7 @@ class Producer:
     def to_store(self, client: StoreClient) -> None:
         for rows in self.rows:
             client.put(batch_from_rows(rows))
+        client.flush()
 
     def to_queue(self, queue: Queue, blocks: bool) -> None:
         for rows in self.rows:
@@ -132,7 +135,7 @@ def run_variant(variant: str, blocks: int, tokens: int, folder: Path) -> float:
         queue.shutdown()
     else:
         url = f"file://{folder / variant}-{tokens}" if variant == "store+file" else None
-        client = StoreClient(create_store(url, capacity=8 * BLOCK), url)
+        client = StoreClient(create_store(url, capacity=8 * BLOCK), url, pipeline=PIPELINE)
         start = time.perf_counter()
         done = consumer.from_store.remote(client, blocks)
         ray.get(producer.to_store.remote(client))

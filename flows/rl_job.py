@@ -269,14 +269,16 @@ def _launch(
 ) -> tuple[StoreClient, Any, list[Any]]:
     """The trajectory store, the parameter service, the trainer and the rollout workers."""
     env_vars = child_env()
-    # async: rows reach storage in files of one training batch, not one file per group.
-    persist_rows = batch_size if cfg.mode == "async" else 0
+    streaming = cfg.mode == "async"
     store = StoreClient(
         create_store(
             cfg.storage_url, cfg.storage.capacity_batches * batch_size, cfg.storage.lease_timeout_s
         ),
         cfg.storage_url,
-        persist_rows,
+        # async: rows reach storage in files of one training batch, not one per put, and a
+        # worker goes on generating while the store takes its last two puts.
+        persist_rows=batch_size if streaming else 0,
+        pipeline=2 if streaming else 0,
     )
     params = ParameterService.create(
         relays=cfg.storage.param_relays, bucket_bytes=cfg.storage.bucket_mib << 20

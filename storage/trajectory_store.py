@@ -314,6 +314,21 @@ class Lease:
     current_version: int
 
 
+class _Put:
+    """A block on its way into the store: the controller's answer is ``pending``."""
+
+    def __init__(
+        self,
+        batch: pa.RecordBatch,
+        ref: Any,
+        metas: list[SampleMeta],
+        group_size: int | None,
+        submit: Any,
+    ) -> None:
+        self.batch, self.ref, self.metas, self.group_size = batch, ref, metas, group_size
+        self.pending = submit(self)
+
+
 class StoreClient:
     """Producer and consumer calls on one store; picklable, so actors can hold one.
 
@@ -322,14 +337,23 @@ class StoreClient:
     producer's buffer when everything crashes are recorded as lost by a restored store.
     """
 
-    def __init__(self, handle: Any, url: str | None = None, persist_rows: int = 0) -> None:
+    def __init__(
+        self, handle: Any, url: str | None = None, persist_rows: int = 0, pipeline: int = 0
+    ) -> None:
         self.handle = handle
         self.url = url
         self.persist_rows = persist_rows
+        self.pipeline = pipeline
         self._unwritten: list[pa.RecordBatch] = []
+        self._in_flight: list[_Put] = []
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"handle": self.handle, "url": self.url, "persist_rows": self.persist_rows}
+        return {
+            "handle": self.handle,
+            "url": self.url,
+            "persist_rows": self.persist_rows,
+            "pipeline": self.pipeline,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -341,12 +365,23 @@ class StoreClient:
 
         Raises ``SchemaError`` naming the row and column on malformed data, and
         ``ValueError`` when the store refuses the rows; then nothing is stored or written.
+        With ``pipeline`` > 0, up to that many puts stay in flight while the producer goes
+        on (the controller's work overlaps the next block's); a refusal is then raised by
+        a later ``put`` or by ``flush``.
         """
         validate_batch(batch)
         metas = _metas(batch)
-        ref = ray.put(batch)
+        self._in_flight.append(_Put(batch, ray.put(batch), metas, group_size, self._submit))
+        while len(self._in_flight) > self.pipeline:
+            self._settle(self._in_flight.pop(0))
+
+    def _submit(self, put: _Put) -> Any:
+        return self.handle.put.remote([put.ref], put.metas, put.group_size, PROGRESS_EVERY_S)
+
+    def _settle(self, put: _Put) -> None:
+        """Wait until the store took ``put`` (logging while it is full), then persist it."""
         started = time.monotonic()
-        while not ray.get(self.handle.put.remote([ref], metas, group_size, PROGRESS_EVERY_S)):
+        while not ray.get(put.pending):
             stats = ray.get(self.handle.stats.remote())
             log.info(
                 "trajectory store full (%d/%d samples held) for %.0f s; waiting for the "
@@ -355,13 +390,20 @@ class StoreClient:
                 stats["capacity"],
                 time.monotonic() - started,
             )
+            put.pending = self._submit(put)
         if self.url:
-            self._unwritten.append(batch)
+            self._unwritten.append(put.batch)
             if sum(b.num_rows for b in self._unwritten) >= self.persist_rows:
-                self.flush()
+                self._write()
 
     def flush(self) -> None:
-        """Write the buffered rows as one Parquet file under ``<url>/trajectories/``."""
+        """Wait for every put in flight, then write the buffered rows to storage."""
+        while self._in_flight:
+            self._settle(self._in_flight.pop(0))
+        self._write()
+
+    def _write(self) -> None:
+        """The buffered rows as one Parquet file under ``<url>/trajectories/``."""
         if not self._unwritten or not self.url:
             return
         fs, root = open_url(self.url)

@@ -214,3 +214,16 @@ def test_rows_are_written_in_files_of_persist_rows(ray_local, tmp_path):
     files = sorted((tmp_path / "trajectories").glob("*.parquet"))
     assert [pa.parquet.read_table(f).num_rows for f in files] == [8, 4]
     ray.kill(client.handle)
+
+
+def test_pipelined_puts_arrive_in_order_and_refusals_surface(ray_local, tmp_path):
+    url = f"file://{tmp_path}"
+    client = StoreClient(create_store(url, capacity=64), url, pipeline=2)
+    for name in "abc":
+        client.put(block(name))  # returns before the store has answered
+    client.put(block("a"))  # a duplicate: refused by the store, reported later
+    with pytest.raises(ValueError, match="'a/0' is already in the store"):
+        client.flush()
+    lease = client.lease(12, 0, 0)
+    assert lease.sample_ids == [f"{g}/{j}" for g in "abc" for j in range(GROUP)]
+    ray.kill(client.handle)
