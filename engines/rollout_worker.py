@@ -40,6 +40,9 @@ RELAY_POLL_S = 0.005
 # worker's time, while the trainer only ever waits for whole batches.
 PUT_GROUPS = 4
 PUT_EVERY_S = 0.05
+# A streaming worker asks the dispatcher for more groups once this share of its running
+# batch is free (or when nothing is running).
+REFILL_AT = 0.25
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,7 @@ class StreamSettings:
     scale_by_std: bool
     concurrency: int  # samples in flight at most: vLLM's running batch
     partial_rollout: bool = True
-    weight_check_s: float = 0.05
+    weight_check_s: float = 0.1
     report_every_s: float = 0.5
     pull_timeout_s: float = 120.0
 
@@ -337,7 +340,8 @@ class _Stream:
     def refill(self) -> None:
         n = self.s.samples_per_prompt
         room = (self.s.concurrency - len(self.running)) // n
-        if room <= 0:
+        # Ask for work in chunks: an actor call per finished group cost ~5% of the worker.
+        if room <= 0 or (self.running and room * n < REFILL_AT * self.s.concurrency):
             return
         got = ray.get(self.source.take.remote(self.s.worker, room, self.w.version()))
         if got is None:
