@@ -367,7 +367,8 @@ class StoreClient:
         ``ValueError`` when the store refuses the rows; then nothing is stored or written.
         With ``pipeline`` > 0, up to that many puts stay in flight while the producer goes
         on (the controller's work overlaps the next block's); a refusal is then raised by
-        a later ``put`` or by ``flush``.
+        a later ``put`` or by ``flush``, and blocks in flight together may be registered in
+        any order (the controller runs its calls concurrently).
         """
         validate_batch(batch)
         metas = _metas(batch)
