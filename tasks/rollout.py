@@ -185,10 +185,10 @@ class BatchRollouts:
         """Nothing runs between steps except what ``one_step`` submitted: let it be."""
 
     def resume(self) -> None:
-        pass
+        """Nothing was paused."""
 
     def stop(self, wait: Waiter) -> None:
-        pass
+        """Every submitted batch was collected by the last step."""
 
     def cursor(self) -> dict[str, Any]:
         return {"prompts": self.prompts.cursor()}
