@@ -202,10 +202,6 @@ class TrajectoryStore:
         self._index.score(updates)
         await self._notify()
 
-    async def fail(self, sample_id: str, reason: str) -> None:
-        self._index.fail(sample_id, reason)
-        await self._notify()
-
     # -- consumers -------------------------------------------------------------------------
 
     async def lease(
