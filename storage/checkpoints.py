@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from storage import fsio
+from storage.faults import fault_point
 from storage.urls import is_local, open_url, redact, url_of
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,9 @@ class CheckpointStore:
         return url_of(self._fs, final)
 
     def _write_files(self, folder: str, files: dict[str, bytes], manifest: bytes) -> None:
-        for name, data in files.items():
+        for i, (name, data) in enumerate(files.items()):
+            if i == len(files) // 2:
+                fault_point("checkpoint.write")  # tests: a write that dies half way
             fsio.write_bytes(self._fs, fsio.join(folder, name), data, atomic=False)
         fsio.write_bytes(self._fs, fsio.join(folder, MANIFEST), manifest, atomic=False)
 

@@ -23,6 +23,10 @@ def basename(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
+def parent(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[0]
+
+
 def random_suffix() -> str:
     return secrets.token_hex(4)
 

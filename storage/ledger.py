@@ -5,12 +5,16 @@ Events are buffered by ``append`` and written by ``flush`` as one small Parquet 
 ``<url>/ledger/``, named ``<seq:012d>-<random>.parquet``; on a local disk it is written under a
 temporary name and renamed into place, on S3 a single put is atomic. Readers answer
 "where did prompt X go", what a restarted store must re-offer, and whether every sample was
-trained exactly once. One writer per ledger is assumed; the random suffix keeps file names
-unique even if two writers race for a sequence number.
+trained exactly once. A run resumed from a checkpoint first calls ``roll_back`` with the
+checkpoint's watermark: events written after it describe work whose effect on the weights
+was lost with the process, so their files move to ``<url>/ledger-rolled-back/<n>/`` (kept
+for the record, no longer read as the run's history). One writer per ledger is assumed;
+the random suffix keeps file names unique even if two writers race for a sequence number.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections import Counter
@@ -42,6 +46,7 @@ LEDGER_SCHEMA = pa.schema(
     metadata={VERSION_KEY: str(LEDGER_VERSION).encode()},
 )
 SEQ_DIGITS = 12
+ROLLED_BACK = "ledger-rolled-back"
 _FILE = re.compile(rf"^(\d{{{SEQ_DIGITS}}})-([0-9a-f]+)\.parquet$")
 
 
@@ -168,6 +173,39 @@ class Ledger:
         files = self._files()
         return files[-1][0] if files else 0
 
+    def roll_back(self, watermark: int, step: int) -> tuple[int, str, int]:
+        """Move files past ``watermark`` out of the ledger, for a resume from ``step``.
+
+        Each resume gets the next number n and a folder ``ledger-rolled-back/<n>/`` holding
+        the moved files and ``RESUMED.json`` (step, watermark, files, time). Returns (n,
+        that folder's URL, files moved). Buffered events are discarded: they come after the
+        watermark by definition.
+        """
+        with self._lock:
+            self._buffer.clear()
+            root = fsio.join(fsio.parent(self._dir), ROLLED_BACK)
+            done = [int(n) for n in fsio.list_names(self._fs, root) if n.isdigit()]
+            attempt = max(done, default=0) + 1
+            target = fsio.join(root, f"{attempt:04d}")
+            moved = [name for seq, name in self._files() if seq > watermark]
+            record = {
+                "resumed_from_step": step,
+                "watermark": watermark,
+                "files": moved,
+                "at": datetime.now(UTC).isoformat(),
+            }
+            # The record first: a crash half way leaves the number taken and the files named.
+            fsio.write_bytes(
+                self._fs,
+                fsio.join(target, "RESUMED.json"),
+                json.dumps(record, indent=1).encode(),
+                atomic=True,
+            )
+            for name in moved:
+                self._fs.mv(fsio.join(self._dir, name), fsio.join(target, name))
+            self._next_seq = watermark + 1
+            return attempt, url_of(self._fs, target), len(moved)
+
     def state(self) -> dict[str, str]:
         """The latest event per sample_id."""
         return latest_events(self.read())
@@ -220,8 +258,12 @@ def summarize(table: pa.Table) -> dict[str, Any]:
     }
 
 
-def check_exactly_once(table: pa.Table) -> list[str]:
-    """Human-readable violations: trained twice, trained and dropped, dropped without a reason."""
+def check_exactly_once(table: pa.Table, finished: bool = False) -> list[str]:
+    """Human-readable violations: trained twice, trained and dropped, dropped without a reason.
+
+    With ``finished`` (the run has ended), a sample still generated or scored is one too:
+    it was neither trained nor dropped.
+    """
     trained: Counter[str] = Counter()
     dropped: set[str] = set()
     problems: list[str] = []
@@ -238,4 +280,20 @@ def check_exactly_once(table: pa.Table) -> list[str]:
             problems.append(f"sample {sample} was trained {count} times")
         if sample in dropped:
             problems.append(f"sample {sample} was both trained and dropped")
+    if finished:
+        problems += [
+            f"sample {sample} was never trained or dropped (last event: {event})"
+            for sample, event in latest_events(table).items()
+            if event in PENDING
+        ]
     return problems
+
+
+def check_versions(table: pa.Table) -> list[str]:
+    """Violations of "the trained versions form a gap-free sequence 1..last"."""
+    trained = table.filter(pc.equal(table.column("event"), "trained"))
+    versions = set(trained.column("version").to_pylist())
+    if not versions:
+        return []
+    missing = sorted(set(range(1, max(versions) + 1)) - versions)
+    return [f"no sample was trained at version {v}" for v in missing]

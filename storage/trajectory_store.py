@@ -15,7 +15,10 @@ Components:
 
 Restart: a store created with ``restore=True`` reads the ledger and the trajectory files and
 re-offers every stored sample that was not trained, dropped or failed; a sample the ledger
-knows but whose rows are gone is dropped with that reason, never silently lost.
+knows but whose rows are gone is dropped with that reason, never silently lost. Rows the
+ledger does not know (written just before a crash) are re-offered too, unless the run
+resumes from a checkpoint (``restore="checkpoint"``, after ``Ledger.roll_back``): then they
+came from prompts the resumed run draws again, and are dropped with that reason.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ class TrajectoryStore:
         url: str | None,
         capacity: int,
         lease_s: float = 300.0,
-        restore: bool = False,
+        restore: bool | str = False,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"store capacity must be >= 1 sample, got {capacity}")
@@ -116,24 +119,42 @@ class TrajectoryStore:
         if restore:
             if not url:
                 raise ValueError("restoring a trajectory store needs its storage url")
-            self._restore(url)
+            self._restore(url, adopt_unknown=restore != "checkpoint")
 
     # -- restart ---------------------------------------------------------------------------
 
-    def _restore(self, url: str) -> None:
+    def _restore(self, url: str, adopt_unknown: bool) -> None:
         assert self._ledger is not None
         events = self._ledger.read()
         latest = latest_events(events)
         pending = _pending_rows(url, latest)
+        found: set[str] = set()
         if pending is not None:
             in_ledger = pc.is_in(pending.column("sample_id"), pa.array(list(latest), pa.string()))
             known, fresh = pending.filter(in_ledger), pending.filter(pc.invert(in_ledger))
+            if not adopt_unknown:
+                self._ledger.append(
+                    [
+                        LedgerEvent(
+                            s,
+                            p,
+                            "dropped",
+                            reason="generated after the checkpoint the run resumed from",
+                        )
+                        for s, p in zip(
+                            fresh.column("sample_id").to_pylist(),
+                            fresh.column("prompt_id").to_pylist(),
+                            strict=True,
+                        )
+                    ]
+                )
+                fresh = fresh.slice(0, 0)
             # The ledger already has the generated/scored events of the rows it knows.
             for table, record in ((known, False), (fresh, True)):
                 if table.num_rows:
                     batch = table.combine_chunks().to_batches()[0]
                     self._index.add(ray.put(batch), _metas(batch), record=record)
-        found = set(pending.column("sample_id").to_pylist()) if pending is not None else set()
+                    found.update(table.column("sample_id").to_pylist())
         lost = {s for s, event in latest.items() if event not in TERMINAL and s not in found}
         ids, prompts = (
             events.column("sample_id").to_pylist(),
@@ -284,13 +305,16 @@ def _pending_rows(url: str, latest: dict[str, str]) -> pa.Table | None:
             keep.append(i)
     first = {g: n for n, g in reversed(list(enumerate(groups)))}
     keep.sort(key=lambda i: first[groups[i]])  # stable: rows keep their order within a group
-    return table.take(keep)
+    return table.take(pa.array(keep, pa.int64()))  # typed: an empty list infers null
 
 
 def create_store(
-    url: str | None, capacity: int, lease_s: float = 300.0, restore: bool = False
+    url: str | None, capacity: int, lease_s: float = 300.0, restore: bool | str = False
 ) -> Any:
     """Start the controller actor (no CPU slot: it only does bookkeeping).
+
+    ``restore``: False (a new run), True (a restarted store) or "checkpoint" (a run resumed
+    from a checkpoint, its ledger rolled back to the checkpoint's watermark).
 
     It gets this process's storage credentials, since it writes the ledger under ``url``.
     """

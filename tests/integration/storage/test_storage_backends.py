@@ -1,5 +1,6 @@
 """The ledger and checkpoint contracts, run against the local disk and a real S3 server."""
 
+import json
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -93,6 +94,27 @@ def test_ledger_survives_a_restart_and_keeps_counting(store_url):
     assert again.flush() == 1
     assert again.watermark() == 4
     assert check_exactly_once(again.read()) == ["sample a was trained 2 times"]
+
+
+def test_roll_back_sets_aside_what_came_after_a_checkpoint(store_url):
+    """A resume from a checkpoint taken at watermark 2: the third file's events are void."""
+    ledger = filled_ledger(store_url)
+    attempt, where, moved = ledger.roll_back(watermark=2, step=4)
+    assert (attempt, moved) == (1, 1)
+    assert where.endswith("ledger-rolled-back/0001")
+    assert ledger.state()["a"] == "scored"  # its training is undone with the weights
+    fs, folder = path_in(store_url, "ledger-rolled-back", "0001")
+    names = sorted(n.rsplit("/", 1)[-1] for n in fs.ls(folder, detail=False))
+    assert names[0] == "000000000003" + names[0][12:] and names[-1] == "RESUMED.json"
+    record = json.loads(fs.cat_file(f"{folder}/RESUMED.json"))
+    assert record["resumed_from_step"] == 4 and record["watermark"] == 2
+    # the resumed run trains `a` again: once, as far as the ledger is concerned
+    ledger.append([ev("a", "p1", "trained", 9, version=3, staleness=1)])
+    ledger.flush()
+    assert ledger.watermark() == 3
+    assert check_exactly_once(Ledger(store_url).read()) == []
+    # a second resume gets the next number, even when nothing is moved
+    assert Ledger(store_url).roll_back(watermark=3, step=5)[::2] == (2, 0)
 
 
 def test_ledger_ignores_temp_files_and_names_a_corrupt_file(store_url):

@@ -12,7 +12,9 @@ from storage.ledger import (
     Ledger,
     LedgerError,
     LedgerEvent,
+    _events_table,
     check_exactly_once,
+    check_versions,
 )
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -193,3 +195,26 @@ def test_a_file_from_another_ledger_version_is_refused(ledger, tmp_path):
     pq.write_table(table, tmp_path / "ledger" / "000000000005-00ff00ff.parquet")
     with pytest.raises(LedgerError, match="ledger version 2, but this code reads version 1"):
         ledger.read()
+
+
+def test_a_finished_run_has_no_sample_left_pending():
+    events = [
+        ev("a", "p", "generated", 0),
+        ev("b", "p", "generated", 0),
+        ev("a", "p", "trained", 1, version=1, staleness=0),
+    ]
+    table = _events_table(events)
+    assert check_exactly_once(table) == []  # a run in progress: b may still be trained
+    assert check_exactly_once(table, finished=True) == [
+        "sample b was never trained or dropped (last event: generated)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("versions", "problems"),
+    [([1, 2, 3], []), ([1, 3], ["no sample was trained at version 2"]), ([], [])],
+    ids=["gap-free", "gap", "nothing-trained"],
+)
+def test_trained_versions_must_have_no_gap(versions, problems):
+    events = [ev(f"s{v}", "p", "trained", v, version=v, staleness=0) for v in versions]
+    assert check_versions(_events_table(events)) == problems

@@ -1,0 +1,47 @@
+"""Named fault points, for the tests of the failure model (DESIGN.md section 6).
+
+Production code calls ``fault_point("name")`` where a real failure can strike (half way
+through a checkpoint write, for one). Nothing happens unless the ``SLUICE_FAULTS``
+environment variable arms that point: ``SLUICE_FAULTS="checkpoint.write=1"`` makes the
+first call in each process raise ``InjectedFault``; ``=2`` the first two. The flow passes the
+variable on to its Ray actors, so a fault armed for a run fires where the work happens.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+ENV = "SLUICE_FAULTS"
+POINTS = ("checkpoint.write",)
+
+_lock = threading.Lock()
+_fired: dict[str, int] = {}
+
+
+class InjectedFault(OSError):
+    """The failure a fault point raises (an OSError: what a real storage failure raises)."""
+
+
+def armed() -> dict[str, int]:
+    """``{point: times}`` from ``SLUICE_FAULTS``; raises ValueError naming a bad entry."""
+    spec = os.environ.get(ENV, "").strip()
+    out: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, times = item.partition("=")
+        if name not in POINTS or not times.isdigit():
+            raise ValueError(
+                f"{ENV}: bad entry {item!r}; expected POINT=TIMES with POINT one of {POINTS}"
+            )
+        out[name] = int(times)
+    return out
+
+
+def fault_point(name: str) -> None:
+    """Raise ``InjectedFault`` if ``name`` is armed and has fired fewer times than asked."""
+    times = armed().get(name, 0)
+    with _lock:
+        if _fired.get(name, 0) >= times:
+            return
+        _fired[name] = _fired.get(name, 0) + 1
+    raise InjectedFault(f"injected fault at {name} ({ENV}={os.environ[ENV]})")
