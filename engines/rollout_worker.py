@@ -16,6 +16,7 @@ Scoring here, next to the tokens, keeps trajectories off the driver.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -63,6 +64,7 @@ class RolloutStats:
 class GroupDone:
     """A finished group as a streaming worker reports it to its source."""
 
+    group_id: str
     prompt_id: str
     prompt_len: int
     lengths: list[int]
@@ -173,6 +175,9 @@ class RolloutWorkerBase(VLLMRolloutEngine):
         )
         self._store.put(block)
         return stats
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def sync_weights(self, at_least: int = 0, timeout_s: float = 60.0) -> int:
         """Load the newest published version; returns the version now loaded.
@@ -396,6 +401,7 @@ class _Stream:
         self.unsent.append(block)
         self.reports.append(
             GroupDone(
+                group_id=group_id,
                 prompt_id=group.problem.prompt_id,
                 prompt_len=len(group.problem.prompt),
                 lengths=[len(c.token_ids) for c in completions],
@@ -417,6 +423,7 @@ class _Stream:
         counters = {
             **self.counters,
             "version": float(self.w.version()),
+            "pid": float(os.getpid()),  # the flow notices a restarted worker by it
             "in_flight_tokens": float(in_flight),
             "free_groups": float(
                 max(0, self.s.concurrency - len(self.running)) // self.s.samples_per_prompt

@@ -14,6 +14,10 @@ A zero-CPU Ray actor, created by the flow in ``async`` mode and asked by each ro
   the predicted tokens are spread across workers (``rl.dispatch.plan``).
 - Workers report finished groups (lengths, rewards) and their counters; the flow reads
   them once per step with ``drain``.
+- Failure isolation: the dispatcher knows which groups each worker holds. When a worker
+  dies, ``requeue`` puts its unfinished groups back at the front of the queue (under new
+  group ids) and takes them out of the admission count, so nothing it held is lost and
+  the admission window does not shrink.
 """
 
 from __future__ import annotations
@@ -80,7 +84,10 @@ class GroupDispatcher:
         self._balance = balance
         self._predictor = LengthPredictor(prior=prior_length)
         self._pool: list[Problem] = []
-        self._issued = 0
+        self._issued = 0  # group ids handed out so far (ids are never reused)
+        self._returned = 0  # issued groups that came back unfinished (requeue, restart)
+        self._tag = ""  # a resumed run's group ids differ from the rolled-back run's
+        self._held: dict[int, dict[str, Problem]] = {}  # worker -> its unfinished groups
         self._stopped = False
         self._workers: dict[int, dict[str, float]] = {}
         self._totals = _Totals()
@@ -100,7 +107,7 @@ class GroupDispatcher:
         """Up to ``want`` groups for ``worker``; [] while admission holds it back; None: stop."""
         if self._stopped:
             return None
-        allowed = (worker_version + self._k + 1) * self._per_step - self._issued
+        allowed = (worker_version + self._k + 1) * self._per_step - self.admitted
         count = min(want, allowed)
         if count <= 0:
             return []
@@ -117,24 +124,46 @@ class GroupDispatcher:
         picked = [(self._pool[int(r.group_id)], r.predicted) for r in chosen]
         self._pool = [p for i, p in enumerate(self._pool) if i not in taken]
         out = []
+        held = self._held.setdefault(worker, {})
         for problem, predicted in picked:
+            group_id = f"{problem.prompt_id}@{self._tag}g{self._issued}"
             out.append(
-                Assignment(
-                    problem,
-                    f"{problem.prompt_id}@g{self._issued}",
-                    self._seed * 1_000_003 + self._issued,
-                    predicted,
-                )
+                Assignment(problem, group_id, self._seed * 1_000_003 + self._issued, predicted)
             )
+            held[group_id] = problem
             self._issued += 1
         return out
+
+    @property
+    def admitted(self) -> int:
+        """Groups counted by admission control: issued, less those that came back."""
+        return self._issued - self._returned
+
+    def requeue(self, worker: int) -> int:
+        """``worker`` died: its unfinished groups go back to the front of the queue."""
+        lost = self._held.pop(worker, {})
+        self._pool[:0] = list(lost.values())
+        self._returned += len(lost)
+        self._workers.pop(worker, None)
+        return len(lost)
+
+    def restart_at(self, cursor: dict[str, Any], admitted: int, tag: str) -> None:
+        """Continue a resumed run from a checkpoint's ``cursor``, with ``admitted`` groups
+        counted (trained ones plus those the restored store re-offers), new ids tagged ``tag``.
+        """
+        self._prompts.restore(cursor["prompts"])
+        self._issued = int(cursor["issued"])
+        self._returned = self._issued - admitted
+        self._tag = tag
 
     def _load(self, worker: int) -> float:
         counters = self._workers.get(worker)
         return counters["in_flight_tokens"] if counters else 0.0
 
     def report(self, worker: int, groups: list[GroupDone], counters: dict[str, float]) -> None:
+        held = self._held.get(worker, {})
         for g in groups:
+            held.pop(g.group_id, None)
             self._predictor.observe(g.prompt_id, self._env, g.prompt_len, g.lengths)
             t = self._totals
             t.groups += 1

@@ -35,7 +35,9 @@ def test_long_groups_go_first_once_lengths_are_known(long_first):
     long = {a.problem.prompt_id for a in first[1::2]}
     for a in first:
         length = 30 if a.problem.prompt_id in long else 3
-        done = GroupDone(a.problem.prompt_id, len(a.problem.prompt), [length] * N, 0, 0, 0, 0)
+        done = GroupDone(
+            a.group_id, a.problem.prompt_id, len(a.problem.prompt), [length] * N, 0, 0, 0, 0
+        )
         dispatcher.report(0, [done], {"in_flight_tokens": 0.0, "free_groups": 4.0})
     second = dispatcher.take(0, 2, 0)  # the same four prompts are back in the pool
     if long_first:
@@ -60,8 +62,43 @@ def test_stop_and_resume(dispatcher):
 
 
 def test_reports_are_drained_once(dispatcher):
-    done = GroupDone("p", 6, [3, 5, 7, 9], reward_sum=2.0, correct=1, truncated=0, reward_errors=0)
+    done = GroupDone(
+        "p@g0", "p", 6, [3, 5, 7, 9], reward_sum=2.0, correct=1, truncated=0, reward_errors=0
+    )
     dispatcher.report(0, [done], {"version": 1.0, "in_flight_tokens": 0.0, "free_groups": 1.0})
     state = dispatcher.drain()
     assert state["totals"].samples == 4 and state["totals"].tokens == 24
     assert dispatcher.drain()["totals"].samples == 0
+
+
+def _done(a) -> GroupDone:
+    return GroupDone(a.group_id, a.problem.prompt_id, len(a.problem.prompt), [1] * N, 0, 0, 0, 0)
+
+
+def test_a_dead_workers_groups_go_back_to_the_front_of_the_queue(dispatcher):
+    held = dispatcher.take(worker=0, want=3, worker_version=0)
+    other = dispatcher.take(worker=1, want=1, worker_version=0)
+    dispatcher.report(0, [_done(held[0])], {"in_flight_tokens": 0.0, "free_groups": 1.0})
+    assert dispatcher.admitted == 4
+    assert dispatcher.requeue(0) == 2  # the finished group is not handed out again
+    assert dispatcher.admitted == 2  # the admission window is back
+    again = dispatcher.take(worker=1, want=2, worker_version=0)
+    assert [a.problem for a in again] == [a.problem for a in held[1:]]
+    issued = {a.group_id for a in held + other + again}
+    assert len(issued) == 6  # new group ids: a late put from the dead worker cannot collide
+    assert dispatcher.requeue(0) == 0
+
+
+def test_a_resumed_dispatcher_continues_from_the_checkpoint_cursor(dispatcher):
+    dispatcher.take(0, 3, 0)
+    cursor = dispatcher.cursor()
+    env, _ = make_environment(EnvConfig(train_prompts=64))
+    stream = PromptStream(env, 64, seed=0)
+    stream.restore(cursor["prompts"])
+    expected = stream.take(2 * B)  # what the stream gives next: the lookahead pool's fill
+    fresh = GroupDispatcher(PromptStream(env, 64, seed=0), env.name, B, N, 1, seed=0)
+    fresh.restart_at(cursor, admitted=2, tag="a1.")
+    resumed = fresh.take(0, 10, 0)
+    assert len(resumed) == (0 + 1 + 1) * B - 2 and fresh.admitted == 2 * B
+    assert {a.problem for a in resumed} <= set(expected)
+    assert [a.group_id.split("@")[1] for a in resumed] == ["a1.g3", "a1.g4"]
