@@ -5,10 +5,16 @@ so that pools never oversubscribe the cores they were given (Ray sets OMP_NUM_TH
 in actors; torch would otherwise guess). The driver only holds handles: trajectories travel
 rollout worker -> trajectory store -> trainer, weights trainer -> parameter service ->
 rollout worker, both through Ray's object store, never through the driver.
+
+Rollout workers are restarted by Ray when their process dies (``max_restarts``); the flow
+sees the failed call, hands the worker's unfinished prompts back to the queue and gives it
+new work (``tasks/rollout.py``). The trainer is not restarted in place: a trainer failure
+fails its segment, and the flow rebuilds every pool from the last checkpoint.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from typing import Any
@@ -77,6 +83,16 @@ class TrainerActor(TorchTrainer):
             "publish_s": publish_s,
         }
 
+    def restore(self, files: dict[str, bytes], meta: dict[str, Any]) -> int:
+        """Load a checkpoint and publish its weights, so rollout workers can pull them."""
+        self.load_checkpoint(files, meta)
+        self._params.publish(self.version(), self.state())
+        self._params.wait_snapshot()
+        return self.version()
+
+    def pid(self) -> int:
+        return os.getpid()
+
     def save_checkpoint(self, url: str, keep_last: int, step: int, meta: dict[str, Any]) -> str:
         """Write an atomic checkpoint of the trainer's state; returns its URL."""
         files, counters = self.checkpoint_files()
@@ -84,12 +100,17 @@ class TrainerActor(TorchTrainer):
 
 
 def launch_rollout_workers(
-    count: int, cpus: float, threads: int, env_vars: dict[str, str], **engine_args: Any
+    count: int,
+    cpus: float,
+    threads: int,
+    env_vars: dict[str, str],
+    max_restarts: int,
+    **engine_args: Any,
 ) -> list[Any]:
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}
     return [
         RolloutWorker.options(  # type: ignore[attr-defined]
-            num_cpus=cpus, runtime_env=_thread_env(threads, extra)
+            num_cpus=cpus, runtime_env=_thread_env(threads, extra), max_restarts=max_restarts
         ).remote(threads=threads, **{**engine_args, "seed": engine_args["seed"] + i})
         for i in range(count)
     ]

@@ -74,6 +74,12 @@ class EnvConfig(_Section):
         "which stretches response lengths into a long tail.",
     )
     train_prompts: int = Field(4096, ge=1, description="Size of the training prompt pool.")
+    train_seed: int | None = Field(
+        None,
+        ge=0,
+        description="Seed that draws the training prompt pool (default: the run's seed). "
+        "Retraining sets a fresh one; the held-out set does not depend on it.",
+    )
 
 
 class RolloutConfig(_Section):
@@ -115,6 +121,12 @@ class RolloutConfig(_Section):
     )
     enforce_eager: bool = Field(
         True, description="Skip vLLM's graph compilation (starts in seconds instead of ~40 s)."
+    )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Times Ray restarts a rollout worker whose process died; its unfinished "
+        "prompts go back to the queue each time. Past this the run fails.",
     )
 
 
@@ -197,7 +209,17 @@ class StorageConfig(_Section):
         "the ready pool (its consumer is presumed dead).",
     )
     checkpoint_every: int = Field(
-        200, ge=1, description="Checkpoint every this many steps, and at the end."
+        200,
+        ge=1,
+        description="Checkpoint every this many steps, and at the end. Training runs in "
+        "segments of this many steps (Prefect tasks); a failed segment is retried from the "
+        "last checkpoint.",
+    )
+    segment_retries: int = Field(
+        2,
+        ge=0,
+        description="Times a failed training segment is retried, each time from the last "
+        "checkpoint with freshly started pools.",
     )
     keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept.")
     param_relays: int = Field(
@@ -208,6 +230,26 @@ class StorageConfig(_Section):
     )
     weight_pull_timeout_s: float = Field(
         120.0, gt=0.0, description="A rollout worker's weight pull fails after this long."
+    )
+
+
+class TrackingConfig(_Section):
+    """MLflow: where runs are recorded and the name the trained policy is registered under."""
+
+    mlflow_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (http://127.0.0.1:5000, sqlite:///...). Default: "
+        "MLFLOW_TRACKING_URI if set, else a sqlite database in the run folder.",
+    )
+    experiment: str = Field("sluice", description="MLflow experiment name.")
+    model_name: str = Field(
+        "sluice-policy",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Registered model name; each finished run adds a version (alias "
+        "'challenger'); the retrain flow moves 'champion'.",
+    )
+    register_model: bool = Field(
+        True, description="Register the trained policy at the end of a run."
     )
 
 
@@ -239,6 +281,9 @@ class RunConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
     storage: StorageConfig = Field(
         default_factory=StorageConfig, description="Durable state and data planes."
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="MLflow tracking and model registry."
     )
 
     @property

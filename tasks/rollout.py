@@ -6,23 +6,102 @@ next one generates. ``StreamRollouts`` (``async``): every worker streams from th
 dispatcher (``tasks/dispatcher.py``) until told to stop. Either way the workers score
 their samples and put them into the trajectory store themselves
 (``engines/rollout_worker.py``); what comes back here is counts for the metrics. The flow
-drives both through the same five calls: start, before_train, after_train, drain, stop.
+drives both through the same calls: start, before_train, after_train, drain, stop, and
+``check`` while it waits.
+
+A rollout worker whose process dies is restarted by Ray; the call it was running fails
+here, and its work is handed out again: a batch shard is resubmitted under a new tag, a
+stream's unfinished groups go back to the dispatcher's queue and the stream is restarted.
+Training goes on. ``RolloutFailure`` ends the run once a worker has died more often than
+``rollout.max_restarts`` allows.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from engines.rollout_worker import RolloutStats, StreamSettings
 from envs import Environment, Problem, score
 from tasks.environment import PromptStream
 
+log = logging.getLogger("sluice")
+
 # Waits for Ray refs with progress lines (the flow's ``_wait``, bound to its store).
 Waiter = Callable[[Any, str], Any]
+
+
+# A restarted rollout worker loads vLLM again (~25 s on 2 cores); give up after this.
+RESTART_TIMEOUT_S = 300.0
+
+
+class RolloutFailure(RuntimeError):
+    """A rollout worker died more often than ``rollout.max_restarts`` allows."""
+
+
+class Restarts:
+    """Counts each worker's deaths; says what happened, and fails past the limit.
+
+    While Ray restarts a worker, calls to it fail with ``ActorUnavailableError``; ``back``
+    probes it without blocking, ``wait_back`` blocks until it answers.
+    """
+
+    def __init__(self, workers: list[Any], limit: int) -> None:
+        self.workers = workers
+        self.counts = [0] * len(workers)
+        self.limit = limit
+        self._probes: dict[int, Any] = {}
+
+    def back(self, worker: int) -> bool:
+        """True once the restarted ``worker`` answers; raises if it is dead for good."""
+        probe = self._probes.get(worker)
+        if probe is None:
+            self._probes[worker] = self.workers[worker].pid.remote()
+            return False
+        if not ray.wait([probe], timeout=0)[0]:
+            return False
+        del self._probes[worker]
+        try:
+            pid = ray.get(probe)
+        except ActorUnavailableError:
+            return False  # still restarting: the next call probes again
+        except RayActorError as error:
+            raise RolloutFailure(
+                f"rollout worker {worker} could not be restarted: {error}"
+            ) from error
+        log.info("rollout worker %d is back (pid %d)", worker, pid)
+        return True
+
+    def wait_back(self, worker: int, timeout_s: float = RESTART_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.back(worker):
+            if time.monotonic() > deadline:
+                raise RolloutFailure(
+                    f"rollout worker {worker} did not come back within {timeout_s:g} s"
+                )
+            time.sleep(0.2)
+
+    def died(self, worker: int, error: BaseException, handed_back: str) -> None:
+        self.counts[worker] += 1
+        if self.counts[worker] > self.limit:
+            raise RolloutFailure(
+                f"rollout worker {worker} died {self.counts[worker]} times, more than "
+                f"rollout.max_restarts={self.limit}: {type(error).__name__}"
+            ) from error
+        log.warning(
+            "rollout worker %d died (%s); %s; Ray restarts it (restart %d of at most %d)",
+            worker,
+            type(error).__name__,
+            handed_back,
+            self.counts[worker],
+            self.limit,
+        )
 
 
 @dataclass(frozen=True)
@@ -35,6 +114,8 @@ class BatchSettings:
     seed: int
     scale_by_std: bool
     weight_pull_timeout_s: float
+    max_restarts: int = 0
+    tag: str = ""  # prefixes sample ids: a resumed run's differ from the rolled-back run's
 
 
 @dataclass(frozen=True)
@@ -50,8 +131,26 @@ class RolloutResult:
 
 
 @dataclass(frozen=True)
+class ShardCall:
+    """One worker's part of a batch: enough to submit it again if the worker dies."""
+
+    worker: int
+    problems: list[Problem]
+    args: tuple[Any, ...]  # n, max_new_tokens, temperature, seed
+    tag: str
+    scale_by_std: bool
+
+    def submit(self, workers: list[Any], retry: int = 0) -> Any:
+        tag = f"{self.tag}x{retry}" if retry else self.tag
+        return workers[self.worker].rollout.remote(
+            self.problems, *self.args, tag, self.scale_by_std
+        )
+
+
+@dataclass(frozen=True)
 class PendingRollout:
     refs: list[Any]  # one RolloutStats ref per worker that got prompts
+    calls: list[ShardCall]
 
 
 def _shards(problems: list[Problem], workers: int) -> list[list[int]]:
@@ -66,29 +165,27 @@ def submit(
     temperature: float,
     seed: int,
     scale_by_std: bool,
+    tag: str = "",
 ) -> PendingRollout:
     """Spread the problems over the workers and start generating; returns at once.
 
     ``seed`` also tags the sample ids, so a prompt that comes round again gets new ones.
     """
-    refs = [
-        worker.rollout.remote(
+    calls = [
+        ShardCall(
+            w,
             [problems[i] for i in shard],
-            n,
-            max_new_tokens,
-            temperature,
-            seed,
-            f"r{seed}",
+            (n, max_new_tokens, temperature, seed),
+            f"{tag}r{seed}",
             scale_by_std,
         )
-        for worker, shard in zip(workers, _shards(problems, len(workers)), strict=False)
+        for w, shard in enumerate(_shards(problems, len(workers)))
     ]
-    return PendingRollout(refs)
+    return PendingRollout([c.submit(workers) for c in calls], calls)
 
 
-def collect(pending: PendingRollout) -> RolloutResult:
-    """Wait until every worker has put its groups into the store; sum their counts."""
-    parts: list[RolloutStats] = ray.get(pending.refs)
+def summed(parts: list[RolloutStats]) -> RolloutResult:
+    """The counts of every worker's part of a batch, added up."""
     samples = sum(p.samples for p in parts)
     tokens = sum(p.tokens for p in parts)
     return RolloutResult(
@@ -149,6 +246,8 @@ class BatchRollouts:
         self.workers, self.prompts, self.s, self.overlap = workers, prompts, settings, overlap
         self.pending: PendingRollout | None = None
         self.result: RolloutResult | None = None
+        self.restarts = Restarts(workers, settings.max_restarts)
+        self.step = 0  # the trainer's version when ``start`` is called
 
     def _submit(self, step: int) -> None:
         self.pending = submit(
@@ -159,22 +258,54 @@ class BatchRollouts:
             self.s.temperature,
             seed=self.s.seed * 1_000_003 + step,
             scale_by_std=self.s.scale_by_std,
+            tag=self.s.tag,
         )
 
     def start(self) -> None:
-        self._submit(1)
+        self._submit(self.step + 1)
+
+    def check(self) -> None:
+        """Failures surface from the calls ``before_train`` and ``after_train`` wait for."""
+
+    def _each(self, refs: list[Any], again: Callable[[int, int], Any], what: str, wait: Waiter):
+        """Wait for one call per worker; a worker that died gets ``again(worker, retry)``."""
+        out = []
+        for w, ref in enumerate(refs):
+            retry = 0
+            while True:
+                try:
+                    out.append(wait(ref, what))
+                    break
+                except RayActorError as error:
+                    retry += 1
+                    self.restarts.died(w, error, f"its {what} call is made again")
+                    self.restarts.wait_back(w)
+                    ref = again(w, retry)
+        return out
 
     def before_train(self, step: int, wait: Waiter) -> None:
-        assert self.pending is not None
-        wait(self.pending.refs, "rollouts")
-        self.result = collect(self.pending)  # this step's groups are scored and in the store
+        pending = self.pending
+        assert pending is not None
+        # This step's groups are scored and in the store once every shard came back.
+        self.result = summed(
+            self._each(
+                pending.refs,
+                lambda w, retry: pending.calls[w].submit(self.workers, retry),
+                "rollouts",
+                wait,
+            )
+        )
         if self.overlap and step < self.s.steps:
             self._submit(step + 1)  # generates with the previous weights while we train
 
     def after_train(self, step: int, wait: Waiter) -> None:
         timeout = self.s.weight_pull_timeout_s
+
+        def pull(w: int, retry: int = 0) -> Any:
+            return self.workers[w].sync_weights.remote(step, timeout)
+
         # Queued behind each worker's generation: `one_step` keeps its overlap.
-        wait([w.sync_weights.remote(step, timeout) for w in self.workers], "weights")
+        self._each([pull(w) for w in range(len(self.workers))], pull, "weights", wait)
         if not self.overlap and step < self.s.steps:
             self._submit(step + 1)
 
@@ -197,10 +328,20 @@ class BatchRollouts:
 class StreamRollouts:
     """``async``: workers stream continuously from a dispatcher, bounded by max_staleness."""
 
-    def __init__(self, workers: list[Any], dispatcher: Any, settings: list[StreamSettings]) -> None:
+    def __init__(
+        self,
+        workers: list[Any],
+        dispatcher: Any,
+        settings: list[StreamSettings],
+        max_restarts: int = 0,
+        tag: str = "",
+    ) -> None:
         self.workers, self.dispatcher, self.settings = workers, dispatcher, settings
+        self.tag = tag  # group ids of a resumed run (the dispatcher applies it)
         self.refs: list[Any] = []
         self.last: dict[int, dict[str, float]] = {}  # each worker's counters at the last drain
+        self.restarts = Restarts(workers, max_restarts)
+        self.restarting: set[int] = set()  # died; its stream resumes once Ray has it back
 
     def start(self) -> None:
         ray.get(self.dispatcher.resume.remote())
@@ -209,10 +350,25 @@ class StreamRollouts:
             for w, s in zip(self.workers, self.settings, strict=True)
         ]
 
+    def check(self) -> None:
+        """Restart the stream of a worker that died; raise any other worker error."""
+        for i in sorted(self.restarting):
+            if self.restarts.back(i):  # it pulls the newest weights before generating
+                self.restarting.discard(i)
+                self.refs[i] = self.workers[i].stream.remote(self.dispatcher, self.settings[i])
+        live = [r for i, r in enumerate(self.refs) if i not in self.restarting]
+        done, _ = ray.wait(live, num_returns=len(live), timeout=0)
+        for ref in done:
+            try:
+                ray.get(ref)  # a worker that stopped early raised: surface its error
+            except RayActorError as error:
+                i = self.refs.index(ref)
+                lost = ray.get(self.dispatcher.requeue.remote(i))
+                self.restarts.died(i, error, f"its {lost} unfinished groups go back to the queue")
+                self.restarting.add(i)
+
     def before_train(self, step: int, wait: Waiter) -> None:
-        done, _ = ray.wait(self.refs, timeout=0)
-        if done:
-            ray.get(done)  # a worker that stopped early raised: surface its error
+        self.check()
 
     def after_train(self, step: int, wait: Waiter) -> None:
         """Workers pull new weights on their own schedule: nothing to do."""
@@ -235,6 +391,9 @@ class StreamRollouts:
             )
         for w, c in state["workers"].items():
             before = self.last.get(w, {})
+            if before.get("pid") != c["pid"]:  # a restarted worker counts from zero again
+                log.info("rollout worker %d streams in process %d", w, int(c["pid"]))
+                before = {}
             delta = {k: v - before.get(k, 0.0) for k, v in c.items()}
             busy, idle = delta["busy_s"], delta["idle_s"]
             if busy + idle > 0:
@@ -254,7 +413,17 @@ class StreamRollouts:
 
     def stop(self, wait: Waiter) -> None:
         ray.get(self.dispatcher.stop.remote())
-        wait(self.refs, "rollout workers to finish their running samples")
+        for i, ref in enumerate(self.refs):
+            if i in self.restarting:
+                self.restarts.wait_back(i)  # evaluation and the next start need it
+                self.restarting.discard(i)
+                continue
+            try:
+                wait(ref, "rollout workers to finish their running samples")
+            except RayActorError as error:  # nothing to hand back: no more work is given out
+                ray.get(self.dispatcher.requeue.remote(i))
+                self.restarts.died(i, error, "no new work was being handed out")
+                self.restarts.wait_back(i)
         self.refs = []
 
     def cursor(self) -> dict[str, Any]:
