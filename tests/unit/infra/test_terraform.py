@@ -692,3 +692,101 @@ def test_terraform_rejects_invalid_variables(
     output = " ".join((done.stdout + done.stderr).split())
     assert "Invalid value for variable" in output
     assert message in output, output
+
+
+# --- the boot scripts, rendered by terraform itself -----------------------------------------
+
+PORTS = {"ray_gcs": 6379, "ray_client": 10001, "ray_dashboard": 8265, "mlflow": 5000}
+PORTS |= {"prefect": 4200}
+HEAD_VARS = {
+    "region": "us-east-1",
+    "pip_packages": ["sluice", "boto3>=1.35"],
+    "state_volume_id": "vol0123456789abcdef0",
+    "token_parameter": "/sluice/sluice/ray-auth-token",
+    "kms_key_arn": KMS,
+    "storage_url": "s3://my-sluice-data/sluice",
+    "ray_resources": "{}",
+    "ports": PORTS,
+    "run_mlflow": True,
+    "run_prefect": True,
+    "mlflow_uri": "",
+    "prefect_api_url": "",
+    "prefect_work_pool": "sluice",
+}
+WORKER_VARS = {
+    "region": "us-east-1",
+    "group": "rollout",
+    "pip_packages": ["sluice[gpu]"],
+    "head_ip": "10.40.16.5",
+    "token_parameter": "/sluice/sluice/ray-auth-token",
+    "storage_url": "s3://my-sluice-data/sluice",
+    "ray_resources": '{"rollout":1}',
+    "ports": PORTS,
+    "mlflow_uri": "http://10.40.16.5:5000",
+    "prefect_api_url": "http://10.40.16.5:4200/api",
+}
+
+
+def _templatefile_keys(template: str) -> set[str]:
+    """The argument names main.tf passes to templatefile() for ``template``."""
+    source = (TF_ROOT / "modules" / "ray_cluster" / "main.tf").read_text()
+    start = source.index(f'templates/{template}", {{')
+    body = source[start : source.index("})", start)]
+    return set(re.findall(r"^\s*([a-z_]+)\s*=", body, flags=re.MULTILINE))
+
+
+def test_render_fixtures_match_what_main_tf_passes(tree: Tree) -> None:
+    assert _templatefile_keys("head_user_data.sh.tftpl") == set(HEAD_VARS)
+    assert _templatefile_keys("worker_user_data.sh.tftpl") == set(WORKER_VARS)
+    ports = next(b["ports"] for b in tree["modules/ray_cluster"]["locals"] if "ports" in b)
+    assert ports == PORTS
+
+
+@pytest.mark.parametrize(
+    ("template", "variables"),
+    [
+        pytest.param("head_user_data.sh.tftpl", HEAD_VARS, id="head-all-services"),
+        pytest.param(
+            "head_user_data.sh.tftpl",
+            HEAD_VARS
+            | {"run_mlflow": False, "mlflow_uri": "https://mlflow.example", "run_prefect": False}
+            | {"prefect_api_url": "https://prefect.example/api"},
+            id="head-existing-services",
+        ),
+        pytest.param("worker_user_data.sh.tftpl", WORKER_VARS, id="worker"),
+    ],
+)
+def test_user_data_renders_to_valid_bash(
+    terraform: Callable[..., Any], tmp_path: Path, template: str, variables: dict[str, Any]
+) -> None:
+    """terraform renders the template (no provider needed for outputs), bash parses it."""
+    path = TF_ROOT / "modules" / "ray_cluster" / "templates" / template
+    (tmp_path / "main.tf.json").write_text(
+        json.dumps(
+            {
+                "variable": {"v": {"type": "any"}},
+                "output": {"script": {"value": f'${{templatefile("{path}", var.v)}}'}},
+            }
+        )
+    )
+    (tmp_path / "v.tfvars.json").write_text(json.dumps({"v": variables}))
+    for args in (
+        ("init", "-input=false", "-no-color"),
+        ("apply", "-auto-approve", "-input=false", "-no-color", "-var-file=v.tfvars.json"),
+    ):
+        done = terraform(*args, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+    script = terraform("output", "-raw", "script", cwd=tmp_path).stdout
+    syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    if template.startswith("worker"):
+        assert "--address=10.40.16.5:6379" in script
+        assert "'--resources={\"rollout\":1}'" in script
+        assert "python -m engines.preemption --gcs-address 10.40.16.5:6379" in script
+    elif variables["run_mlflow"]:
+        assert "mlflow server --host 0.0.0.0 --port 5000" in script
+        assert "prefect server start" in script
+    else:
+        assert "mlflow server" not in script and "prefect server start" not in script
+        assert "MLFLOW_TRACKING_URI=https://mlflow.example" in script
+        assert "PREFECT_API_URL=https://prefect.example/api" in script
