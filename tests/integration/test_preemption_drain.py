@@ -143,8 +143,10 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     token = tmp_path / "ray-auth-token"
     token.write_text(os.urandom(32).hex())
     token.chmod(0o600)
+    # Nothing of the test process's own Ray (an address, a token) may leak into the cluster.
+    inherited = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
     env = {
-        **os.environ,
+        **inherited,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(token),
         "RAY_USAGE_STATS_ENABLED": "0",
