@@ -245,7 +245,9 @@ def watch(
 
     A failed metadata read is logged and retried at the next poll: a spot worker must keep
     watching through a metadata hiccup. A notice that does not parse is an error: it means
-    the service changed its format, which the operator must hear about.
+    the service changed its format, which the operator must hear about. A failed drain
+    (``DrainError``, an unreachable GCS) propagates too; the systemd unit restarts the
+    watcher, which finds the notice still posted and tries again.
     """
     stop = stop or threading.Event()
     failing = False

@@ -1,20 +1,25 @@
-"""The spot-notice poll and parse logic of engines/preemption.py, against a small IMDSv2
-stand-in on 127.0.0.1 (the real service exists only on EC2). The drain itself is tested on a
-real Ray cluster in tests/integration/test_preemption_drain.py."""
+"""The logic of engines/preemption.py: the spot-notice poll and parse against a small IMDSv2
+stand-in on 127.0.0.1 (the real service exists only on EC2), and the choice of node and
+deadline against a fixed node table. The drain itself is tested on a real Ray cluster in
+tests/integration/test_preemption_drain.py."""
 
 from __future__ import annotations
 
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 from engines.preemption import (
+    DrainError,
     ImdsClient,
     ImdsError,
     InterruptionNotice,
+    RayDrainer,
     main,
     parse_instance_action,
     watch,
@@ -156,3 +161,73 @@ def test_main_rejects_bad_arguments(
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@dataclass
+class _NodeInfo:
+    node_name: str
+    state: int
+
+
+class FakeGcs:
+    """The two GcsClient calls RayDrainer makes, answering from a fixed node table."""
+
+    def __init__(self, nodes: dict[str, _NodeInfo], accept: bool = True) -> None:
+        # Ray keys the table by NodeID objects; bytes have the same .hex().
+        self.nodes = {bytes.fromhex(k): v for k, v in nodes.items()}
+        self.accept = accept
+        self.drains: list[tuple[Any, ...]] = []
+
+    def get_all_node_info(self, timeout: float) -> dict[bytes, _NodeInfo]:
+        return self.nodes
+
+    def drain_node(self, *args: Any, timeout: float) -> tuple[bool, str]:
+        self.drains.append(args)
+        return (True, "") if self.accept else (False, "node is not idle")
+
+
+def _drainer(gcs: FakeGcs, name: str = "i-0abc") -> RayDrainer:
+    drainer = RayDrainer("10.0.0.1:6379", name)
+    drainer._client = lambda: gcs  # type: ignore[method-assign]
+    return drainer
+
+
+ALIVE, DEAD = 0, 1
+
+
+def test_drainer_drains_the_alive_node_of_that_name_with_the_notice_deadline() -> None:
+    from ray.core.generated import autoscaler_pb2
+
+    gcs = FakeGcs({"aa": _NodeInfo("i-0abc", DEAD), "bb": _NodeInfo("i-0abc", ALIVE)})
+    gcs.nodes[bytes.fromhex("cc")] = _NodeInfo("i-0other", ALIVE)
+    notice = parse_instance_action(json.dumps(NOTICE))
+    _drainer(gcs)(notice)
+    (node_id, reason, message, deadline_ms), *rest = gcs.drains
+    assert rest == []
+    assert node_id == "bb"
+    assert reason == autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    # The notice lies in the past here, so the deadline is "now", never earlier.
+    assert deadline_ms >= notice.deadline_ms
+    assert "terminate at 2026-11-22T08:22:00+00:00" in message
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        pytest.param({"aa": _NodeInfo("i-0abc", DEAD)}, id="none-alive"),
+        pytest.param(
+            {"aa": _NodeInfo("i-0abc", ALIVE), "bb": _NodeInfo("i-0abc", ALIVE)}, id="two-alive"
+        ),
+    ],
+)
+def test_drainer_refuses_to_guess_the_node(nodes: dict[str, _NodeInfo]) -> None:
+    gcs = FakeGcs(nodes)
+    with pytest.raises(DrainError, match="expected one alive Ray node named 'i-0abc'"):
+        _drainer(gcs)(parse_instance_action(json.dumps(NOTICE)))
+    assert gcs.drains == []
+
+
+def test_drainer_reports_a_refused_drain() -> None:
+    gcs = FakeGcs({"aa": _NodeInfo("i-0abc", ALIVE)}, accept=False)
+    with pytest.raises(DrainError, match="Ray refused to drain node aa: node is not idle"):
+        _drainer(gcs)(parse_instance_action(json.dumps(NOTICE)))
