@@ -7,7 +7,7 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-slow lint format clean bench bench-data infra-check
+.PHONY: setup run test test-slow lint format clean bench bench-data infra-check ui-check
 
 setup:
 	@bash scripts/setup.sh
@@ -16,11 +16,18 @@ run: setup
 	$(VENV)/bin/sluice run $(CONFIG)
 
 test: setup
-	$(PYTEST) -m "not slow and not gpu"
+	$(PYTEST) -m "not slow and not gpu and not ui"
 
 # pytest exits 5 when no test carries the marker: not a failure here.
 test-slow: setup
-	$(PYTEST) -m "slow and not gpu" || [ $$? -eq 5 ]
+	$(PYTEST) -m "slow and not gpu and not ui" || [ $$? -eq 5 ]
+
+# The Prefect runs page and the MLflow run page of a real job, rendered by headless
+# Chromium (Debian's package, installed here when missing) into docs/images.
+ui-check: setup
+	@command -v chromium >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	SLUICE_UI_SHOTS=docs/images $(PYTEST) -m ui
 
 lint: setup
 	$(VENV)/bin/ruff check .

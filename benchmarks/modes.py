@@ -58,11 +58,13 @@ def run_variant(label: str, overrides: list[str], steps: int, root: Path) -> dic
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     run_dir = root / name
     summary = json.loads((run_dir / "summary.json").read_text())
-    with sqlite3.connect(run_dir / "mlflow.db") as db:
+    with sqlite3.connect(root / "mlflow.db") as db:
         means = dict(
             db.execute(
-                "SELECT key, AVG(value) FROM metrics WHERE step > 5 AND (key LIKE 'perf/%' "
-                "OR key LIKE 'train/%' OR key LIKE 'rollout/worker0/%') GROUP BY key"
+                "SELECT key, AVG(value) FROM metrics WHERE run_uuid = ? AND step > 5 AND "
+                "(key LIKE 'perf/%' OR key LIKE 'train/%' OR key LIKE 'rollout/worker0/%') "
+                "GROUP BY key",
+                (summary["mlflow_run_id"],),
             ).fetchall()
         )
     return {

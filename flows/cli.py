@@ -15,7 +15,7 @@ import typer
 
 from rl.config import ConfigError, RunConfig, load_config
 from storage.layout import RunLayout
-from storage.urls import open_url
+from storage.urls import check_url
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 
@@ -39,6 +39,41 @@ def _fail(message: str, debug: bool, error: BaseException) -> None:
     raise typer.Exit(2)
 
 
+def _load(config: Path | None, overrides: list[str], debug: bool) -> RunConfig:
+    try:
+        cfg: RunConfig = load_config(config, overrides)
+    except ConfigError as error:
+        _fail(f"{error}\nFix the config file or the --set value.", debug, error)
+        raise
+    try:
+        check_url(cfg.storage.url or cfg.storage_url)
+    except ValueError as error:
+        _fail(f"storage.url: {error}", debug, error)
+        raise
+    return cfg
+
+
+def _train(cfg: RunConfig, resume: bool, debug: bool) -> None:
+    from flows.runtime import configure_process
+
+    configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
+    from flows.rl_job import RunSummary, rl_job
+
+    logging.getLogger("sluice").info("run %s: writing to %s", cfg.name, cfg.run_dir)
+    try:
+        result = rl_job(cfg.model_dump(), resume=resume)
+    except Exception as error:  # one readable line; the traceback is one --debug away
+        _fail(
+            f"the run failed: {type(error).__name__}: {error}\n(rerun with --debug for the "
+            "traceback)",
+            debug,
+            error,
+        )
+        return
+    summary = RunSummary(**result)
+    typer.echo("\n".join(["", "== summary ==", *summary.lines()]))
+
+
 @app.command()
 def run(
     config: Annotated[
@@ -52,34 +87,145 @@ def run(
 ) -> None:
     """Run an RL job (a Prefect flow) and print a summary at the end."""
     _setup_logging(debug)
-    try:
-        cfg: RunConfig = load_config(config, set_ or [])
-    except ConfigError as error:
-        _fail(f"{error}\nFix the config file or the --set value.", debug, error)
-        return
-    try:
-        open_url(cfg.storage.url or cfg.storage_url)
-    except ValueError as error:
-        _fail(f"storage.url: {error}", debug, error)
-        return
+    _train(_load(config, set_ or [], debug), resume=False, debug=debug)
+
+
+@app.command()
+def resume(
+    run: Annotated[str, typer.Argument(help="A run folder, or a run name under --root.")],
+    root: Annotated[Path, typer.Option(help="Folder that holds the runs.")] = Path("runs"),
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Change a field on resume, e.g. --set train.steps=400."),
+    ] = None,
+    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+) -> None:
+    """Continue a run that stopped (killed, preempted, failed) from its newest checkpoint."""
+    _setup_logging(debug)
+    folder = Path(run) if Path(run).is_dir() else root / run
+    saved = folder / "config.yaml"
+    if not saved.is_file():
+        _fail(
+            f"no run to resume at {folder} (it has no config.yaml); pass a run folder or a run "
+            f"name under {root}/",
+            debug,
+            FileNotFoundError(saved),
+        )
+    _train(_load(saved, set_ or [], debug), resume=True, debug=debug)
+
+
+@app.command()
+def retrain(
+    config: Annotated[
+        Path | None, typer.Argument(help="YAML config (the base run; a dated name is added).")
+    ] = None,
+    min_gain: Annotated[
+        float, typer.Option(help="Held-out accuracy gain (0-1) needed to promote.")
+    ] = 0.0,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a field (repeatable).")
+    ] = None,
+    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+) -> None:
+    """Retrain from the registered champion on fresh prompts; promote only if better.
+
+    What the `retrain` deployment runs on its schedule, run once now.
+    """
+    _setup_logging(debug)
+    cfg = _load(config, set_ or [], debug)
     from flows.runtime import configure_process
 
     configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
-    from flows.rl_job import RunSummary, rl_job
+    from flows.retrain import retrain as retrain_flow
 
-    logging.getLogger("sluice").info("run %s: writing to %s", cfg.name, cfg.run_dir)
     try:
-        result = rl_job(cfg.model_dump())
-    except Exception as error:  # one readable line; the traceback is one --debug away
-        _fail(
-            f"the run failed: {type(error).__name__}: {error}\n(rerun with --debug for the "
-            "traceback)",
-            debug,
-            error,
-        )
+        result = retrain_flow(cfg.model_dump(), min_gain=min_gain)
+    except Exception as error:
+        _fail(f"retraining failed: {type(error).__name__}: {error}", debug, error)
         return
-    summary = RunSummary(**result)
-    typer.echo("\n".join(["", "== summary ==", *summary.lines()]))
+    verdict = "promoted to champion" if result["promoted"] else "not promoted"
+    typer.echo(
+        f"{cfg.tracking.model_name} version {result['model_version']} {verdict}: {result['reason']}"
+    )
+
+
+@app.command("eval")
+def evaluate(
+    config: Annotated[
+        Path | None, typer.Argument(help="YAML config naming the environment and eval set.")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="A registered policy, NAME@ALIAS or NAME/VERSION (e.g. sluice-policy@champion)."
+        ),
+    ] = None,
+    policy: Annotated[
+        Path | None, typer.Option(help="A policy folder (e.g. runs/<name>/policy).")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a field (repeatable).")
+    ] = None,
+    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+) -> None:
+    """Held-out accuracy of a policy (a folder or a registered model version)."""
+    _setup_logging(debug)
+    if (model is None) == (policy is None):
+        _fail("give exactly one of --model NAME@ALIAS and --policy FOLDER", debug, ValueError())
+    cfg = _load(config, set_ or [], debug)
+    from flows.runtime import configure_process
+
+    configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
+    from flows.evaluate import eval_flow
+
+    try:
+        result = eval_flow(cfg.model_dump(), model=model, policy=str(policy) if policy else None)
+    except Exception as error:
+        _fail(f"evaluation failed: {type(error).__name__}: {error}", debug, error)
+        return
+    typer.echo(
+        f"held-out accuracy {100 * result['accuracy']:.1f}% on {result['prompts']} prompts "
+        f"({result['policy']})"
+    )
+
+
+@app.command()
+def deploy(
+    prefect_file: Annotated[Path, typer.Option(help="The deployments file.")] = Path(
+        "prefect.yaml"
+    ),
+    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+) -> None:
+    """Register the train, retrain and eval deployments with the Prefect server.
+
+    Needs PREFECT_API_URL (e.g. http://127.0.0.1:4200/api) and the work pool named in the
+    file (`prefect work-pool create sluice --type process`).
+    """
+    import os
+    import subprocess
+
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail(
+            "PREFECT_API_URL is not set: start a server (prefect server start --host 127.0.0.1) "
+            "and export PREFECT_API_URL=http://127.0.0.1:4200/api",
+            debug,
+            RuntimeError("no PREFECT_API_URL"),
+        )
+    if not prefect_file.is_file():
+        _fail(f"no deployments file at {prefect_file}", debug, FileNotFoundError(prefect_file))
+    command = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "--no-prompt",
+        "deploy",
+        "--all",
+        "--prefect-file",
+        str(prefect_file),
+    ]
+    done = subprocess.run(command, cwd=prefect_file.resolve().parent, check=False)
+    if done.returncode != 0:
+        _fail("prefect deploy failed (its output is above)", debug, RuntimeError(command))
 
 
 @app.command("show-config")

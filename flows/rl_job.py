@@ -1,6 +1,6 @@
-"""The RL job: a Prefect flow that trains a policy with verifiable rewards.
+"""The RL job: a Prefect flow that trains a policy with verifiable rewards, in segments.
 
-Components, each in its own folder, wired here and driven by the loop below:
+Components, each in its own folder, wired by ``tasks/session.py`` and driven from here:
 - ``envs/``: the verifiable environment (prompts + verifier);
 - ``engines/policy.py``: the starting policy (a tiny llama built offline, or a local folder);
 - ``engines/pools.py``: Ray actors: rollout workers (vLLM + verifier, ``rollout_worker.py``)
@@ -10,16 +10,25 @@ Components, each in its own folder, wired here and driven by the loop below:
 - ``storage/params.py``: the parameter service: the trainer publishes each version once,
   rollout workers pull the newest when they choose;
 - ``storage/checkpoints.py``: atomic checkpoints (model, optimiser, RNG, data cursor,
-  ledger watermark) every ``storage.checkpoint_every`` steps;
-- ``rl/``: the config tree, advantages and the PPO-clip loss the trainer applies;
-- ``tasks/tracking.py``: parameters and per-step metrics to MLflow (sqlite in the run folder).
+  ledger watermark) at step 0 and every ``storage.checkpoint_every`` steps;
+- ``tasks/tracking.py``, ``tasks/registry.py``, ``tasks/plots.py``: MLflow (metrics in
+  batches, config and plots as artifacts, the policy as a registered model version).
 
-Mode ``sync``: generate a batch with the current weights, train one step on it, workers
-pull the new weights, repeat. Mode ``one_step``: the same, but the next batch is submitted
-before training on this one, so generation and training overlap and each batch is one
-version stale (the store's staleness bound is 0 and 1 respectively). Held-out accuracy is
-measured with greedy decoding every ``eval.every`` steps. The driver holds only handles
-and counts: trajectories and weights move between actors through Ray's object store.
+The flow is a chain of Prefect tasks: start Ray, then one ``train-segment`` task per
+``storage.checkpoint_every`` steps (each ends with a ``checkpoint`` task), then
+``finish-run`` and ``register-policy``. Per-step metrics go to MLflow, not to Prefect. A
+segment that fails (a trainer died, a weight pull timed out) is retried
+``storage.segment_retries`` times, each time with fresh pools restored from the newest
+valid checkpoint; a rollout worker that dies is restarted inside the segment without
+stopping training (``tasks/rollout.py``). A job whose process died is resumed with
+``sluice resume RUN``, or by retrying its flow run: it continues from the newest
+checkpoint and the ledger, at the same version, with no sample trained twice.
+
+Modes (``mode``): ``sync`` generates a batch with the current weights, trains on it, then
+rollout workers pull the new weights; ``one_step`` submits the next batch before training
+on this one (one version stale); ``async`` streams (``tasks/dispatcher.py``), every sample
+at most ``max_staleness`` versions old when trained. The driver holds only handles and
+counts: trajectories and weights move between actors through Ray's object store.
 """
 
 from __future__ import annotations
@@ -28,32 +37,27 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import ray
+import yaml
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from engines.policy import prepare_policy
-from engines.pools import launch_rollout_workers, launch_trainer
-from engines.rollout_worker import StreamSettings
-from envs import Environment
-from flows.runtime import child_env
+from flows.runtime import use_credentials_block
 from rl.config import RunConfig, build_config
+from storage.checkpoints import Checkpoint
 from storage.layout import RunLayout
-from storage.params import ParameterService
-from storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
+from storage.ledger import Ledger, check_exactly_once, check_versions
 from storage.urls import redact
-from tasks.dispatcher import Dispatcher
-from tasks.environment import PromptStream, make_environment
-from tasks.rollout import (
-    BatchRollouts,
-    BatchSettings,
-    StreamRollouts,
-    evaluate,
-)
-from tasks.tracking import MlflowLogger
+from tasks import plots, registry
+from tasks.environment import make_environment
+from tasks.session import Session, latest_checkpoint
+from tasks.tracking import MlflowLogger, tracking_uri
 
 log = logging.getLogger("sluice")
 
@@ -72,6 +76,8 @@ class RunSummary:
     mlflow_uri: str
     mlflow_run_id: str
     policy: str
+    model_version: str | None = None
+    model_name: str | None = None
 
     def lines(self) -> list[str]:
         gain = 100 * (self.end_accuracy - self.start_accuracy)
@@ -85,7 +91,56 @@ class RunSummary:
             f"ledger: sluice ledger {self.storage_url}",
             f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri {self.mlflow_uri} "
             "--host 127.0.0.1",
+            *(
+                [f"registered as {self.model_name} version {self.model_version} (challenger)"]
+                if self.model_version
+                else []
+            ),
         ]
+
+
+class JobError(RuntimeError):
+    """The job cannot start as asked (resume without a checkpoint, a run name already used)."""
+
+
+@dataclass
+class Job:
+    """What the tasks of one flow run share: the config, the tracker and the live pools."""
+
+    cfg: RunConfig
+    layout: RunLayout
+    policy_dir: str
+    tracker: MlflowLogger
+    resume_from: Checkpoint | None
+    session: Session | None = None
+    opened: bool = False  # a session was opened before: a new one starts from a checkpoint
+
+    def ensure_session(self) -> Session:
+        """The live pools; new ones (from the newest checkpoint after a failure) if needed."""
+        if self.session is None:
+            start = self.resume_from if not self.opened else latest_checkpoint(self.cfg)
+            if self.opened and start is None:
+                raise JobError(
+                    f"no valid checkpoint under {redact(self.cfg.storage_url)} to retry from "
+                    "(the step-0 checkpoint never completed); start the run again"
+                )
+            self.opened = True
+            session = Session(self.cfg, self.policy_dir, self.tracker)
+            self.session = session
+            try:
+                session.open(start)
+                if start is None:
+                    checkpoint(session)  # step 0: a failure before step N resumes from here
+                session.start()
+            except BaseException:
+                self.drop_session()
+                raise
+        return self.session
+
+    def drop_session(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
 
 @task(name="prepare-policy", cache_policy=NO_CACHE)
@@ -94,280 +149,153 @@ def prepare_policy_task(cfg: RunConfig) -> str:
     return str(prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir))
 
 
-def _start_ray(cfg: RunConfig, layout: RunLayout) -> None:
-    needed = cfg.rollout.workers * cfg.rollout.cpus_per_worker + cfg.train.cpus
+@task(name="start-ray", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+def start_ray(cfg: RunConfig, layout: RunLayout) -> None:
+    """Connect to ``RAY_ADDRESS`` if set, else start a local Ray sized for the pools."""
+    if ray.is_initialized():
+        return
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
         return
+    needed = cfg.rollout.workers * cfg.rollout.cpus_per_worker + cfg.train.cpus
     ray.init(
         num_cpus=max(int(needed + 0.999), 1),
-        include_dashboard=False,
+        include_dashboard=False,  # when an operator turns it on: dashboard_host=127.0.0.1
         _temp_dir=str(layout.ray_temp),
         log_to_driver=False,
         configure_logging=False,
     )
 
 
-def _wait(refs: Any, what: str, store: StoreClient) -> Any:
-    """``ray.get(refs)``, with a progress line every ``PROGRESS_EVERY_S`` while it waits."""
-    pending = refs if isinstance(refs, list) else [refs]
-    started = time.monotonic()
-    while len(ray.wait(pending, num_returns=len(pending), timeout=PROGRESS_EVERY_S)[0]) < len(
-        pending
-    ):
-        log.info(
-            "waiting for %s for %.0f s; trajectory store: %s",
-            what,
-            time.monotonic() - started,
-            store.stats(),
-        )
-    return ray.get(refs)
+@task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5], cache_policy=NO_CACHE)
+def checkpoint(session: Session) -> str:
+    return session.checkpoint()
 
 
-def _step_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    acc = metrics.get("eval/accuracy")
-    shown = f" | held-out {100 * acc:5.1f}%" if acc is not None else ""
-    reward = metrics.get("rollout/reward")  # async: no group may have finished this step
-    rewarded = "  -  " if reward is None else f"{reward:.3f}"
-    return (
-        f"step {step:>4}/{total} | reward {rewarded}{shown} | "
-        f"loss {metrics['train/loss']:+.4f} | kl {metrics['train/kl_behaviour']:.2e} | "
-        f"entropy {metrics['train/entropy']:.3f} | {metrics['perf/tokens_per_s']:6.0f} tok/s | "
-        f"{metrics['perf/step_s']:.2f} s"
+@task(name="train-segment", cache_policy=NO_CACHE)
+def train_segment(job: Job, until: int) -> int:
+    """Train up to step ``until`` and checkpoint; on failure the pools go, and a retry
+    starts new ones from the newest valid checkpoint."""
+    try:
+        session = job.ensure_session()
+        while session.step < until:
+            session.train_step()
+        checkpoint(session)
+        return session.step
+    except BaseException:
+        job.drop_session()
+        raise
+
+
+@task(name="finish-run", cache_policy=NO_CACHE)
+def finish_run(job: Job, started: float) -> RunSummary:
+    """Stop the rollouts, save the policy, write the summary, plots and ledger check."""
+    session, layout, tracker = job.ensure_session(), job.layout, job.tracker
+    session.finish(str(layout.final_policy))
+    table = Ledger(job.cfg.storage_url).read()
+    problems = check_exactly_once(table, finished=True) + check_versions(table)
+    if problems:
+        log.warning("ledger check found %d problem(s): %s", len(problems), "; ".join(problems[:5]))
+    else:
+        log.info("ledger check: every sample trained exactly once or dropped with a reason")
+    totals = session.totals
+    summary = RunSummary(
+        run_dir=str(layout.run_dir),
+        storage_url=redact(job.cfg.storage_url),
+        mode=job.cfg.mode,
+        steps=session.step,
+        start_accuracy=float(session.start_accuracy or 0.0),
+        end_accuracy=float(session.end_accuracy or 0.0),
+        samples_per_s=totals.samples / totals.loop_s if totals.loop_s else 0.0,
+        tokens_per_s=totals.tokens / totals.loop_s if totals.loop_s else 0.0,
+        wall_s=time.monotonic() - started,
+        mlflow_uri=tracker.tracking_uri,
+        mlflow_run_id=tracker.run_id,
+        policy=str(layout.final_policy),
     )
+    layout.summary.write_text(json.dumps(asdict(summary), indent=2))
+    tracker.log_artifact(str(layout.summary))
+    tracker.flush()
+    folder = layout.run_dir / "plots"
+    folder.mkdir(exist_ok=True)
+    plots.training_curves(tracker.client, tracker.run_id, folder / "reward_accuracy.png")
+    plots.staleness(tracker.client, tracker.run_id, folder / "staleness.png")
+    tracker.log_artifacts(str(folder), "plots")
+    return summary
 
 
-class _StoreMetrics:
-    """The trajectory store's gauges, and its counters as per-step increments."""
+@task(name="register-policy", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+def register_policy(job: Job, summary: RunSummary) -> str:
+    version = registry.register_policy(
+        job.tracker.client,
+        job.cfg.tracking.model_name,
+        job.tracker.run_id,
+        Path(summary.policy),
+        summary.end_accuracy,
+    )
+    log.info("registered %s version %s (alias challenger)", job.cfg.tracking.model_name, version)
+    return version
 
-    def __init__(self) -> None:
-        self.last: dict[str, int] = {}
 
-    def update(self, stats: dict[str, int]) -> dict[str, float]:
-        out = {f"store/{k}": float(stats[k]) for k in ("held", "ready", "leased")}
-        for k in ("dropped", "expired_leases"):
-            out[f"store/{k}"] = float(stats[k] - self.last.get(k, 0))
-        self.last = stats
-        return out
-
-
-def _step_metrics(
-    train: dict[str, float], marks: tuple[float, float, float, float]
-) -> dict[str, float]:
-    t0, t1, t2, t3 = marks
-    step_s = t3 - t0
-    return {
-        **{f"train/{k}": v for k, v in train.items()},
-        # Time the trainer sat waiting for a full batch in the store, over the step.
-        "perf/trainer_idle_fraction": min(1.0, (t1 - t0 + train["lease_s"]) / step_s),
-        "perf/rollout_s": t1 - t0,
-        "perf/train_s": t2 - t1,
-        "perf/weight_sync_s": t3 - t2,
-        "perf/step_s": step_s,
-        "perf/tokens_per_s": train["tokens"] / step_s,
-        "perf/samples_per_s": train["samples"] / step_s,
-    }
+def _check_start(cfg: RunConfig, resume: bool) -> Checkpoint | None:
+    found = latest_checkpoint(cfg)
+    if resume and found is None:
+        raise JobError(
+            f"run {cfg.name!r} has no valid checkpoint under {redact(cfg.storage_url)}; "
+            "start it with `sluice run`"
+        )
+    if not resume and found is not None:
+        raise JobError(
+            f"run {cfg.name!r} already has checkpoints under {redact(cfg.storage_url)}: "
+            f"continue it with `sluice resume {cfg.name}`, or start a new run with "
+            "--set name=<new name>"
+        )
+    return found
 
 
 @flow(name="sluice-rl-job", log_prints=False)
-def rl_job(config: dict[str, Any]) -> dict[str, Any]:
-    """Train a policy with RL on a verifiable environment; ``config`` is a RunConfig tree."""
+def rl_job(config: dict[str, Any], resume: bool | None = None) -> dict[str, Any]:
+    """Train a policy with RL on a verifiable environment; ``config`` is a RunConfig tree.
+
+    ``resume``: continue the run from its newest checkpoint. Default: only when this flow
+    run is a retry (a retried flow run picks up where the failed one stopped).
+    """
     cfg = build_config(config)
     layout = RunLayout(cfg.run_dir, cfg.cache_dir).create()
+    if cfg.storage.credentials_block:
+        use_credentials_block(cfg.storage.credentials_block)
+    if resume is None:
+        resume = (flow_run.run_count or 1) > 1
+    found = _check_start(cfg, resume)
     started = time.monotonic()
+    (layout.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     policy_dir = prepare_policy_task(cfg)
-    env, _ = make_environment(cfg.env)
-    heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
-    eval_tokens = max(len(p.answer) for p in heldout) + 4
-    tracker = MlflowLogger(layout.mlflow_uri, layout.mlflow_artifacts.as_uri(), "sluice", cfg.name)
+    tracker = MlflowLogger(
+        tracking_uri(cfg.tracking.mlflow_uri, layout.mlflow_uri),
+        layout.mlflow_artifacts.as_uri(),
+        cfg.tracking.experiment,
+        cfg.name,
+        continue_run=found.meta.get("mlflow_run_id") if found else None,
+    )
     tracker.log_params(cfg.model_dump())
-    batch_size = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-    max_staleness = {"sync": 0, "one_step": 1, "async": cfg.max_staleness}[cfg.mode]
-    _start_ray(cfg, layout)
+    tracker.log_artifact(str(layout.run_dir / "config.yaml"))
+    job = Job(cfg, layout, policy_dir, tracker, found)
     status = "FAILED"
     try:
-        store, trainer, workers = _launch(cfg, env, policy_dir, batch_size)
-        rollouts = _rollouts(cfg, env, workers)
-
-        def wait(refs: Any, what: str) -> Any:
-            return _wait(refs, what, store)
-
-        def evaluate_now(step: int) -> float:
-            rollouts.pause(wait)  # async: workers hand vLLM back, then load version `step`
-            wait([w.sync_weights.remote(step) for w in workers], "weights")
-            accuracy = evaluate(workers, env, heldout, eval_tokens)
-            rollouts.resume()
-            return accuracy
-
-        log.info("starting %d rollout worker(s) and the trainer (vLLM takes ~30 s)", len(workers))
-        start_acc = end_acc = evaluate(workers, env, heldout, eval_tokens)
-        ray.get(trainer.version.remote())  # the trainer actor has loaded the policy
-        log.info(
-            "step    0/%d | held-out %5.1f%% (starting policy)", cfg.train.steps, 100 * start_acc
+        start_ray(cfg, layout)
+        segment = train_segment.with_options(
+            retries=cfg.storage.segment_retries, retry_delay_seconds=2
         )
-        tracker.log_metrics(0, {"eval/accuracy": start_acc})
-        loop_start, samples_seen, tokens_seen = time.monotonic(), 0, 0
-        store_metrics = _StoreMetrics()
-        rollouts.start()
-        for step in range(1, cfg.train.steps + 1):
-            t0 = time.monotonic()
-            rollouts.before_train(step, wait)  # batch modes: this step's groups are in the store
-            t1 = time.monotonic()
-            train = wait(  # lease -> one step -> publish the new version -> acknowledge
-                trainer.train_from_store.remote(
-                    store, batch_size, max_staleness, cfg.storage.lease_timeout_s
-                ),
-                "the trainer",
-            )
-            t2 = time.monotonic()
-            rollouts.after_train(step, wait)  # batch modes: workers load version `step`
-            t3 = time.monotonic()
-            samples_seen += int(train["samples"])
-            tokens_seen += int(train["tokens"])
-            metrics = {
-                **rollouts.drain(step),
-                **_step_metrics(train, (t0, t1, t2, t3)),
-                **store_metrics.update(store.stats()),
-            }
-            if step % cfg.eval.every == 0 or step == cfg.train.steps:
-                end_acc = metrics["eval/accuracy"] = evaluate_now(step)
-            if step % cfg.storage.checkpoint_every == 0 or step == cfg.train.steps:
-                _checkpoint(cfg, trainer, store, step, rollouts.cursor())
-            tracker.log_metrics(step, metrics)
-            log.info(_step_line(step, cfg.train.steps, metrics))
-        loop_s = time.monotonic() - loop_start
-        rollouts.stop(wait)
-        left = ray.get(store.handle.close.remote("the run ended before it was trained"))
-        if left:
-            log.info("%d generated samples were left untrained (recorded as dropped)", left)
-        ray.get(trainer.save.remote(str(layout.final_policy)))
-        summary = RunSummary(
-            run_dir=str(layout.run_dir),
-            storage_url=redact(cfg.storage_url),
-            mode=cfg.mode,
-            steps=cfg.train.steps,
-            start_accuracy=start_acc,
-            end_accuracy=end_acc,
-            samples_per_s=samples_seen / loop_s,
-            tokens_per_s=tokens_seen / loop_s,
-            wall_s=time.monotonic() - started,
-            mlflow_uri=layout.mlflow_uri,
-            mlflow_run_id=tracker.run_id,
-            policy=str(layout.final_policy),
-        )
-        layout.summary.write_text(json.dumps(asdict(summary), indent=2))
-        tracker.log_artifact(str(layout.summary))
+        every, step = cfg.storage.checkpoint_every, found.step if found else 0
+        while step < cfg.train.steps:
+            step = segment(job, min((step // every + 1) * every, cfg.train.steps))
+        summary = finish_run(job, started)
+        if cfg.tracking.register_model:
+            version = register_policy(job, summary)
+            summary = replace(summary, model_version=version, model_name=cfg.tracking.model_name)
         status = "FINISHED"
         return asdict(summary)
     finally:
+        job.drop_session()
         tracker.close(status)
         ray.shutdown()
-
-
-def _launch(
-    cfg: RunConfig, env: Environment, policy_dir: str, batch_size: int
-) -> tuple[StoreClient, Any, list[Any]]:
-    """The trajectory store, the parameter service, the trainer and the rollout workers."""
-    env_vars = child_env()
-    streaming = cfg.mode == "async"
-    store = StoreClient(
-        create_store(
-            cfg.storage_url, cfg.storage.capacity_batches * batch_size, cfg.storage.lease_timeout_s
-        ),
-        cfg.storage_url,
-        # async: rows reach storage in files of one training batch, not one per put, and a
-        # worker goes on generating while the store takes its last two puts.
-        persist_rows=batch_size if streaming else 0,
-        pipeline=2 if streaming else 0,
-    )
-    params = ParameterService.create(
-        relays=cfg.storage.param_relays, bucket_bytes=cfg.storage.bucket_mib << 20
-    )
-    trainer = launch_trainer(
-        cfg.train.cpus,
-        cfg.train.threads,
-        env_vars,
-        params=params,
-        model_dir=policy_dir,
-        lr=cfg.train.lr,
-        clip_eps=cfg.train.clip_eps,
-        warmup_steps=cfg.train.warmup_steps,
-        entropy_coef=cfg.train.entropy_coef,
-        grad_clip=cfg.train.grad_clip,
-        micro_batch=cfg.train.micro_batch,
-        micro_batch_tokens=cfg.train.micro_batch_tokens,
-        loss=cfg.train.loss,
-        is_cap=cfg.train.is_cap,
-        seed=cfg.seed,
-    )
-    workers = launch_rollout_workers(
-        cfg.rollout.workers,
-        cfg.rollout.cpus_per_worker,
-        cfg.rollout.threads_per_worker,
-        env_vars,
-        env=env,
-        store=store,
-        params=params,
-        model_dir=policy_dir,
-        seed=cfg.seed,
-        kv_cache_gib=cfg.rollout.kv_cache_gib,
-        enforce_eager=cfg.rollout.enforce_eager,
-        max_model_len=cfg.policy.max_positions,
-    )
-    return store, trainer, workers
-
-
-def _rollouts(
-    cfg: RunConfig, env: Environment, workers: list[Any]
-) -> BatchRollouts | StreamRollouts:
-    prompts = PromptStream(env, cfg.env.train_prompts, cfg.seed)
-    r = cfg.rollout
-    if cfg.mode != "async":
-        settings = BatchSettings(
-            steps=cfg.train.steps,
-            prompts_per_step=r.prompts_per_step,
-            samples_per_prompt=r.samples_per_prompt,
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            seed=cfg.seed,
-            scale_by_std=cfg.train.scale_adv_by_std,
-            weight_pull_timeout_s=cfg.storage.weight_pull_timeout_s,
-        )
-        return BatchRollouts(workers, prompts, settings, overlap=cfg.mode == "one_step")
-    dispatcher = Dispatcher.remote(  # type: ignore[attr-defined]
-        prompts,
-        env.name,
-        r.prompts_per_step,
-        r.samples_per_prompt,
-        cfg.max_staleness,
-        cfg.seed,
-        long_first=r.long_first,
-        balance=r.balance,
-        prior_length=float(r.max_new_tokens),
-    )
-    streams = [
-        StreamSettings(
-            worker=i,
-            samples_per_prompt=r.samples_per_prompt,
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            scale_by_std=cfg.train.scale_adv_by_std,
-            concurrency=r.concurrency or r.prompts_per_step * r.samples_per_prompt,
-            partial_rollout=r.partial_rollout,
-            pull_timeout_s=cfg.storage.weight_pull_timeout_s,
-        )
-        for i in range(len(workers))
-    ]
-    return StreamRollouts(workers, dispatcher, streams)
-
-
-def _checkpoint(
-    cfg: RunConfig, trainer: Any, store: StoreClient, step: int, cursor: dict[str, Any]
-) -> None:
-    """Model, optimiser and RNG (written by the trainer) with the data cursor and watermark."""
-    watermark = ray.get(store.handle.flush.remote())
-    meta = {"step": step, "ledger_watermark": watermark, "data_cursor": cursor}
-    url = ray.get(
-        trainer.save_checkpoint.remote(cfg.storage_url, cfg.storage.keep_checkpoints, step, meta)
-    )
-    log.info("checkpoint %s", url)

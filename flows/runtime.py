@@ -7,22 +7,21 @@ directory, and nothing reaches for the network.
 
 from __future__ import annotations
 
+import json
 import os
 
 from storage.layout import RunLayout
-from storage.urls import credential_env
+from storage.urls import CREDENTIAL_VARS, credential_env
 
 # Prefect's temporary API server needs ~11 s to start on 2 cores; its default limit is 20 s.
 PREFECT_STARTUP_TIMEOUT_S = "120"
 
 
-def configure_process(layout: RunLayout) -> None:
+def configure_process(layout: RunLayout, prefect: bool = True) -> None:
+    """Point every library's home and caches at the run's folders; ``prefect=False`` in a
+    flow run that a Prefect worker started (Prefect is configured and connected already)."""
     layout.create()
     settings = {
-        "PREFECT_HOME": str(layout.prefect_home),
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": PREFECT_STARTUP_TIMEOUT_S,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "VLLM_CACHE_ROOT": str(layout.vllm_cache),
         "VLLM_NO_USAGE_STATS": "1",
@@ -35,6 +34,13 @@ def configure_process(layout: RunLayout) -> None:
         "TOKENIZERS_PARALLELISM": "false",
         "DO_NOT_TRACK": "1",
     }
+    if prefect:
+        settings |= {
+            "PREFECT_HOME": str(layout.prefect_home),
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": PREFECT_STARTUP_TIMEOUT_S,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
+        }
     os.environ.update(settings)
 
 
@@ -50,5 +56,31 @@ def child_env() -> dict[str, str]:
         "HF_HOME",
         "TOKENIZERS_PARALLELISM",
         "PYTHONPATH",
+        "SLUICE_FAULTS",  # storage/faults.py: fault points armed by the failure tests
     )
     return {**{k: os.environ[k] for k in keys if k in os.environ}, **credential_env()}
+
+
+def use_credentials_block(name: str) -> None:
+    """Put the storage credentials held by the Prefect secret block ``name`` into this
+    process's environment (where ``storage.urls`` and the actors' environment read them).
+
+    The block's value is a JSON object with some of ``storage.urls.CREDENTIAL_VARS`` as keys,
+    e.g. ``{"AWS_ACCESS_KEY_ID": "...", "AWS_SECRET_ACCESS_KEY": "..."}``. Values are never
+    logged; a bad block is named in the error, its contents are not.
+    """
+    from prefect.blocks.system import Secret
+
+    try:
+        value = Secret.load(name).get()
+    except ValueError as error:
+        raise ValueError(f"storage.credentials_block: no Prefect secret block {name!r}") from error
+    data = json.loads(value) if isinstance(value, str) else value
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"secret block {name!r} must hold a JSON object of variables")
+    unknown = sorted(set(data) - set(CREDENTIAL_VARS))
+    if unknown:
+        raise ValueError(
+            f"secret block {name!r} has keys {unknown}; allowed: {', '.join(CREDENTIAL_VARS)}"
+        )
+    os.environ.update({k: str(v) for k, v in data.items()})

@@ -196,6 +196,12 @@ class StorageConfig(_Section):
         "s3://bucket/prefix (S3 credentials from AWS_* variables); the run's name is appended. "
         "Default: the run folder itself.",
     )
+    credentials_block: str | None = Field(
+        None,
+        description="Name of a Prefect secret block holding the S3 credentials as JSON "
+        '(e.g. {"AWS_ACCESS_KEY_ID": ..., "AWS_SECRET_ACCESS_KEY": ...}). Default: the '
+        "AWS_* variables of the environment. Never put credentials in a config file.",
+    )
     capacity_batches: int = Field(
         4,
         ge=2,

@@ -1,4 +1,5 @@
-"""Where a run's files live: all under ``<root>/<name>/``, shared caches under ``<cache>``."""
+"""Where a run's files live: under ``<root>/<name>/``, except the MLflow database and
+artifacts, which every run under ``<root>`` shares; shared caches under ``<cache>``."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ class RunLayout:
 
     @property
     def mlflow_db(self) -> Path:
-        return self.run_dir / "mlflow.db"
+        """One MLflow database for every run under the same root: the model registry spans
+        runs (retraining continues from another run's registered policy)."""
+        return self.run_dir.parent / "mlflow.db"
 
     @property
     def mlflow_uri(self) -> str:
@@ -29,7 +32,7 @@ class RunLayout:
 
     @property
     def mlflow_artifacts(self) -> Path:
-        return self.run_dir / "mlartifacts"
+        return self.run_dir.parent / "mlartifacts"
 
     @property
     def prefect_home(self) -> Path:

@@ -100,7 +100,7 @@ def s3_filesystem() -> fsspec.AbstractFileSystem:
     )
 
 
-def _s3_url(url: str, parts: SplitResult) -> tuple[fsspec.AbstractFileSystem, str]:
+def _s3_root(url: str, parts: SplitResult) -> str:
     if "@" in parts.netloc:
         raise _bad(url, "credentials in the URL are not allowed, set them in the environment")
     bucket = parts.netloc
@@ -113,8 +113,26 @@ def _s3_url(url: str, parts: SplitResult) -> tuple[fsspec.AbstractFileSystem, st
     prefix = "/".join(p for p in parts.path.split("/") if p)
     if any(p in (".", "..") for p in prefix.split("/")):
         raise _bad(url, "'.' and '..' are not allowed in an s3 prefix")
-    root = f"{bucket}/{prefix}" if prefix else bucket
-    return s3_filesystem(), root
+    return f"{bucket}/{prefix}" if prefix else bucket
+
+
+def check_url(url: str) -> None:
+    """Raise ``ValueError`` if ``url`` is malformed; needs no credentials (they may come
+    later, from a Prefect secret block)."""
+    parts = _split(url)
+    if parts.scheme.lower() == "s3":
+        _s3_root(url, parts)
+    else:
+        open_url(url)
+
+
+def _split(url: str) -> SplitResult:
+    if not isinstance(url, str) or not url.strip():
+        raise _bad(str(url), "empty URL")
+    try:
+        return urlsplit(url)
+    except ValueError as err:
+        raise _bad(url, str(err)) from err
 
 
 def open_url(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -122,19 +140,14 @@ def open_url(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
     Raises ``ValueError`` naming the URL and the allowed forms for anything else.
     """
-    if not isinstance(url, str) or not url.strip():
-        raise _bad(str(url), "empty URL")
-    try:
-        parts = urlsplit(url)
-    except ValueError as err:
-        raise _bad(url, str(err)) from err
+    parts = _split(url)
     scheme = parts.scheme.lower()
     if scheme == "":
         return _local(url)
     if scheme == "file":
         return _file_url(url, parts)
     if scheme == "s3":
-        return _s3_url(url, parts)
+        return s3_filesystem(), _s3_root(url, parts)
     raise _bad(url, f"unsupported scheme {parts.scheme!r}")
 
 

@@ -6,17 +6,34 @@ metric (50 single calls cost seconds against a server).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Protocol
 
 from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 
 class MetricLogger(Protocol):
+    run_id: str
+
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
     def close(self, status: str = "FINISHED") -> None: ...
+
+
+def tracking_uri(configured: str | None, default: str) -> str:
+    """The config's URI, else ``MLFLOW_TRACKING_URI``, else ``default`` (sqlite in the run)."""
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or default
+
+
+def _run_exists(client: MlflowClient, run_id: str) -> bool:
+    try:
+        client.get_run(run_id)
+    except MlflowException:
+        return False
+    return True
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -41,7 +58,9 @@ class MlflowLogger:
         experiment: str,
         run_name: str,
         flush_every: int = 10,
+        continue_run: str | None = None,
     ) -> None:
+        """A new run, or with ``continue_run`` that run again (a resumed job), if it exists."""
         self.client = MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = (
@@ -49,7 +68,11 @@ class MlflowLogger:
             if found
             else self.client.create_experiment(experiment, artifact_location=artifact_root)
         )
-        self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+        if continue_run and _run_exists(self.client, continue_run):
+            self.run_id = continue_run
+            self.client.update_run(continue_run, status="RUNNING")
+        else:
+            self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
         self.tracking_uri = tracking_uri
         self._pending: list[Metric] = []
         self._flush_every = flush_every
@@ -72,8 +95,11 @@ class MlflowLogger:
             chunk, self._pending = self._pending[:1000], self._pending[1000:]
             self.client.log_batch(self.run_id, metrics=chunk)
 
-    def log_artifact(self, path: str) -> None:
-        self.client.log_artifact(self.run_id, path)
+    def log_artifact(self, path: str, folder: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, path, folder)
+
+    def log_artifacts(self, path: str, folder: str) -> None:
+        self.client.log_artifacts(self.run_id, path, folder)
 
     def close(self, status: str = "FINISHED") -> None:
         self.flush()

@@ -31,6 +31,12 @@ def session_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_cache(session_dir: Path) -> Path:
+    """One cache folder for the end-to-end runs: the smoke policy is warm-started once."""
+    return session_dir / "run-cache"
+
+
+@pytest.fixture(scope="session")
 def tiny_policy(session_dir: Path) -> Path:
     """A small untrained-but-saved policy folder (no warm start), built once per session."""
     from engines.policy import prepare_policy

@@ -34,10 +34,10 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _smoke(tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
+def _smoke(tmp_path: Path, cache: Path, *settings: str) -> subprocess.CompletedProcess[str]:
     """`sluice run configs/smoke.yaml` into ``tmp_path`` with ``--set`` for each setting."""
     args = ["run", "configs/smoke.yaml"]
-    for setting in (f"root={tmp_path / 'runs'}", f"cache={tmp_path / 'cache'}", *settings):
+    for setting in (f"root={tmp_path / 'runs'}", f"cache={cache}", *settings):
         args += ["--set", setting]
     return _run(args, timeout=600)
 
@@ -45,9 +45,11 @@ def _smoke(tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("mode", "staleness"), [("sync", [0, 0, 0, 0]), ("one_step", [0, 1, 1, 1])]
 )
-def test_smoke_run_end_to_end(tmp_path, mode, staleness):
+def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness):
     steps = 4
-    result = _smoke(tmp_path, f"train.steps={steps}", f"mode={mode}", "storage.checkpoint_every=3")
+    result = _smoke(
+        tmp_path, shared_cache, f"train.steps={steps}", f"mode={mode}", "storage.checkpoint_every=3"
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "== summary ==" in result.stdout
     assert f"step    {steps}/{steps}" in result.stdout
@@ -60,9 +62,9 @@ def test_smoke_run_end_to_end(tmp_path, mode, staleness):
     # everything the run wrote is under its folder or the cache
     assert (run_dir / "prefect").is_dir()
     assert (run_dir / "policy" / "model.safetensors").is_file()
-    assert list((tmp_path / "cache" / "policies").iterdir())
+    assert list((shared_cache / "policies").iterdir())
 
-    with sqlite3.connect(run_dir / "mlflow.db") as db:
+    with sqlite3.connect(run_dir.parent / "mlflow.db") as db:
         rows = db.execute("SELECT key, COUNT(*) FROM metrics GROUP BY key").fetchall()
         params = dict(db.execute("SELECT key, value FROM params").fetchall())
         recorded = db.execute(
@@ -99,9 +101,9 @@ def test_smoke_run_end_to_end(tmp_path, mode, staleness):
     assert trace.returncode == 0, trace.stderr
     assert " generated" in trace.stdout and " trained version=" in trace.stdout
 
-    # checkpoints at step 3 and at the end, with the data cursor and the ledger watermark
+    # checkpoints at 0, 3 and the end, with the data cursor and the ledger watermark
     store = CheckpointStore(run_dir.as_uri())
-    assert store.list() == [3, steps]
+    assert store.list() == [0, 3, steps]  # step 0: what a failure before step 3 resumes from
     latest = store.load_latest()
     assert latest.meta["version"] == steps and latest.meta["ledger_watermark"] > 0
     assert len(latest.meta["data_cursor"]["prompts"]["order"]) > 0
@@ -110,11 +112,12 @@ def test_smoke_run_end_to_end(tmp_path, mode, staleness):
     assert len(list((run_dir / "trajectories").glob("*.parquet"))) == steps
 
 
-def test_async_run_keeps_the_staleness_bound(tmp_path):
+def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
     """Streaming workers, a dispatcher's admission control and the store's staleness bound."""
     steps, bound = 6, 1
     result = _smoke(
         tmp_path,
+        shared_cache,
         f"train.steps={steps}",
         "mode=async",
         f"max_staleness={bound}",
@@ -124,7 +127,7 @@ def test_async_run_keeps_the_staleness_bound(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"in {steps} async steps" in result.stdout
     run_dir = tmp_path / "runs" / "smoke"
-    with sqlite3.connect(run_dir / "mlflow.db") as db:
+    with sqlite3.connect(run_dir.parent / "mlflow.db") as db:
         worst = [
             v for (v,) in db.execute("SELECT value FROM metrics WHERE key='train/staleness_max'")
         ]

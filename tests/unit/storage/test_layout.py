@@ -3,16 +3,13 @@ from pathlib import Path
 from storage.layout import MAX_RAY_TEMP_CHARS, RunLayout
 
 
-def test_everything_lives_under_the_run_or_cache_folder(tmp_path):
+def test_everything_lives_under_the_run_its_root_or_the_cache(tmp_path):
     layout = RunLayout(tmp_path / "runs" / "x", tmp_path / "cache").create()
-    for path in (
-        layout.mlflow_db,
-        layout.prefect_home,
-        layout.final_policy,
-        layout.summary,
-        layout.mlflow_artifacts,
-    ):
+    for path in (layout.prefect_home, layout.final_policy, layout.summary):
         assert layout.run_dir in path.parents
+    # one MLflow database per root: the model registry spans the runs under it
+    for path in (layout.mlflow_db, layout.mlflow_artifacts):
+        assert path.parent == tmp_path / "runs"
     for path in (layout.vllm_cache, layout.inductor_cache):
         assert layout.cache_dir in path.parents
     assert layout.mlflow_uri == f"sqlite:///{layout.mlflow_db}"

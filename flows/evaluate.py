@@ -1,0 +1,119 @@
+"""The eval flow: held-out accuracy of one policy, a folder or a registered model version.
+
+Starts Ray and one rollout worker (vLLM) on the policy, decodes the held-out set greedily
+(``tasks/rollout.py: evaluate``), and logs the accuracy to MLflow (and, for a registered
+version, as a tag on it). Driven by ``sluice eval`` and the ``eval`` deployment.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from engines.pools import launch_rollout_workers
+from flows.runtime import child_env
+from rl.config import RunConfig, build_config
+from storage.layout import RunLayout
+from tasks import registry
+from tasks.environment import make_environment
+from tasks.rollout import evaluate
+from tasks.tracking import MlflowLogger, tracking_uri
+
+log = logging.getLogger("sluice")
+
+
+def parse_model(spec: str) -> tuple[str, str, bool]:
+    """``NAME@ALIAS`` or ``NAME/VERSION`` -> (name, alias or version, is_alias)."""
+    if "@" in spec:
+        name, alias = spec.split("@", 1)
+        if name and alias:
+            return name, alias, True
+    elif "/" in spec:
+        name, version = spec.split("/", 1)
+        if name and version.isdigit():
+            return name, version, False
+    raise ValueError(f"model {spec!r} is not NAME@ALIAS or NAME/VERSION")
+
+
+def resolve_policy(client: Any, spec: str, into: Path) -> tuple[Path, str, str]:
+    """Download a registered policy; returns (folder, name, version)."""
+    name, ref, is_alias = parse_model(spec)
+    version = registry.alias_version(client, name, ref) if is_alias else ref
+    if version is None:
+        raise ValueError(f"registered model {name!r} has no alias {ref!r}")
+    return registry.download_policy(client, name, version, into), name, version
+
+
+@task(name="evaluate-policy", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
+    """Greedy held-out accuracy of ``policy_dir`` with one vLLM rollout worker."""
+    env, _ = make_environment(cfg.env)
+    heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
+    r = cfg.rollout
+    (worker,) = launch_rollout_workers(
+        1,
+        r.cpus_per_worker,
+        r.threads_per_worker,
+        child_env(),
+        0,
+        model_dir=policy_dir,
+        seed=cfg.seed,
+        kv_cache_gib=r.kv_cache_gib,
+        enforce_eager=r.enforce_eager,
+        max_model_len=cfg.policy.max_positions,
+    )
+    try:
+        return evaluate([worker], env, heldout, max(len(p.answer) for p in heldout) + 4)
+    finally:
+        ray.kill(worker)
+
+
+@flow(name="sluice-eval", log_prints=False)
+def eval_flow(
+    config: dict[str, Any], model: str | None = None, policy: str | None = None
+) -> dict[str, Any]:
+    """Evaluate ``policy`` (a folder) or ``model`` (NAME@ALIAS, NAME/VERSION) on held-out."""
+    cfg = build_config(config)
+    if (model is None) == (policy is None):
+        raise ValueError("give exactly one of model (NAME@ALIAS) and policy (a folder)")
+    layout = RunLayout(cfg.run_dir, cfg.cache_dir).create()
+    tracker = MlflowLogger(
+        tracking_uri(cfg.tracking.mlflow_uri, layout.mlflow_uri),
+        layout.mlflow_artifacts.as_uri(),
+        cfg.tracking.experiment,
+        f"eval-{cfg.name}",
+    )
+    name = version = None
+    if model is not None:
+        scratch = Path(tempfile.mkdtemp(prefix="sluice-eval-", dir=layout.run_dir))
+        folder, name, version = resolve_policy(tracker.client, model, scratch)
+        policy = str(folder)
+    assert policy is not None
+    if not (Path(policy) / "config.json").is_file():
+        raise ValueError(f"{policy} is not a policy folder (no config.json)")
+    ray.init(
+        num_cpus=max(int(cfg.rollout.cpus_per_worker + 0.999), 1),
+        include_dashboard=False,
+        _temp_dir=str(layout.ray_temp),
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    status = "FAILED"
+    try:
+        accuracy = evaluate_policy(cfg, policy)
+        tracker.log_params({"eval_policy": model or policy, "eval_prompts": cfg.eval.prompts})
+        tracker.log_metrics(0, {"eval/accuracy": accuracy})
+        if name and version:
+            tracker.client.set_model_version_tag(name, version, "eval_accuracy", f"{accuracy:.6f}")
+        status = "FINISHED"
+        log.info("held-out accuracy %.1f%% (%s)", 100 * accuracy, model or policy)
+        return {"accuracy": accuracy, "prompts": cfg.eval.prompts, "policy": model or policy}
+    finally:
+        tracker.close(status)
+        ray.shutdown()

@@ -1,0 +1,79 @@
+"""The MLflow model registry: trained policies as registered model versions, and the
+champion/challenger decision the retrain flow makes.
+
+A finished run logs its policy folder (safetensors + tokenizer + config) as the artifact
+``policy`` of its MLflow run and registers it as a new version of ``tracking.model_name``
+with the alias ``challenger``. The retrain flow compares the challenger's held-out
+accuracy with the champion's, measured on the same held-out set in the same run, and moves
+the ``champion`` alias only when the challenger is better by at least ``min_gain``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+POLICY_ARTIFACT = "policy"
+
+
+@dataclass(frozen=True)
+class Decision:
+    promote: bool
+    reason: str
+
+
+def decide(champion: float | None, challenger: float, min_gain: float) -> Decision:
+    """Promote the challenger only if its held-out accuracy beats the champion's by min_gain."""
+    if champion is None:
+        return Decision(True, "there is no champion yet")
+    gain = challenger - champion
+    verdict = (
+        f"held-out accuracy {100 * challenger:.1f}% vs champion's {100 * champion:.1f}% "
+        f"({100 * gain:+.1f} points; promotion needs at least {100 * min_gain:+.1f})"
+    )
+    return Decision(gain >= min_gain and gain > 0, verdict)
+
+
+def register_policy(
+    client: MlflowClient, model_name: str, run_id: str, folder: Path, accuracy: float
+) -> str:
+    """Log ``folder`` as the run's policy artifact and register it; returns the version."""
+    client.log_artifacts(run_id, str(folder), POLICY_ARTIFACT)
+    try:
+        client.get_registered_model(model_name)
+    except MlflowException:
+        client.create_registered_model(
+            model_name, description="Policies trained by Sluice (safetensors model folders)."
+        )
+    source = f"{client.get_run(run_id).info.artifact_uri}/{POLICY_ARTIFACT}"
+    version = client.create_model_version(
+        model_name, source, run_id, tags={"heldout_accuracy": f"{accuracy:.6f}"}
+    ).version
+    client.set_registered_model_alias(model_name, CHALLENGER, version)
+    return str(version)
+
+
+def alias_version(client: MlflowClient, model_name: str, alias: str) -> str | None:
+    """The version an alias points at, or None if the model or alias does not exist."""
+    try:
+        return str(client.get_model_version_by_alias(model_name, alias).version)
+    except MlflowException:
+        return None
+
+
+def download_policy(client: MlflowClient, model_name: str, version: str, into: Path) -> Path:
+    """Fetch a registered policy folder (to start a retrain or an evaluation from it)."""
+    run_id = client.get_model_version(model_name, version).run_id
+    into.mkdir(parents=True, exist_ok=True)
+    return Path(client.download_artifacts(run_id, POLICY_ARTIFACT, str(into)))
+
+
+def apply(client: MlflowClient, model_name: str, challenger: str, decision: Decision) -> None:
+    """Move ``champion`` to the challenger when promoted; record the decision either way."""
+    client.set_model_version_tag(model_name, challenger, "promotion", decision.reason)
+    if decision.promote:
+        client.set_registered_model_alias(model_name, CHAMPION, challenger)

@@ -1,0 +1,96 @@
+"""Storage credentials from a Prefect secret block reach every actor that needs them, and
+appear nowhere they should not: the job's output, MLflow, the run folder, Ray's session
+logs, the ledger, checkpoints and trajectories in the bucket."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import s3fs
+
+from storage.layout import RunLayout
+from storage.urls import CREDENTIAL_VARS
+
+from .conftest import ACCESS_KEY, SECRET_KEY
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).parents[3]
+BLOCK = "sluice-test-s3"
+
+
+def _files_containing(folder: Path, needle: bytes) -> list[str]:
+    return [str(p) for p in folder.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def test_credentials_come_from_a_secret_block_and_never_leak(s3_server, tmp_path, shared_cache):
+    root = tmp_path / "runs"
+    layout = RunLayout(root / "smoke", shared_cache)
+    # No credential in the job's environment: the secret block is the only source.
+    env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
+    env["PREFECT_HOME"] = str(layout.prefect_home)  # the run's own Prefect database
+    secret = {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "SLUICE_S3_ENDPOINT": s3_server.endpoint,
+    }
+    saved = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; from prefect.blocks.system import Secret; "
+            f"Secret(value=json.loads(sys.argv[1])).save({BLOCK!r})",
+            json.dumps(secret),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    prefix = f"s3://{s3_server.bucket}/secrets-{tmp_path.name}"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "run",
+            "configs/smoke.yaml",
+            "--set",
+            f"root={root}",
+            "--set",
+            f"cache={shared_cache}",
+            "--set",
+            "train.steps=2",
+            "--set",
+            "mode=async",
+            "--set",
+            f"storage.url={prefix}",
+            "--set",
+            f"storage.credentials_block={BLOCK}",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "== summary ==" in run.stdout
+
+    secret_bytes = SECRET_KEY.encode()
+    assert SECRET_KEY not in run.stdout + run.stderr
+    # The Prefect database is the secret's own store; everything else must be clean.
+    leaks = [f for f in _files_containing(root, secret_bytes) if str(layout.prefect_home) not in f]
+    leaks += _files_containing(layout.ray_temp, secret_bytes)
+    fs = s3fs.S3FileSystem(key=ACCESS_KEY, secret=SECRET_KEY, endpoint_url=s3_server.endpoint)
+    stored = fs.find(prefix)
+    assert any("/ledger/" in k for k in stored) and any("/checkpoints/" in k for k in stored)
+    leaks += [k for k in stored if secret_bytes in fs.cat_file(k)]
+    assert leaks == []

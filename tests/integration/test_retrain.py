@@ -1,0 +1,64 @@
+"""Retraining end to end: `sluice retrain` twice and `sluice eval` on the real components.
+
+The first retrain has no champion, so its policy becomes one; `sluice eval` scores the
+champion; the second retrain starts from that champion and, asked for an impossible gain,
+keeps it and says why.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tasks import registry
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).parents[2]
+
+
+def _sluice(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_retrain_promotes_then_keeps_the_champion(tmp_path, shared_cache):
+    root = tmp_path / "runs"
+    common = [
+        "configs/smoke.yaml",
+        "--set",
+        f"root={root}",
+        "--set",
+        f"cache={shared_cache}",
+        "--set",
+        "train.steps=2",
+        "--set",
+        "mode=sync",
+    ]
+    first = _sluice("retrain", *common)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "sluice-policy version 1 promoted to champion: there is no champion yet" in first.stdout
+
+    scored = _sluice("eval", *common[:1], "--model", "sluice-policy@champion", *common[1:])
+    assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
+    assert "held-out accuracy" in scored.stdout and "sluice-policy@champion" in scored.stdout
+
+    second = _sluice("retrain", *common, "--min-gain", "1.0")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "retraining from sluice-policy version 1 (champion)" in second.stdout
+    assert "sluice-policy version 2 not promoted" in second.stdout
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    assert registry.alias_version(client, "sluice-policy", registry.CHAMPION) == "1"
+    assert registry.alias_version(client, "sluice-policy", registry.CHALLENGER) == "2"
+    runs = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("smoke-"))
+    assert len(runs) == 2  # each retrain is its own dated run
