@@ -32,7 +32,7 @@ ui-check: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy rl envs engines/protocols.py storage tasks/tracking.py
+	$(VENV)/bin/mypy rl envs engines/protocols.py storage tasks/tracking.py tasks/registry.py
 
 format: setup
 	$(VENV)/bin/ruff check --fix .

@@ -27,6 +27,24 @@ from storage.batches import TRAIN_FIELDS, to_train_batch
 from storage.checkpoints import CheckpointStore
 from storage.params import ParameterService
 from storage.trajectory_store import StoreClient
+from storage.urls import credential_env
+
+
+def child_env() -> dict[str, str]:
+    """Variables Ray actors need (they do not inherit this process's later changes)."""
+    keys = (
+        "VLLM_CACHE_ROOT",
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_DO_NOT_TRACK",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HOME",
+        "TOKENIZERS_PARALLELISM",
+        "PYTHONPATH",
+        "SLUICE_FAULTS",  # storage/faults.py: fault points armed by the failure tests
+    )
+    return {**{k: os.environ[k] for k in keys if k in os.environ}, **credential_env()}
 
 
 def _thread_env(threads: int, extra: dict[str, str]) -> dict[str, Any]:

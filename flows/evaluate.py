@@ -16,8 +16,7 @@ import ray
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from engines.pools import launch_rollout_workers
-from flows.runtime import child_env
+from engines.pools import child_env, launch_rollout_workers
 from rl.config import RunConfig, build_config
 from storage.layout import RunLayout
 from tasks import registry

@@ -293,6 +293,7 @@ def rl_job(config: dict[str, Any], resume: bool | None = None) -> dict[str, Any]
         if cfg.tracking.register_model:
             version = register_policy(job, summary)
             summary = replace(summary, model_version=version, model_name=cfg.tracking.model_name)
+            layout.summary.write_text(json.dumps(asdict(summary), indent=2))
         status = "FINISHED"
         return asdict(summary)
     finally:

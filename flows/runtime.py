@@ -11,7 +11,7 @@ import json
 import os
 
 from storage.layout import RunLayout
-from storage.urls import CREDENTIAL_VARS, credential_env
+from storage.urls import CREDENTIAL_VARS
 
 # Prefect's temporary API server needs ~11 s to start on 2 cores; its default limit is 20 s.
 PREFECT_STARTUP_TIMEOUT_S = "120"
@@ -42,23 +42,6 @@ def configure_process(layout: RunLayout, prefect: bool = True) -> None:
             "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         }
     os.environ.update(settings)
-
-
-def child_env() -> dict[str, str]:
-    """Variables Ray actors need (they do not inherit this process's later changes)."""
-    keys = (
-        "VLLM_CACHE_ROOT",
-        "VLLM_NO_USAGE_STATS",
-        "VLLM_DO_NOT_TRACK",
-        "TORCHINDUCTOR_CACHE_DIR",
-        "HF_HUB_OFFLINE",
-        "TRANSFORMERS_OFFLINE",
-        "HF_HOME",
-        "TOKENIZERS_PARALLELISM",
-        "PYTHONPATH",
-        "SLUICE_FAULTS",  # storage/faults.py: fault points armed by the failure tests
-    )
-    return {**{k: os.environ[k] for k in keys if k in os.environ}, **credential_env()}
 
 
 def use_credentials_block(name: str) -> None:

@@ -17,7 +17,8 @@ A zero-CPU Ray actor, created by the flow in ``async`` mode and asked by each ro
 - Failure isolation: the dispatcher knows which groups each worker holds. When a worker
   dies, ``requeue`` puts its unfinished groups back at the front of the queue (under new
   group ids) and takes them out of the admission count, so nothing it held is lost and
-  the admission window does not shrink.
+  the admission window does not shrink. Groups the store drops as too stale are credited
+  back the same way (``credit``).
 """
 
 from __future__ import annotations
@@ -146,6 +147,12 @@ class GroupDispatcher:
         self._returned += len(lost)
         self._workers.pop(worker, None)
         return len(lost)
+
+    def credit(self, groups: int) -> None:
+        """``groups`` admitted groups were dropped by the store (too stale) and will never be
+        trained: give their places in the admission window back, or every drop would
+        narrow it for the rest of the run."""
+        self._returned += groups
 
     def restart_at(self, cursor: dict[str, Any], admitted: int, tag: str) -> None:
         """Continue a resumed run from a checkpoint's ``cursor``, with ``admitted`` groups

@@ -68,6 +68,8 @@ def alias_version(client: MlflowClient, model_name: str, alias: str) -> str | No
 def download_policy(client: MlflowClient, model_name: str, version: str, into: Path) -> Path:
     """Fetch a registered policy folder (to start a retrain or an evaluation from it)."""
     run_id = client.get_model_version(model_name, version).run_id
+    if run_id is None:
+        raise ValueError(f"{model_name} version {version} was not registered from a run")
     into.mkdir(parents=True, exist_ok=True)
     return Path(client.download_artifacts(run_id, POLICY_ARTIFACT, str(into)))
 

@@ -309,7 +309,7 @@ class BatchRollouts:
         if not self.overlap and step < self.s.steps:
             self._submit(step + 1)
 
-    def drain(self, step: int) -> dict[str, float]:
+    def drain(self, step: int, dropped_groups: int = 0) -> dict[str, float]:
         return rollout_metrics(self.result) if self.result else {}
 
     def pause(self, wait: Waiter) -> None:
@@ -373,8 +373,14 @@ class StreamRollouts:
     def after_train(self, step: int, wait: Waiter) -> None:
         """Workers pull new weights on their own schedule: nothing to do."""
 
-    def drain(self, step: int) -> dict[str, float]:
-        """Rollout metrics since the last step; ``step`` is the trainer's version now."""
+    def drain(self, step: int, dropped_groups: int = 0) -> dict[str, float]:
+        """Rollout metrics since the last step; ``step`` is the trainer's version now.
+
+        ``dropped_groups``: groups the store dropped since the last step; their admission
+        places go back to the dispatcher.
+        """
+        if dropped_groups:
+            self.dispatcher.credit.remote(dropped_groups)
         state = ray.get(self.dispatcher.drain.remote())
         t = state["totals"]
         metrics: dict[str, float] = {}

@@ -26,9 +26,8 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from engines.pools import launch_rollout_workers, launch_trainer
+from engines.pools import child_env, launch_rollout_workers, launch_trainer
 from engines.rollout_worker import StreamSettings
-from flows.runtime import child_env
 from rl.config import RunConfig
 from storage.checkpoints import Checkpoint, CheckpointStore
 from storage.ledger import Ledger
@@ -190,10 +189,12 @@ class Session:
         self.totals.samples += int(train["samples"])
         self.totals.tokens += int(train["tokens"])
         self.totals.loop_s += t3 - t0
+        store = self._store_stats.update(self.store.stats())
+        dropped = int(store["store/dropped"]) // cfg.rollout.samples_per_prompt
         metrics = {
-            **self.rollouts.drain(step),
+            **self.rollouts.drain(step, dropped),
             **_step_metrics(train, (t0, t1, t2, t3)),
-            **self._store_stats.update(self.store.stats()),
+            **store,
         }
         if step % cfg.eval.every == 0 or step == cfg.train.steps:
             self.end_accuracy = metrics["eval/accuracy"] = self.evaluate_now()

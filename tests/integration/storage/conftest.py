@@ -46,6 +46,8 @@ PORT_FLAGS = (
 class S3Server:
     endpoint: str
     bucket: str
+    access_key: str = ACCESS_KEY
+    secret_key: str = SECRET_KEY
 
 
 def weed_binary() -> Path | None:

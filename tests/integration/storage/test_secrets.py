@@ -16,8 +16,6 @@ import s3fs
 from storage.layout import RunLayout
 from storage.urls import CREDENTIAL_VARS
 
-from .conftest import ACCESS_KEY, SECRET_KEY
-
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parents[3]
@@ -29,14 +27,16 @@ def _files_containing(folder: Path, needle: bytes) -> list[str]:
 
 
 def test_credentials_come_from_a_secret_block_and_never_leak(s3_server, tmp_path, shared_cache):
+    access_key, secret_key = s3_server.access_key, s3_server.secret_key
     root = tmp_path / "runs"
     layout = RunLayout(root / "smoke", shared_cache)
     # No credential in the job's environment: the secret block is the only source.
     env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
+    layout.create()
     env["PREFECT_HOME"] = str(layout.prefect_home)  # the run's own Prefect database
     secret = {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_ACCESS_KEY_ID": access_key,
+        "AWS_SECRET_ACCESS_KEY": secret_key,
         "SLUICE_S3_ENDPOINT": s3_server.endpoint,
     }
     saved = subprocess.run(
@@ -84,12 +84,12 @@ def test_credentials_come_from_a_secret_block_and_never_leak(s3_server, tmp_path
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "== summary ==" in run.stdout
 
-    secret_bytes = SECRET_KEY.encode()
-    assert SECRET_KEY not in run.stdout + run.stderr
+    secret_bytes = secret_key.encode()
+    assert secret_key not in run.stdout + run.stderr
     # The Prefect database is the secret's own store; everything else must be clean.
     leaks = [f for f in _files_containing(root, secret_bytes) if str(layout.prefect_home) not in f]
     leaks += _files_containing(layout.ray_temp, secret_bytes)
-    fs = s3fs.S3FileSystem(key=ACCESS_KEY, secret=SECRET_KEY, endpoint_url=s3_server.endpoint)
+    fs = s3fs.S3FileSystem(key=access_key, secret=secret_key, endpoint_url=s3_server.endpoint)
     stored = fs.find(prefix)
     assert any("/ledger/" in k for k in stored) and any("/checkpoints/" in k for k in stored)
     leaks += [k for k in stored if secret_bytes in fs.cat_file(k)]

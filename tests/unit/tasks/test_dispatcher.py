@@ -102,3 +102,10 @@ def test_a_resumed_dispatcher_continues_from_the_checkpoint_cursor(dispatcher):
     assert len(resumed) == (0 + 1 + 1) * B - 2 and fresh.admitted == 2 * B
     assert {a.problem for a in resumed} <= set(expected)
     assert [a.group_id.split("@")[1] for a in resumed] == ["a1.g3", "a1.g4"]
+
+
+def test_dropped_groups_give_their_admission_back(dispatcher):
+    first = dispatcher.take(0, 10, 0)
+    assert len(first) == 2 * B and dispatcher.take(0, 10, 0) == []
+    dispatcher.credit(1)  # the store dropped one of them as too stale
+    assert len(dispatcher.take(0, 10, 0)) == 1
