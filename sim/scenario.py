@@ -154,10 +154,14 @@ class ClusterSpec(_Section):
 
 
 class CostSpec(_Section):
-    """What each piece of work costs, in seconds, per rollout engine or per trainer."""
+    """What each piece of work costs, in seconds, per rollout engine or per trainer.
+
+    The defaults are a 7B model on H100s as ``sim/hardware.py`` derives it (decode at a
+    ~1k-token context, bf16 weights over a 400 Gb/s link).
+    """
 
     decode_step_s: float = Field(
-        0.02, ge=0, description="One decode step of an engine, whatever its batch (a)."
+        0.0065, ge=0, description="One decode step of an engine, whatever its batch (a)."
     )
     decode_per_request_s: float = Field(
         1e-4, ge=0, description="Extra cost of one decode step per running request (b)."
@@ -171,7 +175,7 @@ class CostSpec(_Section):
         None, description="async: per running request per streaming step; empty: as batch."
     )
     prefill_per_token_s: float = Field(
-        0.0,
+        3.1e-5,
         ge=0,
         description="Prefill per prompt token, paid once per group (prefix caching shares "
         "the prompt across its samples).",
@@ -194,19 +198,19 @@ class CostSpec(_Section):
         description="async: from a group's last token until the trainer can lease it (scoring, "
         "buffered store put).",
     )
-    train_step_s: float = Field(1.0, ge=0, description="Fixed cost of one optimiser step.")
+    train_step_s: float = Field(2.2, ge=0, description="Fixed cost of one optimiser step.")
     train_per_token_s: float = Field(
-        1e-5,
+        1.5e-4,
         ge=0,
         description="Accelerator-seconds per trained token (prompt + response; forward, "
         "backward, log-prob recompute); divided by train_accelerators.",
     )
     publish_s: float = Field(0.0, ge=0, description="Trainer time to publish a weight version.")
-    model_bytes: float = Field(0.0, ge=0, description="Bytes of weights an engine loads.")
+    model_bytes: float = Field(15.2e9, ge=0, description="Bytes of weights an engine loads.")
     sync_bandwidth_bytes_per_s: float = Field(
-        1e10, gt=0, description="Bandwidth of one engine's weight pull."
+        25e9, gt=0, description="Bandwidth of one engine's weight pull."
     )
-    sync_latency_s: float = Field(0.0, ge=0, description="Fixed cost of one weight load.")
+    sync_latency_s: float = Field(0.5, ge=0, description="Fixed cost of one weight load.")
     train_overlap_factor: float = Field(
         1.0,
         ge=1.0,

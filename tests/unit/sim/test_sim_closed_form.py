@@ -44,11 +44,14 @@ def scenario(
                 "train_accelerators": 1,
                 "max_concurrency": concurrency,
             },
-            "costs": {
+            "costs": {  # nothing but decode and a fixed training step unless a test adds it
                 "decode_step_s": 0.01,
                 "decode_per_request_s": 0.001,
+                "prefill_per_token_s": 0.0,
                 "train_step_s": 1.0,
                 "train_per_token_s": 0.0,
+                "model_bytes": 0.0,
+                "sync_latency_s": 0.0,
                 **(costs or {}),
             },
             "policy": policy,
@@ -175,3 +178,29 @@ def test_one_long_group_is_dropped_once_it_is_two_versions_stale():
     assert result.step_end_s[:4] == pytest.approx([1.5, 3.0, 4.5, 6.0])
     assert result.max_staleness <= 1
     assert result.trained_samples == 80
+
+
+def test_repack_moves_the_stragglers_onto_one_engine():
+    # Two engines, one group each: [500, 10, 10, 10]. After 10 steps of 4 requests each
+    # engine runs one straggler; repack moves engine 1's onto engine 0, which recomputes
+    # its 10 generated tokens (prefill, 1 ms each) and runs both: (a + 2b) per step.
+    # Synchronous training gains nothing from it (the batch still waits for the longest
+    # response), and it pays the migration and the slower shared steps.
+    groups = [[500, 10, 10, 10], [500, 10, 10, 10]]
+    common = {
+        "lengths": {"kind": "groups", "groups": groups},
+        "groups": 2,
+        "steps": 6,
+        "costs": {"prefill_per_token_s": 0.001},
+    }
+    plain = simulate(scenario(policy={"mode": "sync"}, **common))
+    packed = simulate(
+        scenario(policy={"mode": "sync", "repack": True, "repack_max_stragglers": 1}, **common)
+    )
+    head = 10 * (0.01 + 4 * 0.001)
+    assert plain.steady_step_s == pytest.approx(head + 490 * (0.01 + 0.001) + 1.0, rel=1e-9)
+    assert packed.steady_step_s == pytest.approx(
+        head + 10 * 0.001 + 490 * (0.01 + 2 * 0.001) + 1.0, rel=1e-9
+    )
+    assert packed.repacked_requests == 6
+    assert plain.repacked_requests == 0
