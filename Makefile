@@ -7,7 +7,7 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-slow lint format clean bench bench-data
+.PHONY: setup run test test-slow lint format clean bench bench-data simulate sim-profile
 
 setup:
 	@bash scripts/setup.sh
@@ -25,7 +25,7 @@ test-slow: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy rl envs engines/protocols.py storage tasks/tracking.py
+	$(VENV)/bin/mypy rl envs engines/protocols.py storage tasks/tracking.py sim
 
 format: setup
 	$(VENV)/bin/ruff check --fix .
@@ -40,3 +40,18 @@ bench: bench-data
 
 bench-data: setup
 	$(PY) -m benchmarks.data_planes
+
+# The simulator's predictions at 64-1024 accelerators (a BENCHMARKS.md section; a few
+# minutes, pure Python), and its calibration check against the modes table.
+simulate: setup
+	$(PY) -m flows.cli simulate --check-calibration
+	$(PY) -m sim.scale
+
+# Re-measure this machine's costs for the simulator: a short real sync run on the long-tail
+# config, then the streaming engine timed in-process (~5 minutes; run it on a quiet machine).
+SIM_RUN ?= sim-calibration
+sim-profile: setup
+	$(VENV)/bin/sluice run configs/longtail.yaml --set mode=sync --set train.steps=60 \
+		--set name=$(SIM_RUN) --set eval.every=60 --set eval.prompts=64
+	$(PY) -m benchmarks.sim_profile --run runs/$(SIM_RUN) --policy runs/$(SIM_RUN)/policy \
+		--out sim/profiles/cpu2core.json

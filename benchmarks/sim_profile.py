@@ -144,7 +144,8 @@ def variants() -> dict[str, dict[str, Any]]:
 
 
 def modes_table(benchmarks: Path) -> dict[str, dict[str, float]]:
-    """samples/s, step s and trainer idle per variant from BENCHMARKS.md's modes table."""
+    """samples/s, step s, trainer idle and mean staleness per variant from BENCHMARKS.md's
+    modes table."""
     text = benchmarks.read_text()
     if "<!-- modes:begin -->" not in text:
         raise SystemExit(f"{benchmarks} has no modes section to compare against")
@@ -152,11 +153,12 @@ def modes_table(benchmarks: Path) -> dict[str, dict[str, float]]:
     out = {}
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) > 5 and cells[0] in dict(VARIANTS):
+        if len(cells) > 7 and cells[0] in dict(VARIANTS):
             out[cells[0]] = {
                 "samples_per_s": float(cells[1].replace(",", "")),
                 "step_s": float(cells[4]),
                 "trainer_idle": float(cells[5]),
+                "mean_staleness": float(cells[7]),
             }
     return out
 

@@ -444,3 +444,72 @@ def predict(profile: Profile, variants: list[str] | None = None) -> list[Predict
     except ScenarioError as error:
         raise CalibrationError(f"profile {profile.name!r}: {error}") from None
     return out
+
+
+def calibration_table(profile: Profile) -> str:
+    """Markdown: each measured variant's ratio to sync against the simulator's, with the
+    simulated staleness and trainer idle beside the measured ones."""
+    from sim.engine import simulate
+
+    modes = profile.calibration.get("modes", {})
+    lines = [
+        "| variant | measured x sync | simulated x sync | error | used to fit | "
+        "trainer idle (measured / sim) | mean staleness (measured / sim) |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]
+    for p in predict(profile):
+        result = simulate(profile.scenario_for(p.variant))
+        row = modes.get(p.variant, {})
+        idle = f"{row['trainer_idle']:.2f} / " if "trainer_idle" in row else "- / "
+        stale = f"{row['mean_staleness']:.2f} / " if "mean_staleness" in row else "- / "
+        fitted = "yes" if p.variant in profile.fitted else ""
+        measured = "-" if p.measured_ratio is None else f"{p.measured_ratio:.2f}"
+        error = "-" if p.error is None else f"{100 * p.error:+.0f}%"
+        lines.append(
+            f"| {p.variant} | {measured} | {p.predicted_ratio:.2f} | {error} | {fitted} "
+            f"| {idle}{result.trainer_idle:.2f} | {stale}{result.mean_staleness:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Print the calibration check of a profile; with --write, put it in BENCHMARKS.md."""
+    import argparse
+    import os
+    import platform
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--profile", default="cpu2core")
+    parser.add_argument("--write", action="store_true", help="write the BENCHMARKS.md section")
+    args = parser.parse_args()
+    profile = load_profile(args.profile)
+    costs = profile.costs
+    text = "\n".join(
+        [
+            f"Profile `sim/profiles/{profile.name}.json` ({profile.notes}); simulated on "
+            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}.",
+            "Command: `make simulate` (`.venv/bin/python -m sim.calibrate --write`); re-measure "
+            "with `make sim-profile`.",
+            "",
+            calibration_table(profile),
+            "",
+            f"Costs: batch decode {1e3 * costs.decode_step_s:.2f} ms per step + "
+            f"{1e3 * costs.decode_per_request_s:.3f} ms per running request, "
+            f"{1e3 * costs.batch_overhead_s:.0f} ms per generate call; streaming decode "
+            f"{1e3 * (costs.stream_decode_step_s or 0):.2f} + "
+            f"{1e3 * (costs.stream_per_request_s or 0):.3f} ms (isolated engine x "
+            f"{profile.calibration.get('stream_factor', 1.0):.2f}); training "
+            f"{1e3 * costs.train_step_s:.0f} ms + {1e3 * costs.train_per_token_s:.3f} ms per "
+            f"token, x {costs.train_overlap_factor:.2f} beside generation; weight load "
+            f"{1e3 * costs.sync_latency_s:.0f} ms.",
+        ]
+    )
+    print(text)
+    if args.write:
+        from benchmarks.report import write_section
+
+        write_section("simulator-calibration", "Simulator: calibration on this machine", text)
+
+
+if __name__ == "__main__":
+    main()

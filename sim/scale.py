@@ -39,10 +39,9 @@ from sim.results import SimResult
 from sim.scenario import LengthSpec, Scenario, build_scenario
 
 SIZES = (64, 256, 1024)
-# Prompt groups of 16 samples per step: 16 samples per accelerator, so the batch grows with
-# the cluster the way published runs grow it (AReaL and DAPO: 512 prompts x 16 on
-# hundreds of GPUs).
-SAMPLES_PER_ACCELERATOR = 16
+# One global batch at every size (strong scaling, as scaling experiments run a fixed
+# recipe on more GPUs): 512 prompts x 16 samples, the DAPO / AReaL recipe.
+GROUPS_PER_STEP = 512
 GROUP = 16
 PROMPT_TOKENS = 512
 
@@ -101,6 +100,36 @@ POLICIES: list[tuple[str, dict[str, Any]]] = [
         "async k=2 +dispatch +repack",
         {"mode": "async", "max_staleness": 2, "long_first": True, "balance": True, "repack": True},
     ),
+    (
+        "async k=2 +dispatch +credit",
+        {
+            "mode": "async",
+            "max_staleness": 2,
+            "long_first": True,
+            "balance": True,
+            "credit_drops": True,
+        },
+    ),
+    (
+        "async k=4 +dispatch +credit",
+        {
+            "mode": "async",
+            "max_staleness": 4,
+            "long_first": True,
+            "balance": True,
+            "credit_drops": True,
+        },
+    ),
+    (
+        "async k=16 +dispatch +credit",
+        {
+            "mode": "async",
+            "max_staleness": 16,
+            "long_first": True,
+            "balance": True,
+            "credit_drops": True,
+        },
+    ),
 ]
 
 # What the papers report, for the table (their setups differ from ours; see the text).
@@ -117,7 +146,13 @@ def mean_response(lengths: LengthSpec, seed: int = 0) -> float:
 
 
 def scenario(
-    name: str, accelerators: int, label: str, policy: dict[str, Any], steps: int, seed: int = 0
+    name: str,
+    accelerators: int,
+    label: str,
+    policy: dict[str, Any],
+    steps: int,
+    seed: int = 0,
+    groups: int = GROUPS_PER_STEP,
 ) -> Scenario:
     """One cell of the report: model ``name`` on ``accelerators`` H100s under ``policy``."""
     work = WORKLOADS[name]
@@ -137,7 +172,7 @@ def scenario(
         "seed": seed,
         "workload": {
             "steps": steps,
-            "groups_per_step": accelerators * SAMPLES_PER_ACCELERATOR // GROUP,
+            "groups_per_step": groups,
             "samples_per_group": GROUP,
             "prompt_tokens": PROMPT_TOKENS,
             "warmup_steps": 3,
@@ -163,13 +198,15 @@ class Cell:
     seconds: float  # wall time of the simulation itself
 
 
-def run_grid(steps: int, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[int, dict[str, Cell]]]:
+def run_grid(
+    steps: int, sizes: tuple[int, ...] = SIZES, groups: int = GROUPS_PER_STEP
+) -> dict[str, dict[int, dict[str, Cell]]]:
     """Every model x size x policy; prints a line per simulation as it goes."""
     grid: dict[str, dict[int, dict[str, Cell]]] = {}
     for name in WORKLOADS:
         for size in sizes:
             for label, policy in POLICIES:
-                sc = scenario(name, size, label, policy, steps)
+                sc = scenario(name, size, label, policy, steps, groups=groups)
                 started = time.perf_counter()
                 result = simulate(sc)
                 took = time.perf_counter() - started
@@ -190,46 +227,51 @@ def _speedup(cells: dict[str, Cell], label: str) -> float:
 
 def report(grid: dict[str, dict[int, dict[str, Cell]]], steps: int, elapsed: float) -> str:
     sizes = sorted(next(iter(grid.values())))
+    cells = [(n, s) for n in grid for s in sizes]
+    header = "| policy | " + " | ".join(f"{n} x{s}" for n, s in cells) + " |"
+    rule = "|---|" + "---:|" * len(cells)
     lines = [
         f"Simulated {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, numpy {np.__version__}; {steps} steps per run, "
-        f"seed 0, {elapsed:.0f} s for the whole grid.",
+        f"{GROUPS_PER_STEP} prompts x {GROUP} samples per step at every size, seed 0; "
+        f"{elapsed:.0f} s for the whole grid.",
         "Command: `make simulate` (`.venv/bin/python -m sim.scale`).",
         "",
-        "Throughput relative to synchronous training on colocated accelerators (the papers' "
-        "baseline), whole run:",
+        "Trained samples/s relative to synchronous training on colocated accelerators (the "
+        "papers' baseline), whole run:",
         "",
-        "| policy | " + " | ".join(f"{n} x{s}" for n in grid for s in sizes) + " |",
-        "|---|" + "---:|" * (len(grid) * len(sizes)),
+        header,
+        rule,
     ]
     for label, _ in POLICIES:
-        row = [f"{_speedup(grid[n][s], label):.2f}" for n in grid for s in sizes]
+        row = [f"{_speedup(grid[n][s], label):.2f}" for n, s in cells]
         lines.append(f"| {label} | " + " | ".join(row) + " |")
+    lines += ["", "Share of generated samples dropped as too stale:", "", header, rule]
+    for label, policy in POLICIES:
+        if policy["mode"] != "async":
+            continue
+        shares = []
+        for n, s in cells:
+            r = grid[n][s][label].result
+            shares.append(f"{100 * r.dropped_samples / max(r.generated_samples, 1):.0f}%")
+        lines.append(f"| {label} | " + " | ".join(shares) + " |")
     lines += [
         "",
-        "Per cell: the baseline's samples/s and step time; the disaggregated split "
-        "(rollout + training accelerators); engine concurrency; mean response tokens; "
-        "samples dropped as stale by async k=2 +dispatch; simulation seconds for the slowest "
-        "policy:",
-        "",
-        "| cell | sync (colocated) samples/s | its step s | split | concurrency | mean response "
-        "| dropped (k=2 +dispatch) | sim s |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
+        "| cell | baseline samples/s | baseline step s | disaggregated split (rollout + train) "
+        "| requests per engine | mean response tokens | slowest simulation s |",
+        "|---|---:|---:|---|---:|---:|---:|",
     ]
-    for n in grid:
-        for s in sizes:
-            cells = grid[n][s]
-            base = cells[POLICIES[0][0]]
-            disagg = cells["sync"].scenario.cluster
-            best = cells["async k=2 +dispatch"].result
-            sim_s = max(c.seconds for c in cells.values())
-            mean = base.result.trained_tokens / base.result.trained_samples
-            lines.append(
-                f"| {n} x{s} | {base.result.samples_per_s:,.1f} | {base.result.steady_step_s:,.0f} "
-                f"| {disagg.rollout_accelerators} + {disagg.train_accelerators} "
-                f"| {disagg.max_concurrency} | {mean:,.0f} | {best.dropped_samples:,} "
-                f"| {sim_s:.1f} |"
-            )
+    for n, s in cells:
+        group = grid[n][s]
+        base = group[POLICIES[0][0]].result
+        disagg = group["sync"].scenario.cluster
+        mean = base.trained_tokens / base.trained_samples
+        lines.append(
+            f"| {n} x{s} | {base.samples_per_s:,.1f} | {base.steady_step_s:,.0f} "
+            f"| {disagg.rollout_accelerators} + {disagg.train_accelerators} "
+            f"| {disagg.max_concurrency} | {mean:,.0f} "
+            f"| {max(c.seconds for c in group.values()):.1f} |"
+        )
     lines += ["", "Reported by the papers (their own baselines, models and clusters):", ""]
     lines += [f"- {paper}: {claim}" for paper, claim in PAPERS]
     lines += [
@@ -241,18 +283,40 @@ def report(grid: dict[str, dict[int, dict[str, Cell]]], steps: int, elapsed: flo
     return "\n".join(lines)
 
 
+def time_full_run(steps: int = 100) -> str:
+    """A 1024-accelerator run of ``steps`` steps, timed, for two policies."""
+    out = []
+    chosen = dict(POLICIES)
+    for label in ("sync (colocated)", "async k=2 +dispatch"):
+        policy = chosen[label]
+        sc = scenario("7B", 1024, label, policy, steps)
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = simulate(sc)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        out.append(
+            f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU for {result.trained_samples:,} trained "
+            f"samples ({result.events:,} events)"
+        )
+    return (
+        f"A full 7B run at 1024 accelerators ({steps} steps) simulated in: " + "; ".join(out) + "."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="training steps per run")
     parser.add_argument("--quick", action="store_true", help="10 steps, print only")
+    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
     parser.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
     started = time.perf_counter()
     grid = run_grid(steps, tuple(args.sizes))
     text = report(grid, steps, time.perf_counter() - started)
+    if 1024 in args.sizes and not args.quick:
+        text += "\n\n" + time_full_run()
     print(text)
-    if not args.quick:
+    if not (args.quick or args.no_write):
         from benchmarks.report import write_section
 
         write_section("simulator-scale", "Simulator: predictions at cluster scale", text)
