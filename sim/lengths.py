@@ -67,7 +67,10 @@ def _trajectory_files(source: str) -> tuple[object, list[str]]:
         filesystem, root = pafs.FileSystem.from_uri(source)
     else:
         filesystem, root = pafs.LocalFileSystem(), str(Path(source).resolve())
-    candidates = [root.rstrip("/") + "/trajectories", root]
+    root = root.rstrip("/")
+    # The ledger records events, not lengths: from a run's ledger/ go to its trajectories/.
+    parent = root.rsplit("/", 1)[0] if root.endswith("/ledger") else root
+    candidates = [parent + "/trajectories", root]
     for folder in candidates:
         info = filesystem.get_file_info(folder)
         if info.type != pafs.FileType.Directory:
@@ -99,6 +102,14 @@ def replay_groups(source: str, samples_per_group: int) -> np.ndarray:
     by_group: dict[str, list[int]] = {}
     for path in files:
         with filesystem.open_input_file(path) as handle:  # type: ignore[attr-defined]
+            names = pq.read_schema(handle).names
+            missing = {"group_id", "response_len"} - set(names)
+            if missing:
+                raise LengthError(
+                    f"{path} has no {sorted(missing)} column: not trajectory rows "
+                    "(storage/schema.py)"
+                )
+            handle.seek(0)
             table = pq.read_table(handle, columns=["group_id", "response_len"])
         for group, length in zip(
             table.column("group_id").to_pylist(),

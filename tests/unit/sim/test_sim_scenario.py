@@ -237,3 +237,18 @@ def test_replayed_lengths_drive_a_simulation(tmp_path):
 def test_replay_without_trajectories_says_where_it_looked(tmp_path):
     with pytest.raises(LengthError, match="no trajectory Parquet files"):
         replay_groups(str(tmp_path), 4)
+
+
+def test_replay_from_a_ledger_folder_reads_the_runs_trajectories(tmp_path):
+    groups = {f"p{i}@r{i}": [3, 4] for i in range(1, 11)}
+    _write_run(tmp_path / "run", {g: v * 2 for g, v in groups.items()})
+    (tmp_path / "run" / "ledger").mkdir()
+    assert replay_groups(str(tmp_path / "run" / "ledger"), 4).shape == (10, 4)
+
+
+def test_replay_of_parquet_without_lengths_names_the_columns(tmp_path):
+    folder = tmp_path / "events"
+    folder.mkdir()
+    pq.write_table(pa.table({"sample_id": ["a"], "event": ["trained"]}), folder / "x.parquet")
+    with pytest.raises(LengthError, match=r"no \['group_id', 'response_len'\] column"):
+        replay_groups(str(folder), 4)
