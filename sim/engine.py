@@ -103,9 +103,6 @@ class _Engine:
         self.pred_left = 0.0  # predicted tokens of running requests
         self.start_sum = 0.0  # sum of the running requests' start progress
 
-    def step_s(self) -> float:
-        return self.a + self.b * len(self.running)
-
     def load(self) -> float:
         """Predicted tokens still to generate on this engine (the dispatcher's view)."""
         done = len(self.running) * self.progress - self.start_sum
