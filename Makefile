@@ -41,10 +41,10 @@ bench: bench-data
 bench-data: setup
 	$(PY) -m benchmarks.data_planes
 
-# The simulator's predictions at 64-1024 accelerators (a BENCHMARKS.md section; a few
-# minutes, pure Python), and its calibration check against the modes table.
+# The simulator: its calibration check against the modes table, then its predictions at
+# 64-1024 accelerators; each writes a BENCHMARKS.md section (~7 minutes, pure Python).
 simulate: setup
-	$(PY) -m flows.cli simulate --check-calibration
+	$(PY) -m sim.calibrate --write
 	$(PY) -m sim.scale
 
 # Re-measure this machine's costs for the simulator: a short real sync run on the long-tail
