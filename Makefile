@@ -7,7 +7,8 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-slow lint format clean bench bench-data infra-check ui-check
+.PHONY: setup run test test-slow lint format clean bench bench-data infra-check ui-check \
+  simulate sim-profile
 
 setup:
 	@bash scripts/setup.sh
@@ -32,7 +33,7 @@ ui-check: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy rl envs engines/protocols.py storage tasks/tracking.py tasks/registry.py
+	$(VENV)/bin/mypy rl envs engines/protocols.py storage tasks/tracking.py tasks/registry.py sim
 
 format: setup
 	$(VENV)/bin/ruff check --fix .
@@ -70,3 +71,18 @@ infra-check: setup $(INFRA_VENV)/bin/checkov
 $(INFRA_VENV)/bin/checkov:
 	python3.11 -m venv $(INFRA_VENV)
 	$(INFRA_VENV)/bin/python -m pip install --quiet "checkov==3.3.30"
+
+# The simulator: its calibration check against the modes table, then its predictions at
+# 64-1024 accelerators; each writes a BENCHMARKS.md section (~7 minutes, pure Python).
+simulate: setup
+	$(PY) -m sim.calibrate --write
+	$(PY) -m sim.scale
+
+# Re-measure this machine's costs for the simulator: a short real sync run on the long-tail
+# config, then the streaming engine timed in-process (~5 minutes; run it on a quiet machine).
+SIM_RUN ?= sim-calibration
+sim-profile: setup
+	$(VENV)/bin/sluice run configs/longtail.yaml --set mode=sync --set train.steps=60 \
+		--set name=$(SIM_RUN) --set eval.every=60 --set eval.prompts=64
+	$(PY) -m benchmarks.sim_profile --run runs/$(SIM_RUN) --policy runs/$(SIM_RUN)/policy \
+		--out sim/profiles/cpu2core.json

@@ -305,6 +305,83 @@ def ledger(
     )
 
 
+@app.command("simulate")
+def simulate_command(
+    scenario: Annotated[
+        Path | None,
+        typer.Argument(help="YAML scenario (fields of sim/scenario.py); default: built-ins."),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="Policy to simulate, repeatable: sync | one_step | async[,k=N][,dispatch]"
+            "[,repack][,no-partial][,credit]. Default: sync, one_step, async k=1/2/4, "
+            "+dispatch, +repack.",
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a field, e.g. --set cluster.rollout_accelerators=64."),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="Costs from a calibration profile: a name in sim/profiles or a JSON."),
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps (workload.steps).")] = None,
+    rollout: Annotated[
+        int | None, typer.Option(help="Rollout accelerators (cluster.rollout_accelerators).")
+    ] = None,
+    train: Annotated[
+        int | None, typer.Option(help="Training accelerators (cluster.train_accelerators).")
+    ] = None,
+    lengths_from: Annotated[
+        str | None,
+        typer.Option(help="Replay response lengths from a run folder or storage URL."),
+    ] = None,
+    check_calibration: Annotated[
+        bool,
+        typer.Option(help="Print the profile's predicted vs measured ratios and exit."),
+    ] = False,
+) -> None:
+    """Simulate scheduling policies on a cluster (discrete-event; no Ray, no vLLM)."""
+    from sim.calibrate import CalibrationError, load_profile, predict
+    from sim.command import DEFAULT_POLICIES, render, simulate_policies
+    from sim.engine import SimulationStalled
+    from sim.lengths import LengthError
+    from sim.scenario import ScenarioError
+
+    overrides = list(set_ or [])
+    for key, value in (
+        ("workload.steps", steps),
+        ("cluster.rollout_accelerators", rollout),
+        ("cluster.train_accelerators", train),
+    ):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if lengths_from is not None:
+        overrides += ["workload.lengths.kind=replay", f"workload.lengths.replay={lengths_from}"]
+    try:
+        if check_calibration:
+            chosen = load_profile(profile or "cpu2core")
+            for p in predict(chosen):
+                measured = "-" if p.measured_ratio is None else f"{p.measured_ratio:.2f}"
+                error = "" if p.error is None else f" ({100 * p.error:+.0f}%)"
+                typer.echo(
+                    f"{p.variant:<32} predicted {p.predicted_ratio:.2f}  measured {measured}"
+                    + error
+                )
+            return
+        results, seconds = simulate_policies(
+            scenario, overrides, policy or DEFAULT_POLICIES, profile
+        )
+    except (ScenarioError, LengthError, CalibrationError, SimulationStalled) as error:
+        _fail(str(error), False, error)
+        return
+    typer.echo(render(results, seconds))
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,515 @@
+"""Calibration: the simulator's per-token costs, derived from measurements of a real run.
+
+A *profile* is a JSON file (``sim/profiles/*.json``) holding the costs the simulator uses
+(``sim.scenario.CostSpec``), where each number came from, the scenario of the measured
+runs (workload, cluster, policy settings of Sluice's worker), and the throughputs measured
+for each variant, which ``predict`` compares against.
+
+``measure_run`` reads what a real ``sync`` run left behind, without Ray or MLflow:
+per-step times from the run's MLflow sqlite database (``perf/rollout_s``,
+``perf/train_s``, ``perf/weight_sync_s``, ``train/publish_s``) and every sample's response
+length from its trajectory Parquet files (``storage/schema.py``; the group id carries the
+step's tag ``@r<seed * 1000003 + step>``, see ``tasks/rollout.py``). ``derive_costs``
+fits, by least squares over the steps:
+
+- generation of a batch on one engine = overhead + a * (longest response) + b * (sum of
+  responses): the continuous-batching cost a + b * n per decode step, summed over the
+  steps (n falls as responses finish, so the sum of n over the steps is the token count);
+- training = fixed + per_token * (prompt + response tokens);
+
+and takes the medians of the weight pull and the publish. Streaming decode costs (the
+``async`` worker steps the engine from Python) come from ``benchmarks/sim_profile.py``,
+which times the engine on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.scenario import CostSpec, Scenario, ScenarioError, build_scenario
+
+PROFILES = Path(__file__).parent / "profiles"
+# tasks/rollout.py tags a step's groups with seed * STEP_TAG + step.
+STEP_TAG = 1_000_003
+
+
+class CalibrationError(ValueError):
+    """A run or profile cannot be used for calibration; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One measured sync step: its times and the lengths it generated and trained."""
+
+    step: int
+    rollout_s: float
+    train_s: float
+    weight_sync_s: float
+    publish_s: float
+    longest: int
+    response_tokens: int
+    prompt_tokens: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class RunMeasurements:
+    """Per-step records of a sync run, and its groups' response lengths."""
+
+    source: str
+    steps: list[StepRecord]
+    groups: list[list[int]]  # response lengths, one list per group, in step order
+    prompt_len_mean: float
+    predictor_sigma: float  # log-space error of a prompt-length-bucket length predictor
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured costs for one machine and the scenario and throughputs they came with."""
+
+    name: str
+    costs: CostSpec
+    sources: dict[str, str]
+    scenario: dict[str, Any]  # workload, cluster and policy defaults of the measured runs
+    measured: dict[str, float] = field(default_factory=dict)  # variant -> samples/s
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # variant -> policy
+    notes: str = ""
+    # Variants whose measurements set a cost (so comparing against them checks nothing),
+    # and the raw numbers behind the derived costs.
+    fitted: list[str] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    def scenario_for(self, variant: str) -> Scenario:
+        """The measured scenario under one variant's policy."""
+        if variant not in self.variants:
+            raise CalibrationError(
+                f"profile {self.name!r} has no variant {variant!r}; it has {sorted(self.variants)}"
+            )
+        tree = json.loads(json.dumps(self.scenario))
+        tree["policy"] = {**tree.get("policy", {}), **self.variants[variant]}
+        tree["costs"] = self.costs.model_dump()
+        return build_scenario(tree)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile JSON; a bare name means ``sim/profiles/<name>.json``."""
+    file = Path(path)
+    if not file.suffix and not file.exists():
+        file = PROFILES / f"{file}.json"
+    if not file.is_file():
+        raise CalibrationError(f"profile {str(path)!r} not found (looked at {file})")
+    try:
+        raw = json.loads(file.read_text())
+        costs = CostSpec.model_validate(raw["costs"])
+    except (json.JSONDecodeError, KeyError, ValueError) as error:
+        raise CalibrationError(f"profile {str(file)!r} is not a valid profile: {error}") from None
+    return Profile(
+        name=raw.get("name", file.stem),
+        costs=costs,
+        sources=dict(raw.get("sources", {})),
+        scenario=dict(raw.get("scenario", {})),
+        measured={k: float(v) for k, v in raw.get("measured", {}).items()},
+        variants=dict(raw.get("variants", {})),
+        notes=str(raw.get("notes", "")),
+        fitted=list(raw.get("fitted", [])),
+        calibration=dict(raw.get("calibration", {})),
+    )
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    body = {
+        "name": profile.name,
+        "notes": profile.notes,
+        "costs": profile.costs.model_dump(),
+        "sources": profile.sources,
+        "measured": profile.measured,
+        "fitted": profile.fitted,
+        "calibration": profile.calibration,
+        "variants": profile.variants,
+        "scenario": profile.scenario,
+    }
+    Path(path).write_text(_pretty(body) + "\n")
+
+
+def _pretty(value: Any, depth: int = 0) -> str:
+    """JSON with one key per line, but lists of numbers on one line (the length table)."""
+    pad, inner = " " * depth, " " * (depth + 1)
+    if isinstance(value, dict) and value:
+        items = [f"{inner}{json.dumps(k)}: {_pretty(v, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list) and value and not all(isinstance(v, int | float) for v in value):
+        items = [f"{inner}{_pretty(v, depth + 1)}" for v in value]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(value)
+
+
+# -- reading a run -------------------------------------------------------------------------
+
+
+def _metrics(db: Path) -> dict[str, dict[int, float]]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT key, step, value FROM metrics").fetchall()
+    out: dict[str, dict[int, float]] = {}
+    for key, step, value in rows:
+        out.setdefault(key, {})[int(step)] = float(value)
+    return out
+
+
+def measure_run(run_dir: str | Path, seed: int = 0) -> RunMeasurements:
+    """Per-step times and lengths of a finished ``sync`` run under ``run_dir``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = Path(run_dir)
+    db, folder = run / "mlflow.db", run / "trajectories"
+    if not db.is_file() or not folder.is_dir():
+        raise CalibrationError(
+            f"{run} has no mlflow.db or trajectories/: pass the folder of a finished sync run "
+            "(runs/<name>)"
+        )
+    metrics = _metrics(db)
+    needed = ("perf/rollout_s", "perf/train_s", "perf/weight_sync_s", "train/publish_s")
+    missing = [k for k in needed if k not in metrics]
+    if missing:
+        raise CalibrationError(f"{db} lacks metrics {missing}; is it a Sluice sync run?")
+    files = sorted(folder.glob("*.parquet"))
+    columns = ["group_id", "response_len", "prompt_len"]
+    table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+    per_step: dict[int, dict[str, list[int]]] = {}
+    prompt_lens: list[int] = []
+    by_group: dict[str, list[int]] = {}
+    group_prompt: dict[str, int] = {}
+    for group, length, prompt in zip(
+        table.column("group_id").to_pylist(),
+        table.column("response_len").to_pylist(),
+        table.column("prompt_len").to_pylist(),
+        strict=True,
+    ):
+        tag = group.rsplit("@r", 1)
+        if len(tag) != 2 or not tag[1].isdigit():
+            raise CalibrationError(f"group id {group!r} has no step tag: not a sync run")
+        step = int(tag[1]) - seed * STEP_TAG
+        entry = per_step.setdefault(step, {"lengths": [], "prompts": []})
+        entry["lengths"].append(int(length))
+        entry["prompts"].append(int(prompt))
+        prompt_lens.append(int(prompt))
+        by_group.setdefault(group, []).append(int(length))
+        group_prompt[group] = int(prompt)
+    records = []
+    for step in sorted(per_step):
+        if step not in metrics["perf/rollout_s"]:
+            continue
+        lengths, prompts = per_step[step]["lengths"], per_step[step]["prompts"]
+        records.append(
+            StepRecord(
+                step=step,
+                rollout_s=metrics["perf/rollout_s"][step],
+                train_s=metrics["perf/train_s"][step],
+                weight_sync_s=metrics["perf/weight_sync_s"][step],
+                publish_s=metrics["train/publish_s"].get(step, 0.0),
+                longest=max(lengths),
+                response_tokens=sum(lengths),
+                prompt_tokens=sum(prompts),
+                samples=len(lengths),
+            )
+        )
+    if len(records) < 8:
+        raise CalibrationError(f"{run} has {len(records)} measured steps; calibration needs 8")
+    groups = [by_group[g] for g in sorted(by_group, key=_step_order)]
+    return RunMeasurements(
+        source=str(run),
+        steps=records,
+        groups=groups,
+        prompt_len_mean=statistics.fmean(prompt_lens),
+        predictor_sigma=_bucket_predictor_error(by_group, group_prompt),
+    )
+
+
+def _step_order(group: str) -> tuple[int, str]:
+    return int(group.rsplit("@r", 1)[1]), group
+
+
+def _bucket_predictor_error(by_group: dict[str, list[int]], prompt: dict[str, int]) -> float:
+    """Log-space error of predicting a group's mean length by its prompt-length bucket.
+
+    Sluice's ``LengthPredictor`` falls back to the mean of the prompt's power-of-two
+    length bucket for prompts it has not seen, which is every prompt of a run shorter
+    than one epoch.
+    """
+    buckets: dict[int, list[float]] = {}
+    for group, lengths in by_group.items():
+        buckets.setdefault(prompt[group].bit_length(), []).append(statistics.fmean(lengths))
+    errors = []
+    for group, lengths in by_group.items():
+        guess = statistics.fmean(buckets[prompt[group].bit_length()])
+        errors.append(math.log(guess / max(statistics.fmean(lengths), 1e-9)))
+    return statistics.pstdev(errors)
+
+
+# -- fitting -------------------------------------------------------------------------------
+
+
+def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (columns that come out negative are
+    dropped and the rest refitted: a cost cannot be negative, and with few columns this is
+    the exact non-negative solution)."""
+    keep = list(range(x.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            out = np.zeros(x.shape[1])
+            out[keep] = np.maximum(coef, 0.0)
+            return out
+        keep = [k for k, c in zip(keep, coef, strict=True) if c >= 0] or keep[:1]
+
+
+def r_squared(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
+    residual = float(((x @ coef - y) ** 2).sum())
+    total = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - residual / total if total > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class StreamMeasurements:
+    """Seconds per streaming engine step against running requests, timed on this machine."""
+
+    running: list[int]
+    step_s: list[float]
+    source: str
+
+
+def derive_costs(
+    run: RunMeasurements, stream: StreamMeasurements | None, skip_steps: int = 3
+) -> tuple[CostSpec, dict[str, str]]:
+    """Costs for the simulator from a sync run (and streaming step times), with sources."""
+    rows = [r for r in run.steps if r.step > skip_steps]
+    x = np.array([[1.0, r.longest, r.response_tokens] for r in rows])
+    y = np.array([r.rollout_s for r in rows])
+    gen = nonnegative_fit(x, y)
+    xt = np.array([[1.0, r.response_tokens + r.prompt_tokens] for r in rows])
+    yt = np.array([r.train_s for r in rows])
+    train = nonnegative_fit(xt, yt)
+    publish = statistics.median(r.publish_s for r in rows)
+    pull = statistics.median(r.weight_sync_s for r in rows)
+    groups_per_step = len(run.groups) / len(run.steps)
+    where = f"{run.source}, steps {rows[0].step}-{rows[-1].step}"
+    sources = {
+        "decode_step_s": f"least squares of perf/rollout_s on (1, longest, sum of lengths) "
+        f"per step, {where}; R^2 {r_squared(x, y, gen):.2f}",
+        "decode_per_request_s": "same fit",
+        "batch_overhead_s": "same fit (intercept: scoring, store put, call overhead)",
+        "group_overhead_s": "batch_overhead_s per group: the streaming worker scores and "
+        "puts each group itself",
+        "train_step_s": f"least squares of perf/train_s on (1, trained tokens), {where}; "
+        f"R^2 {r_squared(xt, yt, train):.2f}; minus the publish time",
+        "train_per_token_s": "same fit",
+        "publish_s": f"median train/publish_s, {where}",
+        "sync_latency_s": f"median perf/weight_sync_s (a full pull into vLLM), {where}",
+    }
+    costs: dict[str, Any] = {
+        "decode_step_s": float(gen[1]),
+        "decode_per_request_s": float(gen[2]),
+        "batch_overhead_s": float(gen[0]),
+        "group_overhead_s": float(gen[0]) / groups_per_step,
+        "train_step_s": max(float(train[0]) - publish, 0.0),
+        "train_per_token_s": float(train[1]),
+        "publish_s": publish,
+        "model_bytes": 0.0,
+        "sync_latency_s": pull,
+        "prefill_per_token_s": 0.0,
+    }
+    if stream is not None:
+        xs = np.array([[1.0, n] for n in stream.running])
+        ys = np.array(stream.step_s)
+        fit = nonnegative_fit(xs, ys)
+        costs["stream_decode_step_s"] = float(fit[0])
+        costs["stream_per_request_s"] = float(fit[1])
+        sources["stream_decode_step_s"] = (
+            f"least squares of streaming step time on (1, running), {stream.source}; "
+            f"R^2 {r_squared(xs, ys, fit):.2f}; times calibration.stream_factor"
+        )
+        sources["stream_per_request_s"] = "same fit"
+    sources["prefill_per_token_s"] = "0: prompts are ~8 tokens; part of the generation intercept"
+    sources["model_bytes"] = "0: the pull latency is measured whole"
+    return CostSpec.model_validate(costs), sources
+
+
+def train_overlap(
+    sync_step_s: float, sync_idle: float, one_step_s: float, one_idle: float
+) -> float:
+    """How much longer a training step takes while generation runs beside it.
+
+    From the measured modes: the trainer's busy time per step is step x (1 - idle) in
+    ``sync`` (alone) and in ``one_step`` (overlapped, and trainer-bound so the wait for the
+    next batch's weights is small).
+    """
+    alone = sync_step_s * (1.0 - sync_idle)
+    overlapped = one_step_s * (1.0 - one_idle)
+    if alone <= 0 or overlapped <= 0:
+        raise CalibrationError("trainer busy times must be positive to derive the overlap")
+    return max(overlapped / alone, 1.0)
+
+
+def scale_stream(costs: CostSpec, isolated: tuple[float, float], factor: float) -> CostSpec:
+    """Streaming step costs: the isolated engine's, times the in-run ``factor``."""
+    return costs.model_copy(
+        update={
+            "stream_decode_step_s": isolated[0] * factor,
+            "stream_per_request_s": isolated[1] * factor,
+        }
+    )
+
+
+def fit_stream_factor(
+    profile: Profile,
+    isolated: tuple[float, float],
+    variant: str,
+    low: float = 1.0,
+    high: float = 6.0,
+) -> float:
+    """The in-run slowdown of streaming decode that makes ``variant``'s simulated ratio to
+    the baseline equal its measured one (bisection: throughput falls as the factor grows)."""
+    from sim.engine import simulate
+
+    baseline = next(iter(profile.variants))
+    target = profile.measured[variant] / profile.measured[baseline]
+    base = simulate(profile.scenario_for(baseline)).samples_per_s
+
+    def ratio(factor: float) -> float:
+        trial = replace_costs(profile, scale_stream(profile.costs, isolated, factor))
+        return simulate(trial.scenario_for(variant)).samples_per_s / base
+
+    if ratio(low) < target or ratio(high) > target:
+        raise CalibrationError(
+            f"no streaming factor in [{low}, {high}] reproduces {variant}'s measured ratio "
+            f"{target:.2f}"
+        )
+    for _ in range(30):
+        mid = (low + high) / 2
+        low, high = (mid, high) if ratio(mid) > target else (low, mid)
+    return (low + high) / 2
+
+
+def replace_costs(profile: Profile, costs: CostSpec) -> Profile:
+    from dataclasses import replace
+
+    return replace(profile, costs=costs)
+
+
+# -- prediction ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    variant: str
+    predicted_ratio: float  # simulated samples/s over the whole run, over the baseline's
+    measured_ratio: float | None
+
+    @property
+    def error(self) -> float | None:
+        """Relative error of the predicted ratio against the measured one."""
+        if self.measured_ratio is None:
+            return None
+        return self.predicted_ratio / self.measured_ratio - 1.0
+
+
+def predict(profile: Profile, variants: list[str] | None = None) -> list[Prediction]:
+    """Simulate each variant of the profile; ratios are to its first variant (the baseline)."""
+    from sim.engine import simulate
+
+    names = variants or list(profile.variants)
+    if not names:
+        raise CalibrationError(f"profile {profile.name!r} lists no variants")
+    baseline = next(iter(profile.variants))
+    try:
+        base = simulate(profile.scenario_for(baseline))
+        out = []
+        for name in names:
+            result = simulate(profile.scenario_for(name))
+            # Whole-run rates, as the measured samples/s are (summary.json: trained samples
+            # over the loop's time, pipeline fill included).
+            ratio = result.samples_per_s / base.samples_per_s
+            measured = None
+            if name in profile.measured and baseline in profile.measured:
+                measured = profile.measured[name] / profile.measured[baseline]
+            out.append(Prediction(name, ratio, measured))
+    except ScenarioError as error:
+        raise CalibrationError(f"profile {profile.name!r}: {error}") from None
+    return out
+
+
+def calibration_table(profile: Profile) -> str:
+    """Markdown: each measured variant's ratio to sync against the simulator's, with the
+    simulated staleness and trainer idle beside the measured ones."""
+    from sim.engine import simulate
+
+    modes = profile.calibration.get("modes", {})
+    lines = [
+        "| variant | measured x sync | simulated x sync | error | used to fit | "
+        "trainer idle (measured / sim) | mean staleness (measured / sim) |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]
+    for p in predict(profile):
+        result = simulate(profile.scenario_for(p.variant))
+        row = modes.get(p.variant, {})
+        idle = f"{row['trainer_idle']:.2f} / " if "trainer_idle" in row else "- / "
+        stale = f"{row['mean_staleness']:.2f} / " if "mean_staleness" in row else "- / "
+        fitted = "yes" if p.variant in profile.fitted else ""
+        measured = "-" if p.measured_ratio is None else f"{p.measured_ratio:.2f}"
+        error = "-" if p.error is None else f"{100 * p.error:+.0f}%"
+        lines.append(
+            f"| {p.variant} | {measured} | {p.predicted_ratio:.2f} | {error} | {fitted} "
+            f"| {idle}{result.trainer_idle:.2f} | {stale}{result.mean_staleness:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Print the calibration check of a profile; with --write, put it in BENCHMARKS.md."""
+    import argparse
+    import os
+    import platform
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--profile", default="cpu2core")
+    parser.add_argument("--write", action="store_true", help="write the BENCHMARKS.md section")
+    args = parser.parse_args()
+    profile = load_profile(args.profile)
+    costs = profile.costs
+    text = "\n".join(
+        [
+            f"Profile `sim/profiles/{profile.name}.json` ({profile.notes}); simulated on "
+            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}.",
+            "Command: `make simulate` (`.venv/bin/python -m sim.calibrate --write`); re-measure "
+            "with `make sim-profile`.",
+            "",
+            calibration_table(profile),
+            "",
+            f"Costs: batch decode {1e3 * costs.decode_step_s:.2f} ms per step + "
+            f"{1e3 * costs.decode_per_request_s:.3f} ms per running request, "
+            f"{1e3 * costs.batch_overhead_s:.0f} ms per generate call; streaming decode "
+            f"{1e3 * (costs.stream_decode_step_s or 0):.2f} + "
+            f"{1e3 * (costs.stream_per_request_s or 0):.3f} ms (isolated engine x "
+            f"{profile.calibration.get('stream_factor', 1.0):.2f}); training "
+            f"{1e3 * costs.train_step_s:.0f} ms + {1e3 * costs.train_per_token_s:.3f} ms per "
+            f"token, x {costs.train_overlap_factor:.2f} beside generation; weight load "
+            f"{1e3 * costs.sync_latency_s:.0f} ms.",
+        ]
+    )
+    print(text)
+    if args.write:
+        from benchmarks.report import write_section
+
+        write_section("simulator-calibration", "Simulator: calibration on this machine", text)
+
+
+if __name__ == "__main__":
+    main()

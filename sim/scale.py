@@ -1,0 +1,326 @@
+"""Predictions at published scale: 64, 256 and 1024 H100s, 7B and 32B models, long tails.
+
+For each model and cluster size it simulates Sluice's policies on one workload and seed
+(the same responses for every policy) and reports throughput relative to the baseline
+the papers compare against, synchronous training on colocated accelerators (verl's
+default). Costs come from ``sim.hardware`` (public specifications plus stated efficiency
+guesses), the workload from ``WORKLOADS``. Writes a section of BENCHMARKS.md:
+
+    .venv/bin/python -m sim.scale            # or: make simulate
+    .venv/bin/python -m sim.scale --quick    # fewer steps, no BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from sim.engine import simulate
+from sim.hardware import (
+    ASSUMPTIONS,
+    H100,
+    QWEN_7B,
+    QWEN_32B,
+    Model,
+    costs_for,
+    engine_concurrency,
+    rollout_share,
+    split,
+)
+from sim.lengths import draw_lengths
+from sim.results import SimResult
+from sim.scenario import LengthSpec, Scenario, build_scenario
+
+SIZES = (64, 256, 1024)
+# One global batch at every size (strong scaling, as scaling experiments run a fixed
+# recipe on more GPUs): 512 prompts x 16 samples, the DAPO / AReaL recipe.
+GROUPS_PER_STEP = 512
+GROUP = 16
+PROMPT_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: Model
+    lengths: LengthSpec
+
+
+# Long-tail reasoning responses: a log-normal body with prompt-level spread and a tail of
+# responses that run to the length cap (DAPO- and Laminar-style math RL reports 5-15% of
+# responses truncated at 16k-32k tokens). Guesses of that shape, not a measured trace.
+WORKLOADS = {
+    "7B": Workload(
+        QWEN_7B,
+        LengthSpec(
+            kind="mixture",
+            median=2500,
+            sigma=0.6,
+            group_sigma=0.6,
+            tail_fraction=0.08,
+            tail_median=12000,
+            tail_sigma=0.5,
+            max_tokens=16384,
+        ),
+    ),
+    "32B": Workload(
+        QWEN_32B,
+        LengthSpec(
+            kind="mixture",
+            median=4000,
+            sigma=0.6,
+            group_sigma=0.6,
+            tail_fraction=0.08,
+            tail_median=24000,
+            tail_sigma=0.5,
+            max_tokens=32768,
+        ),
+    ),
+}
+
+# (label, policy fields). "sync (colocated)" is the papers' baseline and comes first.
+POLICIES: list[tuple[str, dict[str, Any]]] = [
+    ("sync (colocated)", {"mode": "sync"}),
+    ("sync", {"mode": "sync"}),
+    ("one_step", {"mode": "one_step"}),
+    ("async k=1", {"mode": "async", "max_staleness": 1}),
+    ("async k=2", {"mode": "async", "max_staleness": 2}),
+    ("async k=4", {"mode": "async", "max_staleness": 4}),
+    (
+        "async k=2 +dispatch",
+        {"mode": "async", "max_staleness": 2, "long_first": True, "balance": True},
+    ),
+    (
+        "async k=2 +dispatch +repack",
+        {"mode": "async", "max_staleness": 2, "long_first": True, "balance": True, "repack": True},
+    ),
+    (
+        "async k=2 +dispatch +credit",
+        {
+            "mode": "async",
+            "max_staleness": 2,
+            "long_first": True,
+            "balance": True,
+            "credit_drops": True,
+        },
+    ),
+    (
+        "async k=4 +dispatch +credit",
+        {
+            "mode": "async",
+            "max_staleness": 4,
+            "long_first": True,
+            "balance": True,
+            "credit_drops": True,
+        },
+    ),
+    (
+        "async k=16 +dispatch +credit",
+        {
+            "mode": "async",
+            "max_staleness": 16,
+            "long_first": True,
+            "balance": True,
+            "credit_drops": True,
+        },
+    ),
+]
+
+# What the papers report, for the table (their setups differ from ours; see the text).
+PAPERS = [
+    ("AsyncFlow (arXiv 2507.01663)", "1.59x average, 2.03x peak over verl, Ascend NPU clusters"),
+    ("StreamRL (arXiv 2504.15930)", "up to 2.66x over verl (colocated)"),
+    ("Laminar (arXiv 2510.12633)", "up to 5.48x over the best baseline at 1024 GPUs"),
+]
+
+
+def mean_response(lengths: LengthSpec, seed: int = 0) -> float:
+    sample = draw_lengths(lengths, 4096, GROUP, np.random.default_rng(seed))
+    return float(sample.mean())
+
+
+def scenario(
+    name: str,
+    accelerators: int,
+    label: str,
+    policy: dict[str, Any],
+    steps: int,
+    seed: int = 0,
+    groups: int = GROUPS_PER_STEP,
+) -> Scenario:
+    """One cell of the report: model ``name`` on ``accelerators`` H100s under ``policy``."""
+    work = WORKLOADS[name]
+    model = work.model
+    mean = mean_response(work.lengths, seed)
+    # A running request holds its prompt and, on average, half its response.
+    context = PROMPT_TOKENS + mean / 2
+    colocated = label.endswith("(colocated)")
+    if colocated:
+        rollout, train = accelerators, accelerators
+    else:
+        share = rollout_share(model, H100, PROMPT_TOKENS, mean, context)
+        rollout, train = split(accelerators, share, model.tp)
+    costs = costs_for(model, H100, context, train, colocated=colocated)
+    tree = {
+        "name": f"{name} x{accelerators}",
+        "seed": seed,
+        "workload": {
+            "steps": steps,
+            "groups_per_step": groups,
+            "samples_per_group": GROUP,
+            "prompt_tokens": PROMPT_TOKENS,
+            "warmup_steps": 3,
+            "lengths": work.lengths.model_dump(),
+        },
+        "cluster": {
+            "placement": "colocated" if colocated else "disaggregated",
+            "rollout_accelerators": rollout,
+            "train_accelerators": train,
+            "accelerators_per_instance": model.tp,
+            "max_concurrency": engine_concurrency(model, H100, context),
+        },
+        "costs": costs.model_dump(),
+        "policy": {"predictor_sigma": 0.5, "repack_max_stragglers": 8, **policy},
+    }
+    return build_scenario(tree)
+
+
+@dataclass(frozen=True)
+class Cell:
+    result: SimResult
+    scenario: Scenario
+    seconds: float  # wall time of the simulation itself
+
+
+def run_grid(
+    steps: int, sizes: tuple[int, ...] = SIZES, groups: int = GROUPS_PER_STEP
+) -> dict[str, dict[int, dict[str, Cell]]]:
+    """Every model x size x policy; prints a line per simulation as it goes."""
+    grid: dict[str, dict[int, dict[str, Cell]]] = {}
+    for name in WORKLOADS:
+        for size in sizes:
+            for label, policy in POLICIES:
+                sc = scenario(name, size, label, policy, steps, groups=groups)
+                started = time.perf_counter()
+                result = simulate(sc)
+                took = time.perf_counter() - started
+                grid.setdefault(name, {}).setdefault(size, {})[label] = Cell(result, sc, took)
+                print(
+                    f"{name} x{size:>4} {label:<28} {result.samples_per_s:9.1f} samples/s, "
+                    f"step {result.steady_step_s:7.1f} s, dropped {result.dropped_samples:>6} "
+                    f"({took:.1f} s)",
+                    flush=True,
+                )
+    return grid
+
+
+def _speedup(cells: dict[str, Cell], label: str) -> float:
+    base = cells[POLICIES[0][0]].result
+    return cells[label].result.samples_per_s / base.samples_per_s
+
+
+def report(grid: dict[str, dict[int, dict[str, Cell]]], steps: int, elapsed: float) -> str:
+    sizes = sorted(next(iter(grid.values())))
+    cells = [(n, s) for n in grid for s in sizes]
+    header = "| policy | " + " | ".join(f"{n} x{s}" for n, s in cells) + " |"
+    rule = "|---|" + "---:|" * len(cells)
+    lines = [
+        f"Simulated {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, numpy {np.__version__}; {steps} steps per run, "
+        f"{GROUPS_PER_STEP} prompts x {GROUP} samples per step at every size, seed 0; "
+        f"{elapsed:.0f} s for the whole grid.",
+        "Command: `make simulate` (`.venv/bin/python -m sim.scale`).",
+        "",
+        "Trained samples/s relative to synchronous training on colocated accelerators (the "
+        "papers' baseline), whole run:",
+        "",
+        header,
+        rule,
+    ]
+    for label, _ in POLICIES:
+        row = [f"{_speedup(grid[n][s], label):.2f}" for n, s in cells]
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    lines += ["", "Share of generated samples dropped as too stale:", "", header, rule]
+    for label, policy in POLICIES:
+        if policy["mode"] != "async":
+            continue
+        shares = []
+        for n, s in cells:
+            r = grid[n][s][label].result
+            shares.append(f"{100 * r.dropped_samples / max(r.generated_samples, 1):.0f}%")
+        lines.append(f"| {label} | " + " | ".join(shares) + " |")
+    lines += [
+        "",
+        "| cell | baseline samples/s | baseline step s | disaggregated split (rollout + train) "
+        "| requests per engine | mean response tokens | slowest simulation s |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for n, s in cells:
+        group = grid[n][s]
+        base = group[POLICIES[0][0]].result
+        disagg = group["sync"].scenario.cluster
+        mean = base.trained_tokens / base.trained_samples
+        lines.append(
+            f"| {n} x{s} | {base.samples_per_s:,.1f} | {base.steady_step_s:,.0f} "
+            f"| {disagg.rollout_accelerators} + {disagg.train_accelerators} "
+            f"| {disagg.max_concurrency} | {mean:,.0f} "
+            f"| {max(c.seconds for c in group.values()):.1f} |"
+        )
+    lines += ["", "Reported by the papers (their own baselines, models and clusters):", ""]
+    lines += [f"- {paper}: {claim}" for paper, claim in PAPERS]
+    lines += [
+        "",
+        "Assumptions (`sim/hardware.py`): "
+        + "; ".join(f"{k} {v}" for k, v in ASSUMPTIONS.items())
+        + ".",
+    ]
+    return "\n".join(lines)
+
+
+def time_full_run(steps: int = 100) -> str:
+    """A 1024-accelerator run of ``steps`` steps, timed, for two policies."""
+    out = []
+    chosen = dict(POLICIES)
+    for label in ("sync (colocated)", "async k=2 +dispatch"):
+        policy = chosen[label]
+        sc = scenario("7B", 1024, label, policy, steps)
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = simulate(sc)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        out.append(
+            f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU for {result.trained_samples:,} trained "
+            f"samples ({result.events:,} events)"
+        )
+    return (
+        f"A full 7B run at 1024 accelerators ({steps} steps) simulated in: " + "; ".join(out) + "."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=50, help="training steps per run")
+    parser.add_argument("--quick", action="store_true", help="10 steps, print only")
+    parser.add_argument("--no-write", action="store_true", help="print, leave BENCHMARKS.md")
+    parser.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    args = parser.parse_args()
+    steps = 10 if args.quick else args.steps
+    started = time.perf_counter()
+    grid = run_grid(steps, tuple(args.sizes))
+    text = report(grid, steps, time.perf_counter() - started)
+    if 1024 in args.sizes and not args.quick:
+        text += "\n\n" + time_full_run()
+    print(text)
+    if not (args.quick or args.no_write):
+        from benchmarks.report import write_section
+
+        write_section("simulator-scale", "Simulator: predictions at cluster scale", text)
+
+
+if __name__ == "__main__":
+    main()
