@@ -154,9 +154,11 @@ def _pretty(value: Any, depth: int = 0) -> str:
 # -- reading a run -------------------------------------------------------------------------
 
 
-def _metrics(db: Path) -> dict[str, dict[int, float]]:
+def _metrics(db: Path, run_id: str) -> dict[str, dict[int, float]]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        rows = conn.execute("SELECT key, step, value FROM metrics").fetchall()
+        rows = conn.execute(
+            "SELECT key, step, value FROM metrics WHERE run_uuid = ?", (run_id,)
+        ).fetchall()
     out: dict[str, dict[int, float]] = {}
     for key, step, value in rows:
         out.setdefault(key, {})[int(step)] = float(value)
@@ -169,13 +171,14 @@ def measure_run(run_dir: str | Path, seed: int = 0) -> RunMeasurements:
     import pyarrow.parquet as pq
 
     run = Path(run_dir)
-    db, folder = run / "mlflow.db", run / "trajectories"
-    if not db.is_file() or not folder.is_dir():
+    # every run under a root shares <root>/mlflow.db; summary.json names this run's id
+    db, folder, summary = run.parent / "mlflow.db", run / "trajectories", run / "summary.json"
+    if not db.is_file() or not folder.is_dir() or not summary.is_file():
         raise CalibrationError(
-            f"{run} has no mlflow.db or trajectories/: pass the folder of a finished sync run "
-            "(runs/<name>)"
+            f"{run} has no trajectories/ or summary.json, or its root no mlflow.db: pass the "
+            "folder of a finished sync run (runs/<name>)"
         )
-    metrics = _metrics(db)
+    metrics = _metrics(db, json.loads(summary.read_text())["mlflow_run_id"])
     needed = ("perf/rollout_s", "perf/train_s", "perf/weight_sync_s", "train/publish_s")
     missing = [k for k in needed if k not in metrics]
     if missing:

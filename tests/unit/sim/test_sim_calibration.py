@@ -3,6 +3,7 @@ against the ratios measured on this machine (BENCHMARKS.md, modes table)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,8 +78,9 @@ def _fake_sync_run(folder: Path, a: float, b: float, c0: float, fixed: float, pe
     """A run folder as a sync run leaves it, with times that follow the cost model exactly."""
     rng = np.random.default_rng(0)
     folder.mkdir()
-    db = sqlite3.connect(folder / "mlflow.db")
-    db.execute("CREATE TABLE metrics (key TEXT, step INTEGER, value REAL)")
+    (folder / "summary.json").write_text(json.dumps({"mlflow_run_id": "r1"}))
+    db = sqlite3.connect(folder.parent / "mlflow.db")  # one database per root of runs
+    db.execute("CREATE TABLE metrics (key TEXT, step INTEGER, value REAL, run_uuid TEXT)")
     rows, now = [], datetime.now(UTC)
     for step in range(1, 21):
         lengths = rng.integers(1, 60, size=(4, 2))
@@ -111,7 +113,13 @@ def _fake_sync_run(folder: Path, a: float, b: float, c0: float, fixed: float, pe
             "train/publish_s": 0.001,
         }
         db.executemany(
-            "INSERT INTO metrics VALUES (?, ?, ?)", [(k, step, v) for k, v in values.items()]
+            "INSERT INTO metrics VALUES (?, ?, ?, ?)",
+            # another run in the same database, with other times: must not be mixed in
+            [
+                (k, step, v * scale, run)
+                for run, scale in (("r1", 1), ("r2", 9))
+                for k, v in values.items()
+            ],
         )
     db.commit()
     db.close()
