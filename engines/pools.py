@@ -27,7 +27,7 @@ from storage.batches import TRAIN_FIELDS, to_train_batch
 from storage.checkpoints import CheckpointStore
 from storage.params import ParameterService
 from storage.trajectory_store import StoreClient
-from storage.urls import credential_env
+from storage.urls import Credentials
 
 
 def child_env() -> dict[str, str]:
@@ -44,7 +44,9 @@ def child_env() -> dict[str, str]:
         "PYTHONPATH",
         "SLUICE_FAULTS",  # storage/faults.py: fault points armed by the failure tests
     )
-    return {**{k: os.environ[k] for k in keys if k in os.environ}, **credential_env()}
+    # Storage credentials are not among them: they travel as constructor arguments
+    # (storage.urls.Credentials), since Ray logs runtime environments.
+    return {k: os.environ[k] for k in keys if k in os.environ}
 
 
 def _thread_env(threads: int, extra: dict[str, str]) -> dict[str, Any]:
@@ -61,7 +63,11 @@ class RolloutWorker(RolloutWorkerBase):
 class TrainerActor(TorchTrainer):
     """The torch trainer in its own process, consuming from the store, publishing weights."""
 
-    def __init__(self, params: ParameterService, **trainer_args: Any) -> None:
+    def __init__(
+        self, params: ParameterService, credentials: Credentials | None = None, **trainer_args: Any
+    ) -> None:
+        if credentials:
+            credentials.apply()  # checkpoints under an s3:// url
         super().__init__(**trainer_args)
         # One publisher handle for the actor's life: it holds the staging buffers and the
         # snapshot in flight, which the next optimiser step must wait for.
@@ -129,7 +135,11 @@ def launch_rollout_workers(
     return [
         RolloutWorker.options(  # type: ignore[attr-defined]
             num_cpus=cpus, runtime_env=_thread_env(threads, extra), max_restarts=max_restarts
-        ).remote(threads=threads, **{**engine_args, "seed": engine_args["seed"] + i})
+        ).remote(
+            threads=threads,
+            credentials=Credentials.here(),
+            **{**engine_args, "seed": engine_args["seed"] + i},
+        )
         for i in range(count)
     ]
 
@@ -137,4 +147,4 @@ def launch_rollout_workers(
 def launch_trainer(cpus: float, threads: int, env_vars: dict[str, str], **trainer_args: Any) -> Any:
     return TrainerActor.options(  # type: ignore[attr-defined]
         num_cpus=cpus, runtime_env=_thread_env(threads, env_vars)
-    ).remote(threads=threads, **trainer_args)
+    ).remote(threads=threads, credentials=Credentials.here(), **trainer_args)

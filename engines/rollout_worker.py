@@ -33,6 +33,7 @@ from rl.advantages import group_advantages
 from storage.params import ParameterError, ParameterService
 from storage.schema import batch_from_rows
 from storage.trajectory_store import StoreClient
+from storage.urls import Credentials
 
 # How often a worker that needs a version asks the relay again.
 RELAY_POLL_S = 0.005
@@ -142,8 +143,11 @@ class RolloutWorkerBase(VLLMRolloutEngine):
         env: Environment | None = None,
         store: StoreClient | None = None,
         params: ParameterService | None = None,
+        credentials: Credentials | None = None,
         **engine_args: Any,
     ) -> None:
+        if credentials:
+            credentials.apply()  # trajectory files under an s3:// url
         torch.set_num_threads(threads)
         super().__init__(**engine_args)
         self._env, self._store, self._params = env, store, params

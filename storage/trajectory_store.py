@@ -45,7 +45,7 @@ from storage.trajectory_index import (
     SampleMeta,
     TrajectoryIndex,
 )
-from storage.urls import credential_env, open_url
+from storage.urls import Credentials, open_url
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,10 @@ class TrajectoryStore:
         capacity: int,
         lease_s: float = 300.0,
         restore: bool | str = False,
+        credentials: Credentials | None = None,
     ) -> None:
+        if credentials:
+            credentials.apply()  # the ledger under an s3:// url needs them
         if capacity < 1:
             raise ValueError(f"store capacity must be >= 1 sample, got {capacity}")
         self._ledger = Ledger(url) if url else None
@@ -318,9 +321,9 @@ def create_store(
 
     It gets this process's storage credentials, since it writes the ledger under ``url``.
     """
-    return TrajectoryStore.options(  # type: ignore[attr-defined]
-        runtime_env={"env_vars": credential_env()}
-    ).remote(url, capacity, lease_s, restore)
+    return TrajectoryStore.remote(  # type: ignore[attr-defined]
+        url, capacity, lease_s, restore, Credentials.here()
+    )
 
 
 @dataclass(frozen=True)
