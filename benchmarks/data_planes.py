@@ -5,7 +5,9 @@ Trajectories: a producer actor holds rows as a rollout worker has them after gen
 (8 groups of 8); a consumer actor turns each delivered block into padded training tensors,
 as the trainer does. Compared side by side on the same rows:
 
-- ``store``: the trajectory store: the producer builds an Arrow RecordBatch and puts it
+- ``store``: the trajectory store: the producer builds an Arrow RecordBatch from the
+  rows' lists as the rollout worker does (``storage.block_builder.trajectory_block``, which
+  takes token versions as runs, the form the worker keeps them in) and puts it
   (``StoreClient.put``, two puts in flight as an async rollout worker has them), the
   consumer leases whole groups, reads them zero-copy, pads them with
   ``storage.batches.to_train_batch`` and acknowledges. No durable copy.
@@ -18,7 +20,9 @@ as the trainer does. Compared side by side on the same rows:
   separate what batching buys from what the Arrow format buys.
 
 Throughput is rows (and MB of row payload) per second from the first put to the last
-padded batch. Weights: the parameter service's publish and pull latency against model size
+padded batch, after one untimed block has gone the same way (first-call costs such as
+pyarrow's lazy import of pandas, ~0.3 s, belong to a process's start, not to throughput).
+Weights: the parameter service's publish and pull latency against model size
 (``benchmarks.params``). Writes both tables into BENCHMARKS.md between markers.
 
     .venv/bin/python -m benchmarks.data_planes
@@ -80,7 +84,8 @@ def make_rows(block: int, tokens: int) -> list[dict[str, Any]]:
 
 
 def block_from_rows(rows: list[dict[str, Any]]) -> pa.RecordBatch:
-    """The rows' lists laid out as a rollout worker lays out its samples (``scored_block``)."""
+    """The rows' lists laid out as a rollout worker lays out its samples (``scored_block``);
+    every token of a row has one version, so its versions are one run."""
     return trajectory_block(
         sample_ids=[r["sample_id"] for r in rows],
         prompt_ids=[r["prompt_id"] for r in rows],
