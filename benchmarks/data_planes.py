@@ -5,7 +5,9 @@ Trajectories: a producer actor holds rows as a rollout worker has them after gen
 (8 groups of 8); a consumer actor turns each delivered block into padded training tensors,
 as the trainer does. Compared side by side on the same rows:
 
-- ``store``: the trajectory store: the producer builds an Arrow RecordBatch and puts it
+- ``store``: the trajectory store: the producer builds an Arrow RecordBatch from the
+  rows' lists as the rollout worker does (``storage.block_builder.trajectory_block``, which
+  takes token versions as runs, the form the worker keeps them in) and puts it
   (``StoreClient.put``, two puts in flight as an async rollout worker has them), the
   consumer leases whole groups, reads them zero-copy, pads them with
   ``storage.batches.to_train_batch`` and acknowledges. No durable copy.
@@ -18,7 +20,9 @@ as the trainer does. Compared side by side on the same rows:
   separate what batching buys from what the Arrow format buys.
 
 Throughput is rows (and MB of row payload) per second from the first put to the last
-padded batch. Weights: the parameter service's publish and pull latency against model size
+padded batch, after one untimed block has gone the same way (first-call costs such as
+pyarrow's lazy import of pandas, ~0.3 s, belong to a process's start, not to throughput).
+Weights: the parameter service's publish and pull latency against model size
 (``benchmarks.params``). Writes both tables into BENCHMARKS.md between markers.
 
     .venv/bin/python -m benchmarks.data_planes
@@ -36,6 +40,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import ray
 from ray.util.queue import Queue
 
@@ -43,7 +48,7 @@ from benchmarks import params as params_bench
 from benchmarks.report import write_section
 from rl.batching import Sample, collate
 from storage.batches import TRAIN_FIELDS, to_train_batch
-from storage.schema import batch_from_rows
+from storage.block_builder import trajectory_block
 from storage.trajectory_store import StoreClient, create_store
 
 BLOCK = 64  # rows per hand-over: 8 prompts x 8 samples, one rollout call's worth
@@ -78,18 +83,39 @@ def make_rows(block: int, tokens: int) -> list[dict[str, Any]]:
     ]
 
 
+def block_from_rows(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    """The rows' lists laid out as a rollout worker lays out its samples (``scored_block``);
+    every token of a row has one version, so its versions are one run."""
+    return trajectory_block(
+        sample_ids=[r["sample_id"] for r in rows],
+        prompt_ids=[r["prompt_id"] for r in rows],
+        group_ids=[r["group_id"] for r in rows],
+        env=rows[0]["env"],
+        prompts=[r["prompt_ids"] for r in rows],
+        responses=[r["response_ids"] for r in rows],
+        logprobs=[r["behaviour_logprobs"] for r in rows],
+        version_runs=[[(0, r["token_versions"][0])] for r in rows],
+        rewards=[r["reward"] for r in rows],
+        advantages=[r["advantage"] for r in rows],
+        status="scored",
+    )
+
+
 @ray.remote(num_cpus=1)
 class Producer:
     def __init__(self, blocks: int, tokens: int) -> None:
-        self.rows = [make_rows(b, tokens) for b in range(blocks)]
+        self.blocks = {
+            "warm-up": [make_rows(-1, tokens)],  # own sample ids: never a duplicate
+            "timed": [make_rows(b, tokens) for b in range(blocks)],
+        }
 
-    def to_store(self, client: StoreClient) -> None:
-        for rows in self.rows:
-            client.put(batch_from_rows(rows))
+    def to_store(self, client: StoreClient, run: str) -> None:
+        for rows in self.blocks[run]:
+            client.put(block_from_rows(rows))
         client.flush()
 
-    def to_queue(self, queue: Queue, blocks: bool) -> None:
-        for rows in self.rows:
+    def to_queue(self, queue: Queue, blocks: bool, run: str) -> None:
+        for rows in self.blocks[run]:
             if blocks:
                 queue.put(rows)
             else:
@@ -120,7 +146,11 @@ class Consumer:
 
 
 def run_variant(variant: str, blocks: int, tokens: int, folder: Path) -> float:
-    """Seconds from the first hand-over to the last padded batch."""
+    """Seconds from the first hand-over to the last padded batch.
+
+    One block goes through first, untimed, in the same actors and store or queue, so that
+    no variant's time holds a process's first-call costs (lazy imports, first connections).
+    """
     producer = Producer.remote(blocks, tokens)
     consumer = Consumer.remote()
     ray.get(producer.__ray_ready__.remote())
@@ -128,20 +158,30 @@ def run_variant(variant: str, blocks: int, tokens: int, folder: Path) -> float:
     if variant.startswith("queue"):
         in_blocks = variant == "queue, blocks"
         queue = Queue(maxsize=8 if in_blocks else 8 * BLOCK)
-        start = time.perf_counter()
-        done = consumer.from_queue.remote(queue, blocks, in_blocks)
-        ray.get(producer.to_queue.remote(queue, in_blocks))
-        got = ray.get(done)
-        queue.shutdown()
+
+        def hand_over(run: str, count: int) -> int:
+            done = consumer.from_queue.remote(queue, count, in_blocks)
+            ray.get(producer.to_queue.remote(queue, in_blocks, run))
+            return int(ray.get(done))
+
+        close = queue.shutdown
     else:
         url = f"file://{folder / variant}-{tokens}" if variant == "store+file" else None
         client = StoreClient(create_store(url, capacity=8 * BLOCK), url, pipeline=PIPELINE)
-        start = time.perf_counter()
-        done = consumer.from_store.remote(client, blocks)
-        ray.get(producer.to_store.remote(client))
-        got = ray.get(done)
-        ray.kill(client.handle)
+
+        def hand_over(run: str, count: int) -> int:
+            done = consumer.from_store.remote(client, count)
+            ray.get(producer.to_store.remote(client, run))
+            return int(ray.get(done))
+
+        def close() -> None:
+            ray.kill(client.handle)
+
+    hand_over("warm-up", 1)
+    start = time.perf_counter()
+    got = hand_over("timed", blocks)
     elapsed = time.perf_counter() - start
+    close()
     if got != blocks * BLOCK * tokens:
         raise RuntimeError(f"{variant}: consumed {got} tokens, expected {blocks * BLOCK * tokens}")
     ray.kill(producer)

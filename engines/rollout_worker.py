@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 import torch
 
@@ -30,8 +31,8 @@ from engines.protocols import Completion
 from engines.vllm_rollout import Delta, VLLMRolloutEngine
 from envs import Environment, Problem, score
 from rl.advantages import group_advantages
+from storage.block_builder import VersionRuns, trajectory_block
 from storage.params import ParameterError, ParameterService
-from storage.schema import batch_from_rows
 from storage.trajectory_store import StoreClient
 from storage.urls import Credentials
 
@@ -80,14 +81,16 @@ def scored_block(
     problems: list[Problem],
     prompt_ids: list[list[int]],
     groups: list[list[Completion]],
-    versions: list[list[list[int]]],
+    version_runs: list[list[VersionRuns]],
     group_ids: list[str],
     scale_by_std: bool,
 ) -> tuple[pa.RecordBatch, RolloutStats]:
     """Score every completion, compute GRPO advantages, and lay the groups out as rows.
 
-    ``versions[g][j]`` is the policy version of each token of completion j of group g.
-    Rows of one group are contiguous; sample ids are ``<group id>/<j>``.
+    ``version_runs[g][j]`` gives the policy versions of completion j of group g as runs of
+    ``(first token, version)``. Rows of one group are contiguous; sample ids are
+    ``<group id>/<j>``. The block is built column by column (``trajectory_block``); the
+    store checks it against the schema when it is put.
     """
     results = [
         [score(env, p, c.text) for c in group] for p, group in zip(problems, groups, strict=True)
@@ -95,43 +98,38 @@ def scored_block(
     rewards = torch.tensor([[r.reward for r in row] for row in results])
     advantages = group_advantages(rewards, scale_by_std=scale_by_std)
     now = datetime.now(UTC)
-    rows = []
-    for g, (problem, ids, group) in enumerate(zip(problems, prompt_ids, groups, strict=True)):
-        group_id = group_ids[g]
-        for j, completion in enumerate(group):
-            tokens = len(completion.token_ids)
-            rows.append(
-                {
-                    "sample_id": f"{group_id}/{j}",
-                    "prompt_id": problem.prompt_id,
-                    "group_id": group_id,
-                    "env": env.name,
-                    "prompt_ids": ids,
-                    "response_ids": completion.token_ids,
-                    "behaviour_logprobs": completion.logprobs,
-                    "token_versions": versions[g][j],
-                    "reward": results[g][j].reward,
-                    "advantage": float(advantages[g, j]),
-                    "prompt_len": len(ids),
-                    "response_len": tokens,
-                    "status": "scored",
-                    "reason": results[g][j].error,
-                    "generated_at": now,
-                    "scored_at": now,
-                }
-            )
-    completions = [c for group in groups for c in group]
+    # One entry per sample, group by group: (group index, sample index in its group).
+    order = [(g, j) for g, group in enumerate(groups) for j in range(len(group))]
+    completions = [groups[g][j] for g, j in order]
+    flat_results = [results[g][j] for g, j in order]
+    block = trajectory_block(
+        sample_ids=[f"{group_ids[g]}/{j}" for g, j in order],
+        prompt_ids=[problems[g].prompt_id for g, _ in order],
+        group_ids=[group_ids[g] for g, _ in order],
+        env=env.name,
+        prompts=[prompt_ids[g] for g, _ in order],
+        responses=[c.token_ids for c in completions],
+        logprobs=[c.logprobs for c in completions],
+        version_runs=[version_runs[g][j] for g, j in order],
+        rewards=[r.reward for r in flat_results],
+        advantages=[float(advantages[g, j]) for g, j in order],
+        status="scored",
+        reasons=[r.error for r in flat_results],
+        generated_at=now,
+        scored_at=now,
+    )
+    oldest = pc.min(pc.list_flatten(block.column("token_versions"))).as_py()
     stats = RolloutStats(
         samples=len(completions),
         groups=len(groups),
         tokens=sum(len(c.token_ids) for c in completions),
         reward_sum=float(rewards.sum()),
-        correct=sum(r.correct for row in results for r in row),
+        correct=sum(r.correct for r in flat_results),
         truncated=sum(not c.finished for c in completions),
-        reward_errors=sum(r.error is not None for row in results for r in row),
-        behaviour_version=min(min(v, default=0) for group in versions for v in group),
+        reward_errors=sum(r.error is not None for r in flat_results),
+        behaviour_version=int(oldest) if oldest is not None else 0,
     )
-    return batch_from_rows(rows), stats
+    return block, stats
 
 
 class RolloutWorkerBase(VLLMRolloutEngine):
@@ -173,7 +171,7 @@ class RolloutWorkerBase(VLLMRolloutEngine):
             problems,
             self.prompt_ids(prompts),
             groups,
-            [[[version] * len(c.token_ids) for c in group] for group in groups],
+            [[[(0, version)] for _ in group] for group in groups],
             [f"{p.prompt_id}@{tag}" for p in problems],
             scale_by_std,
         )
@@ -260,13 +258,6 @@ class _Sample:
     text: str = ""
     marks: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
     done: Completion | None = None
-
-    def versions(self) -> list[int]:
-        out: list[int] = []
-        for i, (start, version) in enumerate(self.marks):
-            stop = self.marks[i + 1][0] if i + 1 < len(self.marks) else len(self.token_ids)
-            out.extend([version] * (stop - start))
-        return out
 
 
 @dataclass
@@ -398,7 +389,7 @@ class _Stream:
             [group.problem],
             [group.prompt_ids],
             [completions],
-            [[s.versions() for s in group.samples]],
+            [[s.marks for s in group.samples]],
             [group_id],
             self.s.scale_by_std,
         )

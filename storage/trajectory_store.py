@@ -8,10 +8,10 @@ Components:
   stale, and appends every transition to the durable ledger (flushed at every ack).
 - ``StoreClient`` runs in producers (rollout workers) and consumers (the trainer). A
   producer validates a RecordBatch against the trajectory schema, puts it in the object
-  store and registers it (the controller keeps its own copy, so a producer that dies takes
-  nothing with it), then writes it to ``<url>/trajectories/`` as Parquet so a restarted
-  store can re-offer it. A consumer leases rows and reads them zero-copy out of the object
-  store as an Arrow table.
+  store (as one Arrow IPC buffer, ``storage.block_builder.encode_block``) and registers it
+  (the controller keeps its own copy, so a producer that dies takes nothing with it), then
+  writes it to ``<url>/trajectories/`` as Parquet so a restarted store can re-offer it. A
+  consumer leases rows and reads them zero-copy out of the object store as an Arrow table.
 
 Restart: a store created with ``restore=True`` reads the ledger and the trajectory files and
 re-offers every stored sample that was not trained, dropped or failed; a sample the ledger
@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import ray
 
 from storage import fsio
+from storage.block_builder import decode_block, encode_block
 from storage.ledger import Ledger, LedgerEvent, latest_events
 from storage.schema import SchemaError, check_version, validate_batch
 from storage.trajectory_index import (
@@ -156,7 +157,7 @@ class TrajectoryStore:
             for table, record in ((known, False), (fresh, True)):
                 if table.num_rows:
                     batch = table.combine_chunks().to_batches()[0]
-                    self._index.add(ray.put(batch), _metas(batch), record=record)
+                    self._index.add(ray.put(encode_block(batch)), _metas(batch), record=record)
                     found.update(table.column("sample_id").to_pylist())
         lost = {s for s, event in latest.items() if event not in TERMINAL and s not in found}
         ids, prompts = (
@@ -395,7 +396,9 @@ class StoreClient:
         """
         validate_batch(batch)
         metas = _metas(batch)
-        self._in_flight.append(_Put(batch, ray.put(batch), metas, group_size, self._submit))
+        self._in_flight.append(
+            _Put(batch, ray.put(encode_block(batch)), metas, group_size, self._submit)
+        )
         while len(self._in_flight) > self.pipeline:
             self._settle(self._in_flight.pop(0))
 
@@ -496,7 +499,7 @@ class StoreClient:
 
 def materialize(grant: LeaseGrant, fields: list[str] | None = None) -> pa.Table:
     """The leased rows as a table of zero-copy slices, with the controller's scalar columns."""
-    blocks = ray.get(grant.blocks)
+    blocks = [decode_block(buffer) for buffer in ray.get(grant.blocks)]
     table = pa.Table.from_batches(
         [blocks[b].slice(start, length) for b, start, length in grant.runs]
     )

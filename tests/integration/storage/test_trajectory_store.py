@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -79,6 +81,9 @@ class Producer:
     def put(self, client: StoreClient, batch: pa.RecordBatch) -> None:
         client.put(batch)
 
+    def crash(self) -> None:
+        os._exit(1)
+
 
 def test_put_lease_ack_round_trip(client):
     ray.get(
@@ -97,6 +102,20 @@ def test_put_lease_ack_round_trip(client):
     events = Ledger(client.url).read()
     assert check_exactly_once(events) == []
     assert set(latest_events(events).values()) == {"trained"}
+
+
+def test_rows_outlive_the_producer_that_put_them(ray_local):
+    """The producer owns the object it put; the store keeps its own copy of the block."""
+    client = StoreClient(create_store(None, capacity=64))
+    producer = Producer.remote()
+    ray.get(producer.put.remote(client, block("a")))
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(producer.crash.remote(), timeout=60)
+    time.sleep(1.0)  # let Ray free what the dead producer owned
+    lease = client.lease(GROUP, 0, 0, timeout_s=30)
+    assert lease.sample_ids == [f"a/{j}" for j in range(GROUP)]
+    assert to_train_batch(lease.table, pad_id=0).input_ids.shape == (GROUP, 9)
+    ray.kill(client.handle)
 
 
 def test_a_dead_consumers_lease_comes_back(client):

@@ -115,3 +115,10 @@ def test_another_schema_version_fails_naming_both_versions():
 def test_data_without_version_metadata_is_refused():
     with pytest.raises(SchemaError, match=r"sluice\.schema_version"):
         validate_batch(raw_batch(row(), schema=SCHEMA.remove_metadata()))
+
+
+def test_a_slice_is_checked_on_its_own_rows():
+    batch = raw_batch(row(), row(sample_id="s2", response_len=3), row(sample_id="s3"))
+    validate_batch(batch.slice(2, 1))  # the bad row lies outside this slice
+    with pytest.raises(SchemaError, match=r"response_len is 3 at row 0 \(sample_id='s2'\)"):
+        validate_batch(batch.slice(1, 2))

@@ -1,0 +1,36 @@
+"""A worker's finished groups become one trajectory block: rows, rewards, advantages, versions."""
+
+from engines.protocols import Completion
+from engines.rollout_worker import scored_block
+from rl.config import EnvConfig
+from storage.schema import validate_batch
+from tasks.environment import make_environment
+
+
+def test_groups_become_contiguous_scored_rows_with_token_versions():
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    problems = env.problems("train", 2, seed=0)
+    groups = [
+        [
+            Completion([5, 6], [-0.5, -0.25], problem.answer, True),
+            Completion([7], [-1.0], "no sum here", False),
+        ]
+        for problem in problems
+    ]
+    # Group b's first sample saw a weight load after its first token.
+    runs = [[[(0, 3)], [(0, 3)]], [[(0, 2), (1, 4)], [(0, 4)]]]
+    block, stats = scored_block(
+        env, problems, [[1, 2], [1, 3, 4]], groups, runs, ["a@t", "b@t"], scale_by_std=False
+    )
+    validate_batch(block)
+    assert block.column("sample_id").to_pylist() == ["a@t/0", "a@t/1", "b@t/0", "b@t/1"]
+    assert block.column("group_id").to_pylist() == ["a@t", "a@t", "b@t", "b@t"]
+    assert block.column("prompt_ids").to_pylist() == [[1, 2], [1, 2], [1, 3, 4], [1, 3, 4]]
+    assert block.column("reward").to_pylist() == [1.0, 0.0, 1.0, 0.0]
+    # Dr. GRPO (no std scaling): reward minus the group's mean of 0.5
+    assert block.column("advantage").to_pylist() == [0.5, -0.5, 0.5, -0.5]
+    assert block.column("token_versions").to_pylist() == [[3, 3], [3], [2, 4], [4]]
+    assert block.column("behaviour_logprobs").to_pylist()[0] == [-0.5, -0.25]
+    assert (stats.samples, stats.groups, stats.tokens) == (4, 2, 6)
+    assert (stats.correct, stats.truncated, stats.reward_sum) == (2, 2, 2.0)
+    assert stats.behaviour_version == 2  # the oldest version of any token
