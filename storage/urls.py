@@ -166,7 +166,8 @@ def open_url(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     if scheme == "file":
         return _file_url(url, parts)
     if scheme == "s3":
-        return s3_filesystem(), _s3_root(url, parts)
+        root = _s3_root(url, parts)  # a malformed URL is named before credentials are asked for
+        return s3_filesystem(), root
     raise _bad(url, f"unsupported scheme {parts.scheme!r}")
 
 
