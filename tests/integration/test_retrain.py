@@ -16,7 +16,9 @@ from mlflow.tracking import MlflowClient
 
 from tasks import registry
 
-pytestmark = pytest.mark.integration
+# Three real jobs in a row (about 5 minutes): `make test-slow`. The promote/keep step itself
+# runs in the default suite on a real registry (tests/integration/test_registry.py).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).parents[2]
 
