@@ -128,7 +128,7 @@ def launch_rollout_workers(
     cpus: float,
     threads: int,
     env_vars: dict[str, str],
-    max_restarts: int,
+    max_restarts: int = 0,
     **engine_args: Any,
 ) -> list[Any]:
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}

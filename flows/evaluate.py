@@ -60,7 +60,6 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
         r.cpus_per_worker,
         r.threads_per_worker,
         child_env(),
-        0,
         model_dir=policy_dir,
         seed=cfg.seed,
         kv_cache_gib=r.kv_cache_gib,

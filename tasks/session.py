@@ -289,7 +289,7 @@ class Session:
             r.cpus_per_worker,
             r.threads_per_worker,
             env_vars,
-            r.max_restarts,
+            max_restarts=r.max_restarts,
             env=self.env,
             store=store,
             params=params,
