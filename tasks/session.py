@@ -84,10 +84,14 @@ class Session:
         )
         self.rollouts = self._rollouts(tag)
         pids = ray.get([w.pid.remote() for w in self.workers])
+        engine = cfg.train.engine
+        if engine == "deepspeed":
+            engine += f" ZeRO-{cfg.train.zero_stage}"
         log.info(
-            "starting %d rollout worker(s) (pids %s) and the trainer (pid %d); vLLM takes ~30 s",
+            "starting %d rollout worker(s) (pids %s) and the %s trainer (pid %d); vLLM takes ~30 s",
             len(self.workers),
             ", ".join(map(str, pids)),
+            engine,
             ray.get(self.trainer.pid.remote()),
         )
         if checkpoint is None:
@@ -270,6 +274,8 @@ class Session:
             t.cpus,
             t.threads,
             env_vars,
+            engine=t.engine,
+            zero_stage=t.zero_stage,
             params=params,
             model_dir=self.policy_dir,
             lr=t.lr,
@@ -277,6 +283,8 @@ class Session:
             warmup_steps=t.warmup_steps,
             entropy_coef=t.entropy_coef,
             grad_clip=t.grad_clip,
+            betas=t.betas,
+            weight_decay=t.weight_decay,
             micro_batch=t.micro_batch,
             micro_batch_tokens=t.micro_batch_tokens,
             loss=t.loss,
