@@ -16,7 +16,6 @@ layout (``engines.zero_state``), so no file is pickled and either engine can res
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import socket
@@ -46,8 +45,6 @@ from storage.torch_state import (
 )
 
 ZERO_STAGES = (1, 2, 3)
-# DeepSpeed logs its config and timers at INFO on every rank; Sluice logs its own steps.
-logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
 
 def check_zero_stage(stage: int) -> int:
