@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import warnings
 from typing import Any
 
 import deepspeed
@@ -45,6 +46,13 @@ from storage.torch_state import (
 )
 
 ZERO_STAGES = (1, 2, 3)
+# DeepSpeed 0.19.8 calls two collectives torch 2.13 deprecates on every ZeRO-3 step; a
+# warning per step would bury the run's own log.
+warnings.filterwarnings(
+    "ignore",
+    message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+    category=FutureWarning,
+)
 
 
 def check_zero_stage(stage: int) -> int:
