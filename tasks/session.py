@@ -88,11 +88,12 @@ class Session:
         if engine == "deepspeed":
             engine += f" ZeRO-{cfg.train.zero_stage}"
         log.info(
-            "starting %d rollout worker(s) (pids %s) and the %s trainer (pid %d); vLLM takes ~30 s",
+            "starting %d rollout worker(s) (pids %s) and the trainer (pid %d) on %s; "
+            "vLLM takes ~30 s",
             len(self.workers),
             ", ".join(map(str, pids)),
-            engine,
             ray.get(self.trainer.pid.remote()),
+            engine,
         )
         if checkpoint is None:
             self.start_accuracy = self.end_accuracy = self._evaluate()
