@@ -1,4 +1,5 @@
-"""Ray actors that host the engines: rollout workers (vLLM) and the trainer (torch).
+"""Ray actors that host the engines: rollout workers (vLLM) and the trainer (torch or
+DeepSpeed, ``train.engine``).
 
 Each actor gets a fixed number of Ray CPU slots and sets its own thread count to match,
 so that pools never oversubscribe the cores they were given (Ray sets OMP_NUM_THREADS=1
@@ -59,9 +60,8 @@ class RolloutWorker(RolloutWorkerBase):
     """A rollout worker in its own process; vLLM runs in-process (no engine subprocess)."""
 
 
-@ray.remote
-class TrainerActor(TorchTrainer):
-    """The torch trainer in its own process, consuming from the store, publishing weights."""
+class StoreTraining:
+    """What a trainer actor adds to its engine: consuming from the store, publishing weights."""
 
     def __init__(
         self, params: ParameterService, credentials: Credentials | None = None, **trainer_args: Any
@@ -123,6 +123,11 @@ class TrainerActor(TorchTrainer):
         return CheckpointStore(url, keep_last).save(step, files, {**meta, **counters})
 
 
+@ray.remote
+class TrainerActor(StoreTraining, TorchTrainer):
+    """The torch trainer in its own process."""
+
+
 def launch_rollout_workers(
     count: int,
     cpus: float,
@@ -144,7 +149,23 @@ def launch_rollout_workers(
     ]
 
 
-def launch_trainer(cpus: float, threads: int, env_vars: dict[str, str], **trainer_args: Any) -> Any:
-    return TrainerActor.options(  # type: ignore[attr-defined]
-        num_cpus=cpus, runtime_env=_thread_env(threads, env_vars)
-    ).remote(threads=threads, credentials=Credentials.here(), **trainer_args)
+def launch_trainer(
+    cpus: float,
+    threads: int,
+    env_vars: dict[str, str],
+    engine: str = "torch",
+    zero_stage: int = 2,
+    **trainer_args: Any,
+) -> Any:
+    """The trainer actor of ``engine`` (torch, or DeepSpeed ZeRO at ``zero_stage``)."""
+    actor: Any = TrainerActor
+    if engine == "deepspeed":
+        # Imported here: only a DeepSpeed run should pay for importing DeepSpeed.
+        from engines.deepspeed_actor import DeepSpeedTrainerActor
+
+        actor, trainer_args = DeepSpeedTrainerActor, {**trainer_args, "zero_stage": zero_stage}
+    elif engine != "torch":
+        raise ValueError(f"unknown training engine {engine!r}; allowed: torch, deepspeed")
+    return actor.options(num_cpus=cpus, runtime_env=_thread_env(threads, env_vars)).remote(
+        threads=threads, credentials=Credentials.here(), **trainer_args
+    )

@@ -1,8 +1,9 @@
 """The seams between the driver and the compute engines.
 
 A rollout engine turns prompts into completions with per-token log-probs and accepts new
-weights; a train engine takes a policy-gradient step and hands out its weights. vLLM and
-torch implement them here; DeepSpeed and other generators plug in behind the same methods.
+weights; a train engine takes a policy-gradient step and hands out its weights. vLLM
+implements the first; torch and DeepSpeed (ZeRO) the second. Other generators and trainers
+plug in behind the same methods.
 """
 
 from __future__ import annotations

@@ -131,7 +131,19 @@ class RolloutConfig(_Section):
 
 
 class TrainConfig(_Section):
-    """The trainer: optimiser, loss and schedule."""
+    """The trainer: engine, optimiser, loss and schedule."""
+
+    engine: Literal["torch", "deepspeed"] = Field(
+        "torch",
+        description="Training engine. torch: plain torch AdamW in one process. deepspeed: "
+        "DeepSpeed ZeRO (train.zero_stage), gloo backend on CPU; from the same weights and "
+        "batch it takes the torch engine's step, and either resumes the other's checkpoints.",
+    )
+    zero_stage: Literal[1, 2, 3] = Field(
+        2,
+        description="deepspeed: ZeRO stage. 1 partitions the optimiser state across ranks, "
+        "2 the gradients too, 3 the weights too. Unused by the torch engine.",
+    )
 
     steps: int = Field(1600, ge=1, description="RL steps (one optimiser step each).")
     lr: float = Field(
@@ -165,6 +177,12 @@ class TrainConfig(_Section):
         "behaviour weight (IMPALA's rho-bar is 1: weights never exceed 1). Unused by ppo.",
     )
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999),
+        description="AdamW's beta1 and beta2: how slowly its averages of the gradient and of "
+        "its square forget; each in [0, 1).",
+    )
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW's decoupled weight decay.")
     scale_adv_by_std: bool = Field(
         True, description="GRPO's std scaling of advantages (False: Dr. GRPO, centred only)."
     )
@@ -178,6 +196,12 @@ class TrainConfig(_Section):
     )
     cpus: float = Field(1.0, gt=0.0, description="Ray CPU slots for the trainer actor.")
     threads: int = Field(1, ge=1, description="torch threads inside the trainer actor.")
+
+    @model_validator(mode="after")
+    def _betas_below_one(self) -> TrainConfig:
+        if not all(0.0 <= beta < 1.0 for beta in self.betas):
+            raise ValueError(f"train.betas {list(self.betas)} must each lie in [0, 1)")
+        return self
 
 
 class EvalConfig(_Section):

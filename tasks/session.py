@@ -84,11 +84,16 @@ class Session:
         )
         self.rollouts = self._rollouts(tag)
         pids = ray.get([w.pid.remote() for w in self.workers])
+        engine = cfg.train.engine
+        if engine == "deepspeed":
+            engine += f" ZeRO-{cfg.train.zero_stage}"
         log.info(
-            "starting %d rollout worker(s) (pids %s) and the trainer (pid %d); vLLM takes ~30 s",
+            "starting %d rollout worker(s) (pids %s) and the trainer (pid %d) on %s; "
+            "vLLM takes ~30 s",
             len(self.workers),
             ", ".join(map(str, pids)),
             ray.get(self.trainer.pid.remote()),
+            engine,
         )
         if checkpoint is None:
             self.start_accuracy = self.end_accuracy = self._evaluate()
@@ -270,6 +275,8 @@ class Session:
             t.cpus,
             t.threads,
             env_vars,
+            engine=t.engine,
+            zero_stage=t.zero_stage,
             params=params,
             model_dir=self.policy_dir,
             lr=t.lr,
@@ -277,6 +284,8 @@ class Session:
             warmup_steps=t.warmup_steps,
             entropy_coef=t.entropy_coef,
             grad_clip=t.grad_clip,
+            betas=t.betas,
+            weight_decay=t.weight_decay,
             micro_batch=t.micro_batch,
             micro_batch_tokens=t.micro_batch_tokens,
             loss=t.loss,

@@ -38,6 +38,9 @@ def test_defaults_and_overrides():
         (["train.steps=5", "train.steps.x=1"], "is a value, not a section"),
         (["train.loss=a2c"], r"train\.loss: .*'ppo', 'decoupled_ppo' or 'tis'.*'a2c'"),
         (["train.is_cap=0.5"], r"train\.is_cap: Input should be greater than or equal to 1"),
+        (["train.zero_stage=5"], r"train\.zero_stage: Input should be 1, 2 or 3 \(got 5\)"),
+        (["train.engine=fsdp"], r"train\.engine: .*'torch' or 'deepspeed'.*'fsdp'"),
+        (["train.betas=[0.9, 1.5]"], r"train\.betas \[0\.9, 1\.5\] must each lie in \[0, 1\)"),
     ],
     ids=[
         "typo",
@@ -49,6 +52,9 @@ def test_defaults_and_overrides():
         "into-value",
         "unknown-loss",
         "cap-below-one",
+        "zero-stage-5",
+        "unknown-engine",
+        "beta-over-one",
     ],
 )
 def test_config_errors_name_the_field(overrides, expected):
@@ -77,3 +83,17 @@ def test_loss_defaults_and_overrides():
     assert (load_config(None).train.loss, load_config(None).train.is_cap) == ("ppo", 2.0)
     cfg = load_config(None, ["train.loss=tis", "train.is_cap=1"])
     assert (cfg.train.loss, cfg.train.is_cap) == ("tis", 1.0)
+
+
+def test_engine_defaults_and_overrides():
+    train = load_config(None).train
+    assert (train.engine, train.zero_stage, train.betas, train.weight_decay) == (
+        "torch",
+        2,
+        (0.9, 0.999),
+        0.0,
+    )
+    cfg = load_config(
+        None, ["train.engine=deepspeed", "train.zero_stage=1", "train.betas=[0.8, 0.9]"]
+    )
+    assert (cfg.train.engine, cfg.train.zero_stage, cfg.train.betas) == ("deepspeed", 1, (0.8, 0.9))

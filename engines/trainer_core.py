@@ -1,0 +1,239 @@
+"""What every training engine shares: the policy it loads, the micro-batched policy-gradient
+pass and its metrics, the learning-rate warm-up, and the policy's outward forms.
+
+``PolicyTrainer`` is the base of ``engines.torch_trainer.TorchTrainer`` and
+``engines.deepspeed_trainer.DeepSpeedTrainer``. The engines differ only in how the
+optimiser is built, how gradients are reduced and applied (``step_batch``), where the full
+weights live (``state``) and how optimiser state is checkpointed. The loss is picked by name
+from ``rl.losses`` (``train.loss`` in the config), so no engine knows which algorithm it runs.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rl.batching import Sample, TrainBatch, collate
+from rl.losses import (
+    LOSS_NAMES,
+    entropy_from_logits,
+    kl_k3,
+    logprob_mismatch,
+    policy_loss,
+    token_logprobs,
+)
+from storage.torch_state import tensors_to_bytes
+
+# Files that travel with the weights when the trained policy is saved as a model folder.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+MODEL_FILE = "model.safetensors"
+# Token-weighted means over a batch, summed micro-batch by micro-batch.
+SUM_METRICS = (
+    "loss",
+    "kl_behaviour",
+    "entropy",
+    "clip_fraction",
+    "is_weight_mean",
+    "is_truncated_fraction",
+    "logprob_mismatch",
+)
+NO_TOKEN_LIMIT = 1 << 62  # micro_batch_tokens when the config sets no limit
+
+
+@dataclass(frozen=True)
+class Optimisation:
+    """AdamW and its schedule, the same for every engine (``train`` in the config)."""
+
+    lr: float
+    grad_clip: float
+    warmup_steps: int = 0
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    eps: float = 1e-8  # torch's AdamW default
+
+    def warmup(self) -> Callable[[int], float]:
+        """The LambdaLR factor: linear from 1/(warmup+1) of the rate to all of it."""
+        steps = self.warmup_steps
+        return lambda step: min(1.0, (step + 1) / (steps + 1))
+
+
+@dataclass
+class StepSums:
+    """A step's metrics while its micro-batches run: token-weighted sums and the weight max."""
+
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SUM_METRICS, 0.0))
+    weight_max: float = 0.0
+
+    def metrics(self, grad_norm: float, lr: float, tokens: float) -> dict[str, float]:
+        return {
+            **self.sums,
+            "is_weight_max": self.weight_max,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": tokens,
+        }
+
+
+class PolicyTrainer(ABC):
+    """The engine-independent half of a :class:`engines.protocols.TrainEngine`.
+
+    A subclass builds its optimiser in ``_attach_optimizer`` (called once the model is
+    loaded) and implements ``step_batch``, ``checkpoint_files`` and ``load_checkpoint``.
+    """
+
+    def __init__(
+        self,
+        model_dir: str,
+        lr: float,
+        clip_eps: float,
+        grad_clip: float,
+        micro_batch: int,
+        threads: int,
+        seed: int,
+        micro_batch_tokens: int = NO_TOKEN_LIMIT,
+        warmup_steps: int = 0,
+        entropy_coef: float = 0.0,
+        loss: str = "ppo",
+        is_cap: float = 2.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+    ) -> None:
+        if loss not in LOSS_NAMES:
+            raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSS_NAMES)}")
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self._model_dir = Path(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.train()
+        self._pad_id = int(self.model.config.pad_token_id or 0)
+        self.optimisation = Optimisation(
+            lr, grad_clip, warmup_steps, (betas[0], betas[1]), weight_decay
+        )
+        self._loss = loss
+        self._clip_eps = clip_eps
+        self._is_cap = is_cap
+        self._entropy_coef = entropy_coef
+        self._micro_batch = micro_batch
+        self._micro_tokens = micro_batch_tokens
+        # What the forward pass calls: the model, or an engine that wraps it.
+        self._network: Callable[..., Any] = self.model
+        # Called right before the weights change in place (see storage.params.publish).
+        self.before_update: Callable[[], object] | None = None
+        self._version = 0
+        self._attach_optimizer()
+
+    @abstractmethod
+    def _attach_optimizer(self) -> None:
+        """Build the optimiser and learning-rate schedule over ``self.model``."""
+
+    @abstractmethod
+    def step_batch(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimiser step on padded tensors (``rl.batching.TrainBatch``)."""
+
+    @abstractmethod
+    def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """Model, optimiser and RNG state as named files, plus the counters to restore."""
+
+    @abstractmethod
+    def load_checkpoint(self, files: dict[str, bytes], counters: dict[str, Any]) -> None:
+        """Restore what ``checkpoint_files`` wrote; continues at the saved version."""
+
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def pad_id(self) -> int:
+        return self._pad_id
+
+    def _forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self._network(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        logits = out.logits[:, :-1]
+        return token_logprobs(logits, batch.targets), logits
+
+    def step(self, samples: list[Sample]) -> dict[str, float]:
+        return self.step_batch(collate(samples, self._pad_id))
+
+    def _accumulate(
+        self,
+        parts: Iterable[TrainBatch],
+        total_tokens: torch.Tensor,
+        backward: Callable[[torch.Tensor], object],
+        scale: float = 1.0,
+    ) -> StepSums:
+        """Forward and backward over ``parts``, each loss weighted by its share of the
+        batch's ``total_tokens`` (times ``scale``), so the gradients sum to the token mean."""
+        step = StepSums()
+        sums = step.sums
+        for part in parts:
+            logprobs, logits = self._forward(part)
+            # The proximal policy is this trainer's before the update. One optimiser step per
+            # batch means every micro-batch sees those weights, so it is this very forward pass,
+            # detached: no extra forward. (Several steps per batch would need a no-grad pass
+            # before the first.) Then r = 1 at the gradient and decoupled PPO's gradient is
+            # tis's: min(pi/pi_behav, cap) * A * grad log pi.
+            proximal = logprobs.detach()
+            out = policy_loss(
+                self._loss,
+                logprobs,
+                proximal,
+                part.old_logprobs,
+                part.advantages,
+                part.mask,
+                self._clip_eps,
+                self._is_cap,
+            )
+            entropy = entropy_from_logits(logits, part.mask)
+            # Each micro-batch weighs by its share of tokens: the sum is the batch token mean.
+            share = part.mask.sum() / total_tokens
+            backward((out.loss - self._entropy_coef * entropy) * share * scale)
+            with torch.no_grad():
+                sums["loss"] += float(out.loss * share)
+                sums["kl_behaviour"] += float(kl_k3(proximal, part.old_logprobs, part.mask) * share)
+                sums["entropy"] += float(entropy * share)
+                sums["clip_fraction"] += float(out.clip_fraction * share)
+                sums["is_weight_mean"] += float(out.weight_mean * share)
+                sums["is_truncated_fraction"] += float(out.truncated_fraction * share)
+                sums["logprob_mismatch"] += float(
+                    logprob_mismatch(proximal, part.old_logprobs, part.mask) * share
+                )
+                step.weight_max = max(step.weight_max, float(out.weight_max))
+        return step
+
+    def _check_grad_norm(self, grad_norm: float) -> None:
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(
+                f"non-finite gradient norm at version {self._version}; the step was skipped"
+            )
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """The current policy's log-prob of each response token (for checks and tests)."""
+        batch = collate(samples, self._pad_id)
+        logprobs, _ = self._forward(batch)
+        return [logprobs[i][batch.mask[i].bool()].tolist() for i in range(len(batch))]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The live weights by name (not copies: publish or save before the next step)."""
+        return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
+
+    def weights(self) -> bytes:
+        return tensors_to_bytes(self.state())
+
+    def save(self, folder: str) -> None:
+        """Write the current policy as a model folder (safetensors + tokenizer files)."""
+        out = Path(folder)
+        # Copies: an engine may hold its weights as views of one flat buffer, which
+        # save_pretrained would take for tied tensors.
+        weights = {k: v.clone() for k, v in self.state().items()}
+        self.model.save_pretrained(out, state_dict=weights, safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            if (self._model_dir / name).is_file():
+                shutil.copy2(self._model_dir / name, out / name)

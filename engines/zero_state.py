@@ -1,0 +1,105 @@
+"""ZeRO-partitioned weights and AdamW state, to and from the layout of a plain torch AdamW.
+
+DeepSpeed's own ``save_checkpoint`` pickles, and its files depend on the ZeRO stage and the
+number of ranks. Here the Adam moments are gathered per parameter (DeepSpeed's
+``safe_get_full_*`` API, stages 1 to 3) into the very state dict a ``torch.optim.AdamW``
+over ``model.parameters()`` would have, which ``storage.torch_state`` stores as safetensors
+plus JSON. A checkpoint so written resumes under either engine, with any number of ranks.
+Driven by ``engines.deepspeed_trainer``. Every function here is collective: all ranks call it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from deepspeed.runtime.zero import GatheredParameters
+from deepspeed.utils import safe_get_full_optimizer_state, safe_set_full_fp32_param
+from deepspeed.utils import safe_set_full_optimizer_state as set_full_state
+
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def gathered_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the full weights by name; under ZeRO-3 each is gathered from its shards."""
+    with GatheredParameters(list(model.parameters())):  # no-op below stage 3
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Set the model's weights and the optimiser's fp32 master copy of them."""
+    params = dict(model.named_parameters())
+    # Stage 3: every rank sees full tensors inside, rank 0's are re-partitioned on the way out.
+    with GatheredParameters(list(params.values()), modifier_rank=0):
+        model.load_state_dict(tensors, strict=True)
+    for name, param in params.items():
+        safe_set_full_fp32_param(param, tensors[name])
+
+
+def _hyper_parameters(base: torch.optim.Optimizer) -> dict[str, Any]:
+    group = base.param_groups[0]
+    if any(g["lr"] != group["lr"] for g in base.param_groups):
+        raise ValueError("ZeRO parameter groups with different learning rates cannot be stored")
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+def gather_adamw_state(model: torch.nn.Module, zero_optimizer: Any) -> dict[str, Any]:
+    """The state dict of an AdamW over ``model.parameters()`` (index-keyed, as torch's)."""
+    base = zero_optimizer.optimizer  # the torch AdamW over ZeRO's flat fp32 partitions
+    params = list(model.parameters())
+    group = {**_hyper_parameters(base), "params": list(range(len(params)))}
+    steps = [s["step"] for s in base.state.values() if "step" in s]
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    if steps:  # AdamW creates its state at the first step
+        for index, param in enumerate(params):
+            moments = {k: safe_get_full_optimizer_state(param, k).clone() for k in ADAM_MOMENTS}
+            state[index] = {"step": steps[0].detach().clone(), **moments}
+    return {"state": state, "param_groups": [group]}
+
+
+def _flat_partitions(zero_optimizer: Any) -> list[torch.Tensor]:
+    """The flat fp32 tensors this rank's AdamW steps: one per group at ZeRO-1/2, one per
+    sub-group at ZeRO-3 (whose AdamW holds them in its groups only while it steps)."""
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+        if hasattr(zero_optimizer, name):
+            return list(getattr(zero_optimizer, name))
+    raise TypeError(f"{type(zero_optimizer).__name__} is not a ZeRO stage 1-3 optimiser")
+
+
+def _ensure_adam_state(zero_optimizer: Any) -> None:
+    """Create AdamW's state before its first step, as ``torch.optim.AdamW`` would, so a
+    restored state has tensors to land in."""
+    base = zero_optimizer.optimizer
+    for flat in _flat_partitions(zero_optimizer):
+        if not base.state[flat]:
+            base.state[flat] = {
+                "step": torch.tensor(0.0),
+                **{k: torch.zeros_like(flat) for k in ADAM_MOMENTS},
+            }
+    # Stages 1 and 2 map each parameter into that state after the first step; a fresh
+    # optimiser has not mapped it yet (stage 3 looks the state up on every access).
+    link = getattr(zero_optimizer, "_lazy_init_hp_params_optimizer_state", None)
+    if link is not None:
+        link()
+
+
+def scatter_adamw_state(model: torch.nn.Module, zero_optimizer: Any, saved: dict[str, Any]) -> None:
+    """Load the output of ``gather_adamw_state`` (or a torch AdamW's state dict)."""
+    params = list(model.parameters())
+    (group,) = saved["param_groups"]
+    if len(group["params"]) != len(params):
+        raise ValueError(
+            f"optimizer state holds {len(group['params'])} parameters, the model has {len(params)}"
+        )
+    base = zero_optimizer.optimizer
+    for live in base.param_groups:
+        live.update({k: v for k, v in group.items() if k != "params" and k in live})
+    _ensure_adam_state(zero_optimizer)
+    state = saved["state"]
+    step = state[0]["step"] if state else torch.tensor(0.0)
+    for flat in _flat_partitions(zero_optimizer):
+        base.state[flat]["step"].copy_(step)
+    for index, param in enumerate(params):
+        for key in ADAM_MOMENTS:
+            value = state[index][key] if state else torch.zeros_like(param)
+            set_full_state(param, value, key)

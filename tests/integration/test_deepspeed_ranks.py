@@ -1,0 +1,97 @@
+"""Two DeepSpeed ranks under torchrun take the torch engine's steps (ZeRO-2 across processes).
+
+The ranks split each batch's micro-batches between them and average their gradients over
+gloo; the gathered checkpoint they write then resumes in the torch engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from engines.torch_trainer import TorchTrainer
+from rl.batching import Sample
+from storage.checkpoints import CheckpointStore
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).parents[2]
+STEPS = 3
+# Gradients summed over two ranks and gloo, in another order than one torch process:
+# equal to rounding (see tests/unit/engines/test_deepspeed_trainer.py).
+ATOL, RTOL = 1e-5, 1e-4
+SETTINGS = {
+    "lr": 5e-3,
+    "clip_eps": 0.2,
+    "grad_clip": 0.3,
+    "micro_batch": 2,  # seven samples: four micro-batches, so the ranks run two each
+    "warmup_steps": 1,
+    "loss": "ppo",
+    "threads": 1,
+    "seed": 0,
+}
+
+
+def _samples() -> list[Sample]:
+    rows = []
+    for i in range(7):
+        response = [20 + (3 * i + j) % 11 for j in range(2 + i)] + [2]
+        behaviour = [-3.0 - 0.1 * j for j in range(len(response))]
+        rows.append(Sample([1, 30 + i], response, behaviour, advantage=(-1.0) ** i * (1 + i / 4)))
+    return rows
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _torchrun(policy: Path, tmp_path: Path, stage: int) -> dict:
+    samples, settings = tmp_path / "samples.json", tmp_path / "settings.json"
+    samples.write_text(json.dumps([asdict(s) for s in _samples()]))
+    settings.write_text(json.dumps(SETTINGS))
+    out = tmp_path / "out"
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"),
+        *("--master_addr", "127.0.0.1", "--master_port", str(_free_port())),
+        str(ROOT / "scripts" / "deepspeed_ranks.py"),
+        *("--policy", str(policy), "--samples", str(samples), "--settings", str(settings)),
+        *("--out", str(out), "--zero-stage", str(stage), "--steps", str(STEPS)),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_two_zero2_ranks_take_the_torch_engines_steps(tiny_policy, tmp_path):
+    ranks = _torchrun(tiny_policy, tmp_path, stage=2)
+    assert (ranks["world_size"], ranks["zero_stage"]) == (2, 2)
+    reference = TorchTrainer(str(tiny_policy), **SETTINGS)
+    for got in ranks["steps"]:
+        want = reference.step(_samples())
+        assert set(got) == set(want)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=RTOL, abs=ATOL), key
+    assert want["grad_norm"] > SETTINGS["grad_clip"]  # the clip was exercised
+
+    # The checkpoint the two ranks gathered resumes in one torch process, on the same path.
+    saved = CheckpointStore((tmp_path / "out").as_uri()).load_latest()
+    assert saved is not None and saved.meta["version"] == STEPS
+    resumed = TorchTrainer(str(tiny_policy), **SETTINGS)
+    resumed.load_checkpoint(saved.files, saved.meta)
+    resumed.step(_samples())
+    reference.step(_samples())
+    for name, tensor in reference.state().items():
+        torch.testing.assert_close(resumed.state()[name], tensor, atol=ATOL, rtol=RTOL)
