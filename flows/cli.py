@@ -256,7 +256,7 @@ def ledger(
     root: Annotated[Path, typer.Option(help="Folder that holds the runs.")] = Path("runs"),
 ) -> None:
     """Summarise a run's ledger (samples per final status, staleness), or trace one prompt."""
-    from storage.ledger import Ledger, check_exactly_once
+    from storage.ledger import Ledger, check_exactly_once, check_versions
 
     if "://" in run:
         where = run
@@ -297,12 +297,15 @@ def ledger(
         "staleness of trained samples: "
         + ", ".join(f"{k}: {v}" for k, v in sorted(summary["staleness"].items()))
     )
-    problems = check_exactly_once(book.read())
+    table = book.read()
+    problems = check_exactly_once(table)
     typer.echo(
         "exactly-once: ok"
         if not problems
         else "exactly-once violations:\n  " + "\n  ".join(problems)
     )
+    gaps = check_versions(table)
+    typer.echo("trained versions: no gap" if not gaps else "\n".join(gaps))
 
 
 @app.command("simulate")

@@ -95,7 +95,7 @@ def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness):
     assert summary["staleness"] == dict(Counter(s for s in staleness for _ in range(16)))
     report = _run(["ledger", str(run_dir)], timeout=120)
     assert report.returncode == 0, report.stderr
-    assert "exactly-once: ok" in report.stdout
+    assert "exactly-once: ok" in report.stdout and "trained versions: no gap" in report.stdout
     prompt_id = table.column("prompt_id")[0].as_py()
     trace = _run(["ledger", str(run_dir), "--prompt", prompt_id], timeout=120)
     assert trace.returncode == 0, trace.stderr
