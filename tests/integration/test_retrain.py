@@ -7,31 +7,15 @@ keeps it and says why.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks import registry
+from tests.support.cli import sluice
 
 # Three real jobs in a row (about 5 minutes): `make test-slow`. The promote/keep step itself
 # runs in the default suite on a real registry (tests/integration/test_registry.py).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-ROOT = Path(__file__).parents[2]
-
-
-def _sluice(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
 
 
 def test_retrain_promotes_then_keeps_the_champion(tmp_path, shared_cache):
@@ -47,15 +31,15 @@ def test_retrain_promotes_then_keeps_the_champion(tmp_path, shared_cache):
         "--set",
         "mode=sync",
     ]
-    first = _sluice("retrain", *common)
+    first = sluice("retrain", *common)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "sluice-policy version 1 promoted to champion: there is no champion yet" in first.stdout
 
-    scored = _sluice("eval", *common[:1], "--model", "sluice-policy@champion", *common[1:])
+    scored = sluice("eval", *common[:1], "--model", "sluice-policy@champion", *common[1:])
     assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
     assert "held-out accuracy" in scored.stdout and "sluice-policy@champion" in scored.stdout
 
-    second = _sluice("retrain", *common, "--min-gain", "1.0")
+    second = sluice("retrain", *common, "--min-gain", "1.0")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "retraining from sluice-policy version 1 (champion)" in second.stdout
     assert "sluice-policy version 2 not promoted" in second.stdout

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageStat
 
+from tests.support.cli import ROOT, sluice, smoke_run
 from tests.support.servers import Server, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.ui]
 
-ROOT = Path(__file__).parents[2]
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -94,27 +94,9 @@ def test_prefect_runs_page_and_mlflow_run_page(tmp_path, shared_cache):
     try:
         prefect.wait_http(f"http://127.0.0.1:{port}/api/health", timeout=180)
         root = tmp_path / "runs"
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "flows.cli",
-                "run",
-                "configs/smoke.yaml",
-                "--set",
-                f"root={root}",
-                "--set",
-                f"cache={shared_cache}",
-                "--set",
-                "train.steps=4",
-                "--set",
-                "storage.checkpoint_every=2",
-            ],
+        run = sluice(
+            *smoke_run(root, shared_cache, "train.steps=4", "storage.checkpoint_every=2"),
             env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert_not_blank(screenshot(f"http://127.0.0.1:{port}/runs", shots / "prefect-runs.png"))

@@ -15,10 +15,10 @@ import s3fs
 
 from storage.layout import RunLayout
 from storage.urls import CREDENTIAL_VARS
+from tests.support.cli import ROOT, sluice, smoke_run
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).parents[3]
 BLOCK = "sluice-test-s3"
 
 
@@ -55,31 +55,16 @@ def test_credentials_come_from_a_secret_block_and_never_leak(s3_server, tmp_path
     )
     assert saved.returncode == 0, saved.stderr[-3000:]
     prefix = f"s3://{s3_server.bucket}/secrets-{tmp_path.name}"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flows.cli",
-            "run",
-            "configs/smoke.yaml",
-            "--set",
-            f"root={root}",
-            "--set",
-            f"cache={shared_cache}",
-            "--set",
+    run = sluice(
+        *smoke_run(
+            root,
+            shared_cache,
             "train.steps=2",
-            "--set",
             "mode=async",
-            "--set",
             f"storage.url={prefix}",
-            "--set",
             f"storage.credentials_block={BLOCK}",
-        ],
+        ),
         env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "== summary ==" in run.stdout

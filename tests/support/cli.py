@@ -1,0 +1,31 @@
+"""The `sluice` command as the end-to-end tests run it: a subprocess from the repo root."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+
+def sluice(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def smoke_run(root: Path, cache: Path, *settings: str) -> list[str]:
+    """Arguments of `sluice run configs/smoke.yaml` into ``root``, one --set per setting."""
+    args = ["run", "configs/smoke.yaml"]
+    for setting in (f"root={root}", f"cache={cache}", *settings):
+        args += ["--set", setting]
+    return args
