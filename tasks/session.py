@@ -209,8 +209,9 @@ class Session:
         """Held-out accuracy of the trainer's current version."""
         self.rollouts.pause(self.wait)  # async: workers hand vLLM back, then load the version
         timeout = self.cfg.storage.weight_pull_timeout_s
-        self.wait([w.sync_weights.remote(self.step, timeout) for w in self.workers], "weights")
-        accuracy = self._evaluate()
+        workers = self.rollouts.live()  # async: a worker whose node is gone is left out
+        self.wait([w.sync_weights.remote(self.step, timeout) for w in workers], "weights")
+        accuracy = evaluate(workers, self.env, self.heldout, self.eval_tokens)
         self.rollouts.resume()
         return accuracy
 
