@@ -16,7 +16,9 @@ import logging
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -26,6 +28,10 @@ log = logging.getLogger("sluice")
 # 6379; the driver then needs a Ray node of the cluster on its own machine), or `auto`
 # (the cluster this machine is a node of).
 _ADDRESS = re.compile(r"^(ray://)?[A-Za-z0-9._-]+:(\d{1,5})$")
+# Ray 2.60's client proxy forks one server per driver, and that child now and then dies at
+# start on a busy machine (a gRPC thread crashes after the fork; seen 2 times in ~20 here):
+# the connection fails with ConnectionAbortedError, and connecting again forks a new one.
+CLIENT_CONNECT_ATTEMPTS = 3
 
 
 def check_address(address: str) -> str:
@@ -55,7 +61,7 @@ def start(cpus: float, resources: dict[str, float], temp_dir: Path) -> None:
         return
     address = os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=check_address(address), log_to_driver=False, configure_logging=False)
+        _join(check_address(address))
         offered = ray.cluster_resources()
         log.info(
             "joined the Ray cluster at %s: %d node(s), %s",
@@ -81,3 +87,17 @@ def start(cpus: float, resources: dict[str, float], temp_dir: Path) -> None:
         log_to_driver=False,
         configure_logging=False,
     )
+
+
+def _join(address: str, init: Callable[..., Any] = ray.init) -> None:
+    """``init`` (Ray's) the cluster at ``address``; a ``ray://`` connection is tried up to
+    CLIENT_CONNECT_ATTEMPTS times."""
+    attempts = CLIENT_CONNECT_ATTEMPTS if address.startswith("ray://") else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            init(address=address, log_to_driver=False, configure_logging=False)
+            return
+        except ConnectionAbortedError as error:
+            if attempt == attempts:
+                raise
+            log.warning("Ray client connection to %s failed (%s); connecting again", address, error)

@@ -123,22 +123,24 @@ class RayNodes:
         token = workdir / "ray-auth-token"
         token.write_text(os.urandom(32).hex())
         token.chmod(0o600)
-        # Nothing of the test process's own Ray (an address, a token) may leak in.
-        inherited = {
-            k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")
-        }
         self.env = {
-            **inherited,
+            **self.clean_env(),
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token),
-            "RAY_USAGE_STATS_ENABLED": "0",
             # Teardown only: Ray's own SIGTERM drain would wait up to 30 s per node.
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-            "PYTHONPATH": str(REPO),
         }
         self.port = free_port()
         self.gcs_address = f"127.0.0.1:{self.port}"
         self.nodes: dict[str, Node] = {}
+
+    @staticmethod
+    def clean_env() -> dict[str, str]:
+        """This process's environment without its own Ray's settings (an address, a
+        token), with this checkout importable: for nodes and drivers started by a test."""
+        skip = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+        inherited = {k: v for k, v in os.environ.items() if k not in skip}
+        return {**inherited, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
 
     def start(self, name: str, cpus: int, resources: dict[str, float] | None = None) -> Node:
         """Start a node; the first one started is the head. Returns at once (see ``joined``)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.cluster import check_address, summed
+from engines.cluster import CLIENT_CONNECT_ATTEMPTS, _join, check_address, summed
 
 
 @pytest.mark.parametrize(
@@ -32,3 +32,36 @@ def test_summed_resources_count_every_actor():
         "fast": 0.5,
     }
     assert summed((3, {}), (1, {})) == {}
+
+
+class FlakyInit:
+    """Stands in for ray.init: fails ``failures`` times as Ray's client proxy does when
+    the server it forked for the driver dies at start, then connects."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls = failures, 0
+
+    def __call__(self, **kwargs: object) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionAbortedError("Starting Ray client server failed.")
+
+
+@pytest.mark.parametrize(
+    ("address", "failures", "calls", "connects"),
+    [
+        ("ray://head:10001", 2, 3, True),  # two failures, the third attempt connects
+        ("ray://head:10001", 3, 3, False),  # CLIENT_CONNECT_ATTEMPTS failures: raised
+        ("head:6379", 1, 1, False),  # a GCS address is not a client connection: no retry
+    ],
+    ids=["client-recovers", "client-gives-up", "gcs-no-retry"],
+)
+def test_a_client_connection_is_tried_again(address, failures, calls, connects):
+    init = FlakyInit(failures)
+    if connects:
+        _join(address, init)
+    else:
+        with pytest.raises(ConnectionAbortedError):
+            _join(address, init)
+    assert init.calls == calls
+    assert CLIENT_CONNECT_ATTEMPTS == 3  # the cases above are written for three attempts
