@@ -1,10 +1,18 @@
-"""engines/cluster.py: the Ray addresses the CLI accepts, and the local Ray's resources."""
+"""engines/cluster.py: the Ray addresses the CLI accepts (``--address``), the local Ray's
+resources, and the client connection's retries."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+from typer.testing import CliRunner
 
 from engines.cluster import CLIENT_CONNECT_ATTEMPTS, _join, check_address, summed
+from flows.cli import app
+
+ROOT = Path(__file__).parents[3]
 
 
 @pytest.mark.parametrize(
@@ -65,3 +73,17 @@ def test_a_client_connection_is_tried_again(address, failures, calls, connects):
             _join(address, init)
     assert init.calls == calls
     assert CLIENT_CONNECT_ATTEMPTS == 3  # the cases above are written for three attempts
+
+
+@pytest.mark.parametrize("command", ["run", "resume"])
+def test_the_cli_refuses_a_bad_address_before_anything_starts(command, monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.chdir(ROOT)
+    run_dir = tmp_path / "smoke"  # what `sluice run` leaves for `sluice resume`
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text((ROOT / "configs" / "smoke.yaml").read_text())
+    args = ["configs/smoke.yaml"] if command == "run" else [str(run_dir)]
+    result = CliRunner().invoke(app, [command, *args, "--address", "http://head:6379"])
+    assert result.exit_code == 2, result.output
+    assert "--address: Ray address 'http://head:6379' is none of ray://HOST:PORT" in (result.output)
+    assert "RAY_ADDRESS" not in os.environ
