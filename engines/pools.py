@@ -11,6 +11,13 @@ Rollout workers are restarted by Ray when their process dies (``max_restarts``);
 sees the failed call, hands the worker's unfinished prompts back to the queue and gives it
 new work (``tasks/rollout.py``). The trainer is not restarted in place: a trainer failure
 fails its segment, and the flow rebuilds every pool from the last checkpoint.
+
+Placement on a cluster: rollout workers and the trainer ask for the custom Ray resources
+of ``rollout.resources`` / ``train.resources`` (e.g. ``rollout`` and ``trainer``, which the
+infra/terraform worker groups advertise), so they land on the nodes meant for them. A
+rollout worker whose node is lost waits, restarting, until a node with its resources joins.
+The control-plane actors (trajectory store, dispatcher, parameter relay 0) go on the
+driver's own node (``on_driver_node``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections import Counter
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engines.rollout_worker import RolloutWorkerBase
 from engines.torch_trainer import TorchTrainer
@@ -48,6 +56,16 @@ def child_env() -> dict[str, str]:
     # Storage credentials are not among them: they travel as constructor arguments
     # (storage.urls.Credentials), since Ray logs runtime environments.
     return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+def on_driver_node() -> NodeAffinitySchedulingStrategy:
+    """Where the control-plane actors go: the driver's node, and nowhere else.
+
+    They hold the run's state (queued groups, stored trajectories, the published weights).
+    On a cluster the driver runs on the head (on-demand capacity), which the run cannot
+    lose and go on anyway; on a spot worker node they would share its fate.
+    """
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
 def _thread_env(threads: int, extra: dict[str, str]) -> dict[str, Any]:
@@ -134,12 +152,18 @@ def launch_rollout_workers(
     threads: int,
     env_vars: dict[str, str],
     max_restarts: int = 0,
+    resources: dict[str, float] | None = None,
     **engine_args: Any,
 ) -> list[Any]:
+    """``count`` rollout actors; each asks for ``cpus`` CPU slots and the custom Ray
+    ``resources`` (``rollout.resources``), so it lands only on a node that offers them."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}
     return [
         RolloutWorker.options(  # type: ignore[attr-defined]
-            num_cpus=cpus, runtime_env=_thread_env(threads, extra), max_restarts=max_restarts
+            num_cpus=cpus,
+            resources=resources or None,
+            runtime_env=_thread_env(threads, extra),
+            max_restarts=max_restarts,
         ).remote(
             threads=threads,
             credentials=Credentials.here(),
@@ -155,9 +179,11 @@ def launch_trainer(
     env_vars: dict[str, str],
     engine: str = "torch",
     zero_stage: int = 2,
+    resources: dict[str, float] | None = None,
     **trainer_args: Any,
 ) -> Any:
-    """The trainer actor of ``engine`` (torch, or DeepSpeed ZeRO at ``zero_stage``)."""
+    """The trainer actor of ``engine`` (torch, or DeepSpeed ZeRO at ``zero_stage``), on a node
+    that offers ``cpus`` and ``resources`` (``train.resources``)."""
     actor: Any = TrainerActor
     if engine == "deepspeed":
         # Imported here: only a DeepSpeed run should pay for importing DeepSpeed.
@@ -166,6 +192,6 @@ def launch_trainer(
         actor, trainer_args = DeepSpeedTrainerActor, {**trainer_args, "zero_stage": zero_stage}
     elif engine != "torch":
         raise ValueError(f"unknown training engine {engine!r}; allowed: torch, deepspeed")
-    return actor.options(num_cpus=cpus, runtime_env=_thread_env(threads, env_vars)).remote(
-        threads=threads, credentials=Credentials.here(), **trainer_args
-    )
+    return actor.options(
+        num_cpus=cpus, resources=resources or None, runtime_env=_thread_env(threads, env_vars)
+    ).remote(threads=threads, credentials=Credentials.here(), **trainer_args)

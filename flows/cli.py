@@ -7,6 +7,7 @@ flow module is imported inside each command, after :func:`flows.runtime.configur
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -53,6 +54,30 @@ def _load(config: Path | None, overrides: list[str], debug: bool) -> RunConfig:
     return cfg
 
 
+# `--address` of the commands that run a job on Ray.
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="Run on an existing Ray cluster: ray://HOST:10001 (Ray client) or HOST:6379 "
+        "(GCS, from a node of the cluster). Sets RAY_ADDRESS for the run; default: "
+        "$RAY_ADDRESS, else a local Ray.",
+    ),
+]
+
+
+def _use_address(address: str | None, debug: bool) -> None:
+    """Point the run at the cluster ``address`` (``engines/cluster.py`` reads RAY_ADDRESS)."""
+    from engines.cluster import check_address
+
+    if address is None:
+        return
+    try:
+        os.environ["RAY_ADDRESS"] = check_address(address)
+    except ValueError as error:
+        _fail(f"--address: {error}", debug, error)
+
+
 def _train(cfg: RunConfig, resume: bool, debug: bool) -> None:
     from flows.runtime import configure_process
 
@@ -83,11 +108,14 @@ def run(
         list[str] | None,
         typer.Option("--set", help="Override a field, e.g. --set train.steps=50 (repeatable)."),
     ] = None,
+    address: AddressOption = None,
     debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
 ) -> None:
     """Run an RL job (a Prefect flow) and print a summary at the end."""
     _setup_logging(debug)
-    _train(_load(config, set_ or [], debug), resume=False, debug=debug)
+    cfg = _load(config, set_ or [], debug)
+    _use_address(address, debug)
+    _train(cfg, resume=False, debug=debug)
 
 
 @app.command()
@@ -98,6 +126,7 @@ def resume(
         list[str] | None,
         typer.Option("--set", help="Change a field on resume, e.g. --set train.steps=400."),
     ] = None,
+    address: AddressOption = None,
     debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
 ) -> None:
     """Continue a run that stopped (killed, preempted, failed) from its newest checkpoint."""
@@ -111,7 +140,9 @@ def resume(
             debug,
             FileNotFoundError(saved),
         )
-    _train(_load(saved, set_ or [], debug), resume=True, debug=debug)
+    cfg = _load(saved, set_ or [], debug)
+    _use_address(address, debug)
+    _train(cfg, resume=True, debug=debug)
 
 
 @app.command()

@@ -16,6 +16,7 @@ import ray
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from engines import cluster
 from engines.pools import child_env, launch_rollout_workers
 from rl.config import RunConfig, build_config
 from storage.layout import RunLayout
@@ -60,6 +61,7 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
         r.cpus_per_worker,
         r.threads_per_worker,
         child_env(),
+        resources=r.resources,
         model_dir=policy_dir,
         seed=cfg.seed,
         kv_cache_gib=r.kv_cache_gib,
@@ -95,13 +97,7 @@ def eval_flow(
     assert policy is not None
     if not (Path(policy) / "config.json").is_file():
         raise ValueError(f"{policy} is not a policy folder (no config.json)")
-    ray.init(
-        num_cpus=max(int(cfg.rollout.cpus_per_worker + 0.999), 1),
-        include_dashboard=False,
-        _temp_dir=str(layout.ray_temp),
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    cluster.start(cfg.rollout.cpus_per_worker, cfg.rollout.resources, layout.ray_temp)
     status = "FAILED"
     try:
         accuracy = evaluate_policy(cfg, policy)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -47,6 +46,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from engines import cluster
 from engines.policy import prepare_policy
 from flows.runtime import use_credentials_block
 from rl.config import RunConfig, build_config
@@ -151,19 +151,13 @@ def prepare_policy_task(cfg: RunConfig) -> str:
 
 @task(name="start-ray", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
 def start_ray(cfg: RunConfig, layout: RunLayout) -> None:
-    """Connect to ``RAY_ADDRESS`` if set, else start a local Ray sized for the pools."""
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-        return
-    needed = cfg.rollout.workers * cfg.rollout.cpus_per_worker + cfg.train.cpus
-    ray.init(
-        num_cpus=max(int(needed + 0.999), 1),
-        include_dashboard=False,  # when an operator turns it on: dashboard_host=127.0.0.1
-        _temp_dir=str(layout.ray_temp),
-        log_to_driver=False,
-        configure_logging=False,
+    """Join the cluster at ``RAY_ADDRESS`` if set, else start a local Ray sized for the pools
+    (``engines/cluster.py``)."""
+    r, t = cfg.rollout, cfg.train
+    cluster.start(
+        r.workers * r.cpus_per_worker + t.cpus,
+        cluster.summed((r.workers, r.resources), (1, t.resources)),
+        layout.ray_temp,
     )
 
 

@@ -7,6 +7,7 @@ given and what is allowed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# Custom Ray resource names as infra/terraform's worker groups advertise them (the same rule
+# as its variable validation), so a name that passes here is one a node can offer.
+_RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+# Ray's own resources have their own fields (cpus, threads); Ray refuses them in `resources`.
+_RAY_BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
+
+
+def _check_resources(field: str, resources: dict[str, float]) -> dict[str, float]:
+    for name, amount in resources.items():
+        if name in _RAY_BUILTIN or not _RESOURCE_NAME.match(name):
+            raise ValueError(
+                f"{field}: {name!r} is not a custom Ray resource name (letters, digits and '_', "
+                f"starting with a letter; not {', '.join(sorted(_RAY_BUILTIN))})"
+            )
+        if amount <= 0:
+            raise ValueError(f"{field}: {name!r} needs a positive amount, got {amount}")
+    return resources
 
 
 class PolicyConfig(_Section):
@@ -128,6 +148,17 @@ class RolloutConfig(_Section):
         description="Times Ray restarts a rollout worker whose process died; its unfinished "
         "prompts go back to the queue each time. Past this the run fails.",
     )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each rollout actor asks for, e.g. {rollout: 1}: it "
+        "is placed only on nodes that advertise them (`ray start --resources`; the "
+        "infra/terraform rollout group advertises `rollout`). Empty: any node with CPUs.",
+    )
+
+    @model_validator(mode="after")
+    def _valid_resources(self) -> RolloutConfig:
+        _check_resources("rollout.resources", self.resources)
+        return self
 
 
 class TrainConfig(_Section):
@@ -196,6 +227,17 @@ class TrainConfig(_Section):
     )
     cpus: float = Field(1.0, gt=0.0, description="Ray CPU slots for the trainer actor.")
     threads: int = Field(1, ge=1, description="torch threads inside the trainer actor.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources the trainer asks for, e.g. {trainer: 1}: it is "
+        "placed only on a node that advertises them (the infra/terraform trainer group "
+        "advertises `trainer`). Empty: any node with CPUs.",
+    )
+
+    @model_validator(mode="after")
+    def _valid_resources(self) -> TrainConfig:
+        _check_resources("train.resources", self.resources)
+        return self
 
     @model_validator(mode="after")
     def _betas_below_one(self) -> TrainConfig:

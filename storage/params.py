@@ -373,12 +373,14 @@ class ParameterService:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         name_prefix: str | None = None,
         fetch_timeout: float = FETCH_TIMEOUT_S,
+        first_at: Any = None,
     ) -> ParameterService:
         """Start a chain of ``relays`` relay actors (0 CPUs each), spread over the nodes.
 
         ``name_prefix`` names them ``<prefix>-relay-<i>`` (for ``ray.get_actor``);
         ``fetch_timeout`` bounds a relay's fetch of one version and a hand-over's wait for
-        relay 0.
+        relay 0; ``first_at``: a Ray scheduling strategy for relay 0 (the flow pins it to
+        its own node, so losing a worker node never takes the published version with it).
         """
         if relays < 1:
             raise ValueError(f"relays must be at least 1, got {relays}")
@@ -390,7 +392,7 @@ class ParameterService:
             name = None if name_prefix is None else f"{name_prefix}-relay-{index}"
             downstream = Relay.options(
                 name=name,
-                scheduling_strategy="SPREAD",
+                scheduling_strategy=first_at if index == 0 and first_at else "SPREAD",
             ).remote(index, downstream, fetch_timeout)
             handles.insert(0, downstream)
         try:

@@ -313,18 +313,23 @@ def _pending_rows(url: str, latest: dict[str, str]) -> pa.Table | None:
 
 
 def create_store(
-    url: str | None, capacity: int, lease_s: float = 300.0, restore: bool | str = False
+    url: str | None,
+    capacity: int,
+    lease_s: float = 300.0,
+    restore: bool | str = False,
+    scheduling_strategy: Any = None,
 ) -> Any:
     """Start the controller actor (no CPU slot: it only does bookkeeping).
 
     ``restore``: False (a new run), True (a restarted store) or "checkpoint" (a run resumed
     from a checkpoint, its ledger rolled back to the checkpoint's watermark).
+    ``scheduling_strategy``: where Ray places it (the flow pins it to its own node).
 
     It gets this process's storage credentials, since it writes the ledger under ``url``.
     """
-    return TrajectoryStore.remote(  # type: ignore[attr-defined]
-        url, capacity, lease_s, restore, Credentials.here()
-    )
+    return TrajectoryStore.options(  # type: ignore[attr-defined]
+        scheduling_strategy=scheduling_strategy
+    ).remote(url, capacity, lease_s, restore, Credentials.here())
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ here, and its work is handed out again: a batch shard is resubmitted under a new
 stream's unfinished groups go back to the dispatcher's queue and the stream is restarted.
 Training goes on. ``RolloutFailure`` ends the run once a worker has died more often than
 ``rollout.max_restarts`` allows.
+
+A worker whose node was lost stays restarting until a node with its resources joins,
+which may take minutes or never happen. ``async`` goes on with the pool it has: held-out
+evaluation and the end of the run use the live workers only (``live``), and the worker
+gets a stream again whenever Ray has it back. The batch modes wait for it: each batch is
+split over every worker.
 """
 
 from __future__ import annotations
@@ -312,6 +318,10 @@ class BatchRollouts:
     def drain(self, step: int, dropped_groups: int = 0) -> dict[str, float]:
         return rollout_metrics(self.result) if self.result else {}
 
+    def live(self) -> list[Any]:
+        """The workers that evaluate: all of them (a dead one was waited for)."""
+        return self.workers
+
     def pause(self, wait: Waiter) -> None:
         """Nothing runs between steps except what ``one_step`` submitted: let it be."""
 
@@ -338,7 +348,7 @@ class StreamRollouts:
     ) -> None:
         self.workers, self.dispatcher, self.settings = workers, dispatcher, settings
         self.tag = tag  # group ids of a resumed run (the dispatcher applies it)
-        self.refs: list[Any] = []
+        self.refs: list[Any] = []  # one stream per worker while streaming (None: restarting)
         self.last: dict[int, dict[str, float]] = {}  # each worker's counters at the last drain
         self.restarts = Restarts(workers, max_restarts)
         self.restarting: set[int] = set()  # died; its stream resumes once Ray has it back
@@ -346,16 +356,25 @@ class StreamRollouts:
     def start(self) -> None:
         ray.get(self.dispatcher.resume.remote())
         self.refs = [
-            w.stream.remote(self.dispatcher, s)
-            for w, s in zip(self.workers, self.settings, strict=True)
+            None if i in self.restarting else w.stream.remote(self.dispatcher, s)
+            for i, (w, s) in enumerate(zip(self.workers, self.settings, strict=True))
         ]
+
+    def live(self) -> list[Any]:
+        """The workers that answer now; with none left, waits for the first one back."""
+        if len(self.restarting) == len(self.workers):
+            first = min(self.restarting)
+            self.restarts.wait_back(first)
+            self.restarting.discard(first)
+        return [w for i, w in enumerate(self.workers) if i not in self.restarting]
 
     def check(self) -> None:
         """Restart the stream of a worker that died; raise any other worker error."""
         for i in sorted(self.restarting):
             if self.restarts.back(i):  # it pulls the newest weights before generating
                 self.restarting.discard(i)
-                self.refs[i] = self.workers[i].stream.remote(self.dispatcher, self.settings[i])
+                if self.refs:  # streaming; between stop and start, start gives it one
+                    self.refs[i] = self.workers[i].stream.remote(self.dispatcher, self.settings[i])
         live = [r for i, r in enumerate(self.refs) if i not in self.restarting]
         done, _ = ray.wait(live, num_returns=len(live), timeout=0)
         for ref in done:
@@ -421,15 +440,13 @@ class StreamRollouts:
         ray.get(self.dispatcher.stop.remote())
         for i, ref in enumerate(self.refs):
             if i in self.restarting:
-                self.restarts.wait_back(i)  # evaluation and the next start need it
-                self.restarting.discard(i)
-                continue
+                continue  # `check` or the next `start` gives it a stream once it is back
             try:
                 wait(ref, "rollout workers to finish their running samples")
             except RayActorError as error:  # nothing to hand back: no more work is given out
                 ray.get(self.dispatcher.requeue.remote(i))
                 self.restarts.died(i, error, "no new work was being handed out")
-                self.restarts.wait_back(i)
+                self.restarting.add(i)
         self.refs = []
 
     def cursor(self) -> dict[str, Any]:

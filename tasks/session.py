@@ -26,7 +26,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from engines.pools import child_env, launch_rollout_workers, launch_trainer
+from engines.pools import child_env, launch_rollout_workers, launch_trainer, on_driver_node
 from engines.rollout_worker import StreamSettings
 from rl.config import RunConfig
 from storage.checkpoints import Checkpoint, CheckpointStore
@@ -214,8 +214,9 @@ class Session:
         """Held-out accuracy of the trainer's current version."""
         self.rollouts.pause(self.wait)  # async: workers hand vLLM back, then load the version
         timeout = self.cfg.storage.weight_pull_timeout_s
-        self.wait([w.sync_weights.remote(self.step, timeout) for w in self.workers], "weights")
-        accuracy = self._evaluate()
+        workers = self.rollouts.live()  # async: a worker whose node is gone is left out
+        self.wait([w.sync_weights.remote(self.step, timeout) for w in workers], "weights")
+        accuracy = evaluate(workers, self.env, self.heldout, self.eval_tokens)
         self.rollouts.resume()
         return accuracy
 
@@ -251,13 +252,14 @@ class Session:
 
     def _launch(self, restore: bool | str) -> tuple[StoreClient, Any, list[Any]]:
         """The trajectory store, the parameter service, the trainer and the rollout workers."""
-        cfg, env_vars = self.cfg, child_env()
+        cfg, env_vars, here = self.cfg, child_env(), on_driver_node()
         streaming = cfg.mode == "async"
         handle = create_store(
             cfg.storage_url,
             cfg.storage.capacity_batches * self.batch_size,
             cfg.storage.lease_timeout_s,
             restore=restore,
+            scheduling_strategy=here,
         )
         store = StoreClient(
             handle,
@@ -268,7 +270,9 @@ class Session:
             pipeline=2 if streaming else 0,
         )
         params = ParameterService.create(
-            relays=cfg.storage.param_relays, bucket_bytes=cfg.storage.bucket_mib << 20
+            relays=cfg.storage.param_relays,
+            bucket_bytes=cfg.storage.bucket_mib << 20,
+            first_at=here,
         )
         t = cfg.train
         trainer = launch_trainer(
@@ -277,6 +281,7 @@ class Session:
             env_vars,
             engine=t.engine,
             zero_stage=t.zero_stage,
+            resources=t.resources,
             params=params,
             model_dir=self.policy_dir,
             lr=t.lr,
@@ -299,6 +304,7 @@ class Session:
             r.threads_per_worker,
             env_vars,
             max_restarts=r.max_restarts,
+            resources=r.resources,
             env=self.env,
             store=store,
             params=params,
@@ -329,7 +335,9 @@ class Session:
                 tag=tag,
             )
             return BatchRollouts(self.workers, prompts, settings, overlap=cfg.mode == "one_step")
-        dispatcher = Dispatcher.remote(  # type: ignore[attr-defined]
+        dispatcher = Dispatcher.options(  # type: ignore[attr-defined]
+            scheduling_strategy=on_driver_node()
+        ).remote(
             prompts,
             self.env.name,
             r.prompts_per_step,

@@ -1,8 +1,9 @@
 """engines/preemption.py on a real two-node Ray cluster: a spot notice drains the worker node.
 
-The cluster is what the Terraform user data starts, on one machine: ``ray start --head --block``
-and ``ray start --block --address ... --node-name ... --resources '{"rollout": 1}'``, with
-token authentication (Ray 2.60's default) from a token file of the test's own. The watcher
+The cluster is what the Terraform user data starts, on one machine
+(``tests/support/ray_nodes.py``): ``ray start --head --block`` and ``ray start --block
+--address ... --node-name ... --resources '{"rollout": 1}'``, with token authentication
+(Ray 2.60's default) from a token file of the test's own. The watcher
 runs as its own process (``python -m engines.preemption``), as the systemd unit runs it; only
 the metadata service is a stand-in (tests/support/fake_imds.py). Every Ray call of the test
 runs in a child process with the cluster's auth settings, so this test process's own Ray
@@ -14,209 +15,43 @@ one for multi-node clusters), so the nodes report that address; both still run h
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support.fake_imds import running_imds
+from tests.support.ray_nodes import NODES_SCRIPT, REPO, RayNodes
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-RAY_CLI = Path(sys.executable).with_name("ray")
 WORKER_NAME = "i-0spotworker0test"
-# A node joins in ~15 s on a busy 2-core machine; leave room for a loaded CI box.
-JOIN_TIMEOUT_S = 120.0
 # How long the test waits for the drained node's raylet to exit once the node is idle.
 EXIT_TIMEOUT_S = 60.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_flags() -> list[str]:
-    """Free ports for every fixed-port service, so the test cannot collide with another
-    Ray on this shared machine (the defaults are fixed numbers like 10001 and 52365)."""
-    flags = []
-    for flag in (
-        "--ray-client-server-port",
-        "--dashboard-agent-listen-port",
-        "--dashboard-agent-grpc-port",
-        "--metrics-export-port",
-        "--runtime-env-agent-port",
-        "--node-manager-port",
-        "--object-manager-port",
-    ):
-        flags += [flag, str(_free_port())]
-    return flags
-
-
-@dataclass
-class Cluster:
-    gcs_address: str
-    env: dict[str, str]
-    procs: list[subprocess.Popen[bytes]]
-
-    def ray_script(self, body: str, timeout_s: float = 120.0) -> Any:
-        """Run ``body`` in a child Python with the cluster's auth settings; it must print one
-        JSON line last, which is returned."""
-        prelude = f"import json, time\nGCS = {self.gcs_address!r}\n"
-        done = subprocess.run(
-            [sys.executable, "-c", prelude + textwrap.dedent(body)],
-            env=self.env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise AssertionError(f"child failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        # Its own session, so that teardown can end the node's whole process group by id.
-        return subprocess.Popen(
-            [str(RAY_CLI), "start", "--block", *args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM ``ray start --block`` (it stops its own raylet, GCS, agents), then make sure."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    # Children that outlived their parent are still in its process group.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-NODES_SCRIPT = """
-from ray._raylet import GcsClient
-gcs = GcsClient(address=GCS)
-def nodes():
-    return {
-        info.node_name: {
-            "id": node_id.hex(),
-            "state": info.state,
-            "death": info.death_info.reason,
-            "death_message": info.death_info.reason_message,
-            "resources": dict(info.resources_total),
-        }
-        for node_id, info in gcs.get_all_node_info(timeout=10).items()
-    }
-"""
-
-
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    # Ray's socket paths sit ~60 characters under its temp dir and may not exceed 107 bytes,
-    # so the temp dir is a short one in /tmp rather than pytest's deep tmp_path.
-    ray_tmp = Path(tempfile.mkdtemp(prefix="sluice-drain-", dir="/tmp"))
-    token = tmp_path / "ray-auth-token"
-    token.write_text(os.urandom(32).hex())
-    token.chmod(0o600)
-    # Nothing of the test process's own Ray (an address, a token) may leak into the cluster.
-    inherited = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
-    env = {
-        **inherited,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(token),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        # Teardown only: Ray's own SIGTERM drain would wait up to 30 s per node.
-        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-        "PYTHONPATH": str(REPO),
-    }
-    port = _free_port()
-    gcs_address = f"127.0.0.1:{port}"
-    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--num-gpus", "0"]
-    procs = []
+def cluster(tmp_path: Path) -> Iterator[RayNodes]:
+    nodes = RayNodes(tmp_path)
     try:
-        procs.append(
-            _start(
-                [
-                    *("--head", "--port", str(port), "--include-dashboard", "false"),
-                    *("--temp-dir", str(ray_tmp), "--disable-usage-stats"),
-                    *common,
-                    *_port_flags(),
-                ],
-                env,
-                tmp_path / "head.log",
-            )
-        )
-        procs.append(
-            _start(
-                [
-                    *("--address", gcs_address, "--node-name", WORKER_NAME),
-                    *("--resources", json.dumps({"rollout": 1}), "--disable-usage-stats"),
-                    *common,
-                    *_port_flags(),
-                ],
-                env,
-                tmp_path / "worker.log",
-            )
-        )
-        result = Cluster(gcs_address, env, procs)
-        joined = result.ray_script(
-            NODES_SCRIPT
-            + f"""
-deadline = time.monotonic() + {JOIN_TIMEOUT_S}
-while time.monotonic() < deadline:
-    try:
-        found = nodes()
-    except Exception:
-        found = {{}}
-    if found.get({WORKER_NAME!r}, {{}}).get("state") == 0:
-        break
-    time.sleep(0.5)
-print(json.dumps(found))
-""",
-            timeout_s=JOIN_TIMEOUT_S + 30,
-        )
-        worker = joined.get(WORKER_NAME)
-        assert worker is not None and worker["state"] == 0, (
-            f"worker never joined: {joined}\n{(tmp_path / 'worker.log').read_text()[-3000:]}"
-        )
-        assert worker["resources"]["rollout"] == 1.0
-        yield result
+        nodes.start("head", cpus=1)
+        nodes.start(WORKER_NAME, cpus=1, resources={"rollout": 1})
+        joined = nodes.wait_state([WORKER_NAME], state=0)
+        assert joined[WORKER_NAME]["resources"]["rollout"] == 1.0
+        yield nodes
     finally:
-        for proc in reversed(procs):
-            _stop(proc)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+        nodes.close()
 
 
 def test_spot_notice_drains_the_worker_and_it_leaves_once_its_work_is_gone(
-    cluster: Cluster, tmp_path: Path
+    cluster: RayNodes, tmp_path: Path
 ) -> None:
     # A rollout actor on the spot worker, placed by the resource the worker advertises.
-    placed = cluster.ray_script("""
+    placed = cluster.script("""
         import ray
         ray.init(address=GCS, namespace="drain", logging_level="ERROR", log_to_driver=False)
 
@@ -228,7 +63,7 @@ def test_spot_notice_drains_the_worker_and_it_leaves_once_its_work_is_gone(
         actor = Rollout.options(name="rollout-0", lifetime="detached").remote()
         print(json.dumps({"node": ray.get(actor.node.remote(), timeout=60)}))
     """)
-    before = cluster.ray_script(NODES_SCRIPT + "print(json.dumps(nodes()))")
+    before = cluster.node_states()
     assert placed["node"] == before[WORKER_NAME]["id"]
 
     # EC2 posts the notice; the watcher, run as the systemd unit runs it, drains the node.
@@ -255,18 +90,18 @@ def test_spot_notice_drains_the_worker_and_it_leaves_once_its_work_is_gone(
 
     # While the actor still runs there, the node is alive but draining, with the notice's
     # time as its deadline: what a pool reads to hand the actor's work back.
-    draining = cluster.ray_script("""
+    draining = cluster.script("""
         from ray._raylet import GcsClient
         gcs = GcsClient(address=GCS)
         print(json.dumps(gcs.get_draining_nodes(timeout=10)))
     """)
     assert draining == {placed["node"]: int(notice_time.timestamp() * 1000)}
-    during = cluster.ray_script(NODES_SCRIPT + "print(json.dumps(nodes()))")
+    during = cluster.node_states()
     assert during[WORKER_NAME]["state"] == 0
 
     # The work is handed back (the actor ends); the idle, draining node then leaves, recorded
     # as preempted by the drain rather than as a crash.
-    after = cluster.ray_script(
+    after = cluster.script(
         NODES_SCRIPT
         + f"""
 import ray

@@ -97,3 +97,28 @@ def test_engine_defaults_and_overrides():
         None, ["train.engine=deepspeed", "train.zero_stage=1", "train.betas=[0.8, 0.9]"]
     )
     assert (cfg.train.engine, cfg.train.zero_stage, cfg.train.betas) == ("deepspeed", 1, (0.8, 0.9))
+
+
+def test_placement_resources_default_empty_and_set_by_override():
+    cfg = load_config(None, [])
+    assert cfg.rollout.resources == {} and cfg.train.resources == {}
+    cfg = load_config(None, ["rollout.resources.rollout=1", "train.resources={trainer: 0.5}"])
+    assert cfg.rollout.resources == {"rollout": 1.0}
+    assert cfg.train.resources == {"trainer": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("rollout.resources.CPU=1", r"rollout\.resources: 'CPU' is not a custom Ray resource"),
+        ("train.resources.GPU=1", r"train\.resources: 'GPU' is not a custom Ray resource"),
+        ("rollout.resources={'9lives': 1}", r"'9lives' is not a custom Ray resource name"),
+        ("rollout.resources={'a b': 1}", r"'a b' is not a custom Ray resource name"),
+        ("train.resources.trainer=0", r"train\.resources: 'trainer' needs a positive amount"),
+        ("rollout.resources=[rollout]", r"rollout\.resources: Input should be a valid dict"),
+    ],
+    ids=["cpu-builtin", "gpu-builtin", "leading-digit", "space", "zero", "not-a-mapping"],
+)
+def test_placement_resources_errors_name_the_field(override, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, [override])

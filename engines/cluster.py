@@ -1,0 +1,103 @@
+"""Where a run's Ray comes from: an existing cluster (``RAY_ADDRESS``) or a local one.
+
+Driven by the flows' start-up (``flows/rl_job.py: start_ray``, ``flows/evaluate.py``). With
+``RAY_ADDRESS`` set (``sluice run --address`` sets it) the driver joins that cluster as it
+is: no temp dir, CPU count or resources of its own; the nodes decide those. The actors'
+code is imported on the nodes from their own install (on a cluster built by
+infra/terraform, the pip packages of its boot scripts; in the tests here, this checkout,
+which every node on the machine shares through ``PYTHONPATH``). Without it, a local Ray
+starts, sized for the pools and offering the custom resources they ask for, so a config
+written for a cluster (``rollout.resources``, ``train.resources``) also runs on one machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+log = logging.getLogger("sluice")
+
+# `ray://host:port` (the Ray client server, 10001 on the head) or `host:port` (the GCS,
+# 6379; the driver then needs a Ray node of the cluster on its own machine), or `auto`
+# (the cluster this machine is a node of).
+_ADDRESS = re.compile(r"^(ray://)?[A-Za-z0-9._-]+:(\d{1,5})$")
+# Ray 2.60's client proxy forks one server per driver, and that child now and then dies at
+# start on a busy machine (a gRPC thread crashes after the fork; seen 2 times in ~20 here):
+# the connection fails with ConnectionAbortedError, and connecting again forks a new one.
+CLIENT_CONNECT_ATTEMPTS = 3
+
+
+def check_address(address: str) -> str:
+    """``address`` if Ray can connect to it; a ValueError naming the allowed forms if not."""
+    found = _ADDRESS.match(address)
+    if address != "auto" and not (found and 0 < int(found.group(2)) < 65536):
+        raise ValueError(
+            f"Ray address {address!r} is none of ray://HOST:PORT (the Ray client server, "
+            "port 10001 on the head), HOST:PORT (the head's GCS, port 6379) or auto"
+        )
+    return address
+
+
+def summed(*asks: tuple[int, dict[str, float]]) -> dict[str, float]:
+    """The custom resources of ``count`` actors asking for ``resources`` each, added up."""
+    total: dict[str, float] = {}
+    for count, resources in asks:
+        for name, amount in resources.items():
+            total[name] = total.get(name, 0.0) + count * amount
+    return total
+
+
+def start(cpus: float, resources: dict[str, float], temp_dir: Path) -> None:
+    """Join the cluster at ``RAY_ADDRESS``, or start a local Ray with ``cpus`` CPU slots
+    and ``resources``. On a cluster, warns about resources no node offers (yet)."""
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        _join(check_address(address))
+        offered = ray.cluster_resources()
+        log.info(
+            "joined the Ray cluster at %s: %d node(s), %s",
+            address,
+            len([n for n in ray.nodes() if n["Alive"]]),
+            ", ".join(f"{k} {v:g}" for k, v in sorted(offered.items()) if "node:" not in k),
+        )
+        for name, amount in sorted(resources.items()):
+            if offered.get(name, 0.0) < amount:
+                log.warning(
+                    "the cluster offers %g of Ray resource %r, the pools ask for %g: the "
+                    "actors that need it wait until nodes offering it join",
+                    offered.get(name, 0.0),
+                    name,
+                    amount,
+                )
+        return
+    ray.init(
+        num_cpus=max(math.ceil(cpus - 1e-9), 1),
+        resources=resources or None,
+        include_dashboard=False,  # when an operator turns it on: dashboard_host=127.0.0.1
+        _temp_dir=str(temp_dir),
+        log_to_driver=False,
+        configure_logging=False,
+    )
+
+
+def _join(address: str, init: Callable[..., Any] = ray.init) -> None:
+    """``init`` (Ray's) the cluster at ``address``; a ``ray://`` connection is tried up to
+    CLIENT_CONNECT_ATTEMPTS times."""
+    attempts = CLIENT_CONNECT_ATTEMPTS if address.startswith("ray://") else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            init(address=address, log_to_driver=False, configure_logging=False)
+            return
+        except ConnectionAbortedError as error:
+            if attempt == attempts:
+                raise
+            log.warning("Ray client connection to %s failed (%s); connecting again", address, error)
