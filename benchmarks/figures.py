@@ -76,16 +76,18 @@ def curves(runs: list[Series], threshold: float | None, out: Path) -> Path:
 
 
 def staleness(runs: list[Series], out: Path) -> Path:
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3.2), sharey=True)
-    for ax, run in zip(axes if len(runs) > 1 else [axes], runs, strict=True):
+    fig, axes = plt.subplots(
+        1, len(runs), figsize=(3.2 * len(runs), 3.2), sharex=True, sharey=True, squeeze=False
+    )
+    keys = list(range(max(k for run in runs for k in (*run.staleness, 0)) + 1))
+    for ax, run in zip(axes[0], runs, strict=True):
         total = sum(run.staleness.values()) or 1
-        keys = sorted(run.staleness) or [0]
         ax.bar(keys, [100 * run.staleness.get(k, 0) / total for k in keys], color="tab:blue")
-        ax.set_xticks(range(0, max(keys) + 1))
+        ax.set_xticks(keys)
         ax.set_title(f"{run.label}\nmean {run.staleness_mean():.2f}", fontsize=9)
         ax.set_xlabel("staleness (versions)")
         ax.grid(alpha=0.3, axis="y")
-    (axes[0] if len(runs) > 1 else axes).set_ylabel("% of trained samples")
+    axes[0, 0].set_ylabel("% of trained samples")
     fig.suptitle("Staleness of trained samples (trainer version - generating version)")
     fig.tight_layout()
     fig.savefig(out, dpi=DPI)
@@ -94,12 +96,13 @@ def staleness(runs: list[Series], out: Path) -> Path:
 
 
 def _window(run: Series, steps: int) -> int:
-    """The first step (1-based) of a run of ``steps`` steps past the warm-up with no
-    held-out evaluation just before or inside it (an async stream restarts after one)."""
+    """The first step (1-based) of ``steps`` consecutive steps past the warm-up none of which
+    follows a held-out evaluation (an async stream restarts after one, and sync generated
+    that step's batch during it)."""
     evals = set(run.evals)
     start = WARMUP_STEPS + 1
-    while start + steps <= len(run.step_s):
-        if not any(s in evals for s in range(start - 2, start + steps)):
+    while start + steps - 1 <= len(run.step_s):
+        if not any(s - 1 in evals for s in range(start, start + steps)):
             return start
         start += 1
     return max(1, len(run.step_s) - steps + 1)

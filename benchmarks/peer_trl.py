@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sqlite3
@@ -36,14 +37,16 @@ from pathlib import Path
 from benchmarks import figures
 from benchmarks.report import write_section
 from benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
-from benchmarks.trl_grpo import POLICY_FOLDER, read_result
+from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
-# (label, overrides) of the Sluice runs; the last is the one held to the issue's target.
-SLUICE_VARIANTS: list[tuple[str, list[str]]] = [
-    ("Sluice sync", ["mode=sync"]),
-    ("Sluice async k=2", ["mode=async", "max_staleness=2"]),
+# (label, overrides, in --quick too) of the Sluice runs: sync, the config's async (k = 2)
+# and the fastest async of the modes table (k = 4).
+SLUICE_VARIANTS: list[tuple[str, list[str], bool]] = [
+    ("Sluice sync", ["mode=sync"], True),
+    ("Sluice async k=2", ["mode=async", "max_staleness=2"], True),
+    ("Sluice async k=4", ["mode=async", "max_staleness=4"], False),
 ]
 TRL_LABEL = "TRL GRPO"
 # The threshold is the starting policy's held-out accuracy plus this: about the middle of
@@ -51,6 +54,9 @@ TRL_LABEL = "TRL GRPO"
 THRESHOLD_GAIN = 0.03
 PLOTS = ROOT / "docs" / "images"
 QUICK_STEPS, QUICK_EVAL_EVERY = 30, 10
+# The all-cores probe is stopped once it is this many times slower than one thread (on a
+# busy machine two threads took 8-12x longer), plus the probe process's start-up seconds.
+PROBE_PATIENCE, PROBE_START_S = 2.0, 30.0
 # Held-out evaluations per full run: each costs TRL's HF greedy decode ~5-30 s here.
 FULL_EVAL_EVERY = 20
 
@@ -67,11 +73,15 @@ class Measured:
     """The 1-minute load average when the run started and when it ended."""
 
 
-def _python(args: list[str], log: Path) -> None:
+def _python(args: list[str], log: Path, timeout_s: float | None = None) -> None:
     """Run ``python -m ...`` from the repository root; its output goes to ``log``."""
     with log.open("w") as out:
         done = subprocess.run(
-            [sys.executable, "-m", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
         )
     if done.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-20:])
@@ -154,29 +164,37 @@ def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured,
     return measured, hf_final
 
 
-def pick_trl_threads(root: Path) -> tuple[int, dict[int, float]]:
+def pick_trl_threads(root: Path) -> tuple[int, dict[int, float | None]]:
     """TRL's torch thread count: the one whose probe generated a batch fastest, of one and
-    all cores (see ``benchmarks/trl_grpo.py``, ``--probe``)."""
-    timings: dict[int, float] = {}
+    all cores (see ``benchmarks/trl_grpo.py``, ``--probe``). A probe of all cores that runs
+    past PROBE_PATIENCE x the one-thread probe's time is stopped and counts as slower."""
+    timings: dict[int, float | None] = {}
     for threads in sorted({1, os.cpu_count() or 1}):
         log = root / f"trl-probe-{threads}.log"
-        _python(["benchmarks.trl_grpo", CONFIG, "--probe", f"--threads={threads}"], log)
+        one = timings.get(1)
+        limit = None if one is None else PROBE_START_S + PROBE_PATIENCE * PROBE_REPEATS * one
+        try:
+            _python(["benchmarks.trl_grpo", CONFIG, "--probe", f"--threads={threads}"], log, limit)
+        except subprocess.TimeoutExpired:
+            timings[threads] = None
+            continue
         timings[threads] = json.loads(log.read_text().strip().splitlines()[-1])["generate_s"]
-    print(
-        "TRL generation probe: "
-        + ", ".join(f"{t} thread(s) {s:.2f} s" for t, s in timings.items()),
-        flush=True,
+    print(f"TRL generation probe: {_probes(timings)}", flush=True)
+    return min(timings, key=lambda t: timings[t] or math.inf), timings
+
+
+def _probes(timings: dict[int, float | None]) -> str:
+    return ", ".join(
+        f"{t} thread(s) " + ("stopped, slower" if s is None else f"{s:.2f} s")
+        for t, s in timings.items()
     )
-    return min(timings, key=lambda t: timings[t]), timings
 
 
-def machine_line(steps: int, every: int, threads: int, probes: dict[int, float]) -> str:
+def machine_line(steps: int, every: int, threads: int, probes: dict[int, float | None]) -> str:
     probed = (
-        " (the faster in a probe of one batch's generation: "
-        + ", ".join(f"{t} thread(s) {s:.2f} s" for t, s in probes.items())
-        + ")"
+        f" (the faster in a probe of one batch's generation: {_probes(probes)})"
         if probes
-        else ""
+        else " (set with --trl-threads)"
     )
     return (
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.machine()}, "
@@ -291,9 +309,10 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         results = {
             label: run_sluice(label, overrides, steps, every, root)
-            for label, overrides in SLUICE_VARIANTS
+            for label, overrides, quick in SLUICE_VARIANTS
+            if quick or not args.quick
         }
-        threads, probes = args.trl_threads, {}
+        threads, probes = args.trl_threads, dict[int, float | None]()
         if threads < 1:
             threads, probes = pick_trl_threads(root)
         results[TRL_LABEL], hf_final = run_trl(steps, every, threads, root)
@@ -309,7 +328,9 @@ def main() -> None:
     body = "\n".join(
         [
             machine_line(steps, every, threads, probes),
-            "Command: `make bench-peer` (`.venv/bin/python -m benchmarks.peer_trl "
+            "Command: `make bench-quick` (`.venv/bin/python -m benchmarks.peer_trl --quick`)."
+            if args.quick
+            else "Command: `make bench-peer` (`.venv/bin/python -m benchmarks.peer_trl "
             f"--steps {steps}`).",
             "",
             table(results, threshold, hf_final, every),

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,11 +108,19 @@ class GenerationClock:
         return out
 
 
+def _trl() -> Any:
+    """The ``trl`` module, imported on first use (it pulls in accelerate and vLLM, ~10 s)."""
+    # TRL warns at import that it was tested with vLLM <= 0.31; its vLLM paths are not used.
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
+    import trl
+
+    return trl
+
+
 def timed_trainer(clock: GenerationClock) -> type:
     """``trl.GRPOTrainer`` with its generation-and-scoring phase timed into ``clock``."""
-    from trl import GRPOTrainer  # imported late: trl pulls in accelerate and datasets
 
-    class TimedGRPOTrainer(GRPOTrainer):
+    class TimedGRPOTrainer(_trl().GRPOTrainer):  # type: ignore[misc]
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             started = time.monotonic()
             try:
@@ -245,10 +254,8 @@ def sluice_optimizer(
 def grpo_config(cfg: RunConfig, steps: int, out: Path) -> Any:
     """GRPO settings matching the Sluice run: one generation batch of prompts_per_step x
     samples_per_prompt completions per optimiser step, one update per batch."""
-    from trl import GRPOConfig  # imported late: trl pulls in accelerate and datasets
-
     r, t = cfg.rollout, cfg.train
-    return GRPOConfig(
+    return _trl().GRPOConfig(
         output_dir=str(out / "trainer"),
         use_cpu=True,
         bf16=False,
