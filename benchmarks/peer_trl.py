@@ -35,6 +35,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from benchmarks import figures
+from benchmarks.cpu_meter import CpuMeter
 from benchmarks.report import write_section
 from benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
 from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
@@ -71,21 +72,36 @@ class Measured:
     wall_s: float
     load: tuple[float, float]
     """The 1-minute load average when the run started and when it ended."""
+    cores: float
+    """CPU cores its processes used on average from the first step to the last."""
 
 
-def _python(args: list[str], log: Path, timeout_s: float | None = None) -> None:
-    """Run ``python -m ...`` from the repository root; its output goes to ``log``."""
+def _python(args: list[str], log: Path, timeout_s: float | None = None) -> CpuMeter:
+    """Run ``python -m ...`` from the repository root, output to ``log``; returns the CPU
+    time its process tree used, sampled while it ran."""
     with log.open("w") as out:
-        done = subprocess.run(
-            [sys.executable, "-m", *args],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=timeout_s,
+        child = subprocess.Popen(
+            [sys.executable, "-m", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
         )
-    if done.returncode != 0:
+        meter = CpuMeter(child.pid).start()
+        try:
+            code = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()  # the probe: one process, no children
+            child.wait()
+            raise
+        finally:
+            meter.stop()
+    if code != 0:
         tail = "\n".join(log.read_text().splitlines()[-20:])
         raise RuntimeError(f"`python -m {' '.join(args)}` failed; the end of {log}:\n{tail}")
+    return meter
+
+
+def _cores(meter: CpuMeter, series: Series) -> float:
+    """Cores the run's processes used on average while it trained (evaluations included)."""
+    begin, end = series.loop
+    return meter.cpu_between(begin, end) / (end - begin)
 
 
 def _settings(settings: list[str]) -> list[str]:
@@ -104,14 +120,12 @@ def run_sluice(label: str, overrides: list[str], steps: int, every: int, root: P
     ]
     print(f"running {label} for {steps} steps ...", flush=True)
     load, started = os.getloadavg()[0], time.monotonic()
-    _python(["flows.cli", "run", CONFIG, *_settings(settings)], root / f"{name}.log")
+    meter = _python(["flows.cli", "run", CONFIG, *_settings(settings)], root / f"{name}.log")
     wall = time.monotonic() - started
     summary = json.loads((root / name / "summary.json").read_text())
+    series = sluice_series(label, root / name, root)
     return Measured(
-        sluice_series(label, root / name, root),
-        summary["end_accuracy"],
-        wall,
-        (load, os.getloadavg()[0]),
+        series, summary["end_accuracy"], wall, (load, os.getloadavg()[0]), _cores(meter, series)
     )
 
 
@@ -133,7 +147,7 @@ def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured,
     out = root / "trl"
     print(f"running {TRL_LABEL} for {steps} steps ({threads} torch threads) ...", flush=True)
     load, started = os.getloadavg()[0], time.monotonic()
-    _python(
+    meter = _python(
         [
             "benchmarks.trl_grpo",
             CONFIG,
@@ -158,8 +172,9 @@ def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured,
         root / "trl-eval.log",
     )
     hf_final = read_result(out).eval_accuracy[-1]
+    series = trl_series(TRL_LABEL, out)
     measured = Measured(
-        trl_series(TRL_LABEL, out), _eval_accuracy(root, "trl-eval"), wall, (load, end_load)
+        series, _eval_accuracy(root, "trl-eval"), wall, (load, end_load), _cores(meter, series)
     )
     return measured, hf_final
 
@@ -215,69 +230,96 @@ def _time(seconds: float | None) -> str:
     return "not reached" if seconds is None else f"{seconds:.0f} s"
 
 
-def _row(label: str, m: Measured, trl: Measured, threshold: float) -> str:
+def _speed_row(label: str, m: Measured, trl: Measured) -> str:
     s, t = m.series, trl.series
-    reached, trl_reached = s.time_to(threshold), t.time_to(threshold)
     median, trl_median = s.median_rate("samples"), t.median_rate("samples")
+    windows = s.window_rates("samples")
+    spread = f" ({min(windows):.0f}-{max(windows):.0f})" if windows else ""
+    per_core, trl_per_core = s.samples_per_s / m.cores, t.samples_per_s / trl.cores
     cells = [
         label,
         f"{s.samples_per_s:.1f}",
         _ratio(s.samples_per_s, t.samples_per_s),
         f"{s.tokens_per_s:.0f}",
         _ratio(s.tokens_per_s, t.tokens_per_s),
-        f"{median:.1f}",
+        f"{median:.1f}{spread}",
         _ratio(median, trl_median),
-        _time(reached),
-        _ratio(trl_reached, reached),  # a speed-up: TRL's time over this one's
-        f"{100 * m.final_accuracy:.1f}%",
-        f"{100 * (m.final_accuracy - trl.final_accuracy):+.1f} pts",
-        f"{s.staleness_mean():.2f}",
+        f"{m.cores:.2f}",
+        f"{per_core:.1f}",
+        _ratio(per_core, trl_per_core),
         f"{m.load[0]:.1f} -> {m.load[1]:.1f}",
     ]
     return "| " + " | ".join(cells) + " |"
 
 
+def _learning_row(label: str, m: Measured, trl: Measured, threshold: float) -> str:
+    reached, trl_reached = m.series.time_to(threshold), trl.series.time_to(threshold)
+    cells = [
+        label,
+        _time(reached),
+        _ratio(trl_reached, reached),  # a speed-up: TRL's time over this one's
+        f"{100 * m.final_accuracy:.1f}%",
+        f"{100 * (m.final_accuracy - trl.final_accuracy):+.1f} pts",
+        f"{m.series.staleness_mean():.2f}",
+        f"{m.wall_s:.0f} s",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], rows: list[str]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows]
+
+
 def table(results: dict[str, Measured], threshold: float, hf_final: float, every: int) -> str:
     trl = results[TRL_LABEL]
-    first = next(iter(results.values()))
-    header = [
-        "system",
-        "samples/s",
-        "x TRL",
-        "tokens/s",
-        "x TRL",
-        f"median samples/s ({WINDOW_STEPS}-step windows)",
-        "x TRL",
-        f"time to {100 * threshold:.1f}%",
-        "speed-up vs TRL",
-        "final held-out",
-        "vs TRL",
-        "mean staleness",
-        "load avg",
-    ]
-    rows = [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *(_row(label, m, trl, threshold) for label, m in results.items()),
-    ]
-    start = first.series.evals[0]
+    start = next(iter(results.values())).series.evals[0]
+    speed = _table(
+        [
+            "system",
+            "samples/s",
+            "x TRL",
+            "tokens/s",
+            "x TRL",
+            f"median samples/s of {WINDOW_STEPS}-step windows (range)",
+            "x TRL",
+            "cores busy",
+            "samples/s per busy core",
+            "x TRL",
+            "load avg",
+        ],
+        [_speed_row(label, m, trl) for label, m in results.items()],
+    )
+    learning = _table(
+        [
+            "system",
+            f"time to {100 * threshold:.1f}%",
+            "speed-up vs TRL",
+            "final held-out",
+            "vs TRL",
+            "mean staleness",
+            "wall (all in)",
+        ],
+        [_learning_row(label, m, trl, threshold) for label, m in results.items()],
+    )
     notes = [
+        "Throughput: trained samples (and their generated tokens) over training time, "
+        "leaving out the step right after each held-out evaluation (`sync` generates that "
+        "step's batch during the evaluation, `async` restarts its stream after one). Cores "
+        "busy: CPU seconds of the run's whole process tree (sampled from /proc) over the "
+        "wall time from its first step to its last, evaluations included. Load avg: the "
+        "machine's 1-minute load when the run started and ended (2 cores; above 2, other "
+        "work shared them).",
         "",
-        f"Throughput leaves out the step right after each held-out evaluation (`sync` "
-        "generates that step's batch during the evaluation, `async` restarts its stream "
-        f"after one). Threshold: the starting policy's held-out accuracy ({100 * start:.1f}%) "
-        f"+ {100 * THRESHOLD_GAIN:.0f} points, checked every {every} steps; its time is "
+        f"Threshold: the starting policy's held-out accuracy ({100 * start:.1f}%) + "
+        f"{100 * THRESHOLD_GAIN:.0f} points, checked every {every} steps; its time is "
         "training time (steps laid end to end, evaluations excluded). Final held-out: every "
         "trained policy measured by `sluice eval`'s path (vLLM, greedy, the same 256 "
         "prompts). TRL's curve uses its own greedy decode (transformers `generate`): it gave "
         f"{100 * trl.series.evals[0]:.1f}% on the starting policy (vLLM {100 * start:.1f}%) "
-        f"and {100 * hf_final:.1f}% on TRL's final one (vLLM {100 * trl.final_accuracy:.1f}%).",
-        "Wall time of each run, start-up and evaluations included: "
-        + ", ".join(f"{label} {m.wall_s:.0f} s" for label, m in results.items())
-        + ". Load average: the machine's 1-minute load when the run started and ended "
-        "(2 cores; above 2, other work shared them).",
+        f"and {100 * hf_final:.1f}% on TRL's final one (vLLM {100 * trl.final_accuracy:.1f}%). "
+        "Wall (all in): the run's wall time with start-up and evaluations.",
     ]
-    return "\n".join(rows + notes)
+    return "\n".join([*speed, "", *learning, "", *notes])
 
 
 def main() -> None:

@@ -55,7 +55,9 @@ class Series:
     """Held-out accuracy by step (0: the starting policy), on the run's own eval path."""
     phases: list[Phase] = field(default_factory=list)
     staleness: dict[int, int] = field(default_factory=dict)
-    note: str = ""
+    loop: tuple[float, float] = (0.0, 0.0)
+    """Epoch seconds when training began (after the step-0 evaluation) and ended; the
+    window ``benchmarks.cpu_meter`` measures the cores used over (evaluations included)."""
 
     @property
     def clock(self) -> list[float]:
@@ -119,6 +121,24 @@ def _metrics(db: Path, run_id: str) -> dict[str, dict[int, float]]:
     for key, step, value in rows:
         out.setdefault(key, {})[int(step)] = float(value)
     return out
+
+
+def _loop(db: Path, run_id: str, last_step: int) -> tuple[float, float]:
+    """From the step-0 held-out accuracy's logging to the last step's (epoch seconds)."""
+    with sqlite3.connect(db) as conn:
+        (begin,) = conn.execute(
+            "SELECT MIN(timestamp) FROM metrics WHERE run_uuid = ? AND key = 'eval/accuracy' "
+            "AND step = 0",
+            (run_id,),
+        ).fetchone()
+        (end,) = conn.execute(
+            "SELECT MAX(timestamp) FROM metrics WHERE run_uuid = ? AND key = 'perf/step_s' "
+            "AND step = ?",
+            (run_id, last_step),
+        ).fetchone()
+    if begin is None or end is None:
+        raise ValueError(f"run {run_id} logged no step-0 accuracy or no step {last_step}")
+    return begin / 1000, end / 1000
 
 
 def sluice_series(label: str, run_dir: Path, root: Path) -> Series:
@@ -189,6 +209,7 @@ def sluice_series(label: str, run_dir: Path, root: Path) -> Series:
         evals=m.get("eval/accuracy", {}),
         phases=phases,
         staleness=staleness,
+        loop=_loop(root / "mlflow.db", summary["mlflow_run_id"], steps[-1]),
     )
 
 
@@ -214,4 +235,5 @@ def trl_series(label: str, out: Path) -> Series:
         ],
         # Generated with the weights it trains: every sample is on-policy.
         staleness={0: int(sum(r.samples))},
+        loop=(r.started_at, r.ended_at),
     )

@@ -87,6 +87,10 @@ class TrlResult:
     steps: int
     threads: int
     load_s: float
+    started_at: float = 0.0
+    """Epoch seconds after the step-0 evaluation, when the first step began."""
+    ended_at: float = 0.0
+    """Epoch seconds when the last step (and its evaluation) ended."""
     step_s: list[float] = field(default_factory=list)
     generate_s: list[float] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
@@ -198,6 +202,7 @@ class Recorder(TrainerCallback):
     ) -> None:
         self._evaluate(kw["model"], 0)
         self.clock.take()
+        self.result.started_at = time.time()
         self.since = time.monotonic()
 
     def on_step_end(
@@ -222,6 +227,7 @@ class Recorder(TrainerCallback):
         )
         if step % self.eval_every == 0 or step == r.steps:
             self._evaluate(kw["model"], step)
+        r.ended_at = time.time()
         self.since = time.monotonic()
 
 

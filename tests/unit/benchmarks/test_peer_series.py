@@ -86,6 +86,8 @@ def test_a_sync_run_reads_back_with_its_phases_laid_out_from_each_step_start(tmp
     assert run.samples_per_s == 128.0 / 2.0
     assert run.evals == {0: 0.2}
     assert run.staleness == {0: 256}
+    # From the step-0 accuracy to the last step, as logged (epoch seconds, ms precision).
+    assert 0 <= run.loop[1] - run.loop[0] < 60
     spans = {(p.row, p.label): p.spans[0] for p in run.phases}
     # The trainer waits for the rollouts and its lease, then computes for train/step_s.
     assert spans["trainer", "waiting for data"] == pytest.approx((0.0, 0.85))
@@ -131,6 +133,8 @@ def test_a_trl_result_reads_back_as_one_process_generating_then_training(tmp_pat
         "eval_steps": [0, 2],
         "eval_accuracy": [0.2, 0.22],
         "eval_s": [5.0, 5.0],
+        "started_at": 1000.0,
+        "ended_at": 1019.0,
     }
     (tmp_path / RESULT_FILE).write_text(json.dumps(result))
     run = trl_series("TRL", tmp_path)
@@ -138,6 +142,7 @@ def test_a_trl_result_reads_back_as_one_process_generating_then_training(tmp_pat
     assert run.reward == {1: 0.3, 2: 0.4}
     assert run.evals == {0: 0.2, 2: 0.22}
     assert run.staleness == {0: 256}
+    assert run.loop == (1000.0, 1019.0)
     assert [(p.label, p.spans[1]) for p in run.phases] == [
         ("generating", (0.0, 3.5)),
         ("training", (3.5, 1.5)),
