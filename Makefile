@@ -7,8 +7,8 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-slow lint format clean bench bench-data infra-check ui-check \
-  simulate sim-profile bench-engines
+.PHONY: setup run test test-slow lint format clean bench bench-data bench-modes bench-peer \
+  bench-quick bench-engines infra-check ui-check simulate sim-profile
 
 setup:
 	@bash scripts/setup.sh
@@ -42,12 +42,23 @@ format: setup
 clean:
 	rm -rf runs .cache
 
-# Each writes its own section of BENCHMARKS.md; `make bench-data` alone takes ~3 minutes.
-bench: bench-data
-	$(PY) -m benchmarks.modes --steps 200
+# Each writes its own section of BENCHMARKS.md (and the peer comparison its plots in
+# docs/images); about 40 minutes on a quiet 2-core machine: data planes ~3, modes ~20,
+# the peer comparison ~15. `make bench-quick`: the peer comparison on 30 steps, printed,
+# plots under runs/bench-quick, BENCHMARKS.md untouched (~8 minutes).
+bench: bench-data bench-modes bench-peer
 
 bench-data: setup
 	$(PY) -m benchmarks.data_planes
+
+bench-modes: setup
+	$(PY) -m benchmarks.modes --steps 100
+
+bench-peer: setup
+	$(PY) -m benchmarks.peer_trl --steps 100
+
+bench-quick: setup
+	$(PY) -m benchmarks.peer_trl --quick
 
 # torch vs DeepSpeed ZeRO-1/2/3 step time on one batch (~10 minutes).
 bench-engines: setup

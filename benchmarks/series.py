@@ -1,0 +1,239 @@
+"""One training run as the peer comparison reads it, and the statistics taken from it.
+
+``Series`` holds, per optimiser step, how long the step took and what it trained, the
+phases a timeline draws, the rollout reward, and the held-out accuracy at the evaluated
+steps. ``sluice_series`` reads a Sluice run from the MLflow database its root shares (by
+the run id in its ``summary.json``); ``trl_series`` reads ``benchmarks/trl_grpo.py``'s
+result. ``benchmarks/peer_trl.py`` builds the table from these, ``benchmarks/figures.py``
+the plots.
+
+The clock everything is plotted and timed against is the training clock: the steps'
+seconds laid end to end, held-out evaluations excluded (Sluice's and TRL's evaluations
+take different paths and times; neither is training).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import statistics
+from dataclasses import dataclass, field
+from itertools import accumulate
+from pathlib import Path
+
+from benchmarks.trl_grpo import read_result
+
+STALENESS_PREFIX = "train/staleness_count/"
+# Steps left out of the per-window medians: the first steps hold one-time costs (vLLM's
+# first batches, allocator warm-up) that a long run amortises.
+WARMUP_STEPS = 5
+# Steps per window for the median throughput: long enough to span a few async batches,
+# short enough to give several windows in a quick run.
+WINDOW_STEPS = 10
+
+
+@dataclass
+class Phase:
+    """One coloured span kind of the timeline, per step: (offset from the step's start, length)."""
+
+    row: str
+    label: str
+    spans: list[tuple[float, float]]
+
+
+@dataclass
+class Series:
+    """One system's run; lists indexed by step - 1 unless named otherwise."""
+
+    label: str
+    step_s: list[float]
+    samples: list[float]
+    tokens: list[float]
+    reward: dict[int, float]
+    evals: dict[int, float]
+    """Held-out accuracy by step (0: the starting policy), on the run's own eval path."""
+    phases: list[Phase] = field(default_factory=list)
+    staleness: dict[int, int] = field(default_factory=dict)
+    loop: tuple[float, float] = (0.0, 0.0)
+    """Epoch seconds when training began (after the step-0 evaluation) and ended; the
+    window ``benchmarks.cpu_meter`` measures the cores used over (evaluations included)."""
+
+    @property
+    def clock(self) -> list[float]:
+        """Training seconds at the end of each step (index 0: step 1)."""
+        return list(accumulate(self.step_s))
+
+    def clock_at(self, step: int) -> float:
+        return 0.0 if step == 0 else self.clock[step - 1]
+
+    def timed_steps(self) -> list[int]:
+        """Indexes of the steps throughput counts: all but those right after a held-out
+        evaluation (``sync`` generates that step's batch during the evaluation, ``async``
+        restarts its stream after one; TRL has neither, and no evaluation is training)."""
+        return [i for i in range(len(self.step_s)) if i == 0 or i not in self.evals]
+
+    def _rate(self, values: list[float], steps: list[int]) -> float:
+        return sum(values[i] for i in steps) / sum(self.step_s[i] for i in steps)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self._rate(self.samples, self.timed_steps())
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self._rate(self.tokens, self.timed_steps())
+
+    def window_rates(self, what: str) -> list[float]:
+        """``samples`` or ``tokens`` per second in consecutive windows of WINDOW_STEPS steps
+        after the warm-up; one short trailing window is dropped."""
+        values = self.samples if what == "samples" else self.tokens
+        timed = set(self.timed_steps())
+        rates = []
+        for start in range(WARMUP_STEPS, len(self.step_s) - WINDOW_STEPS + 1, WINDOW_STEPS):
+            steps = [i for i in range(start, start + WINDOW_STEPS) if i in timed]
+            rates.append(self._rate(values, steps))
+        return rates
+
+    def median_rate(self, what: str) -> float:
+        rates = self.window_rates(what)
+        return statistics.median(rates) if rates else math.nan
+
+    def time_to(self, accuracy: float) -> float | None:
+        """Training seconds until the first evaluation at or above ``accuracy`` (None: never)."""
+        for step in sorted(self.evals):
+            if self.evals[step] >= accuracy:
+                return self.clock_at(step)
+        return None
+
+    def staleness_mean(self) -> float:
+        total = sum(self.staleness.values())
+        return sum(k * n for k, n in self.staleness.items()) / total if total else 0.0
+
+
+def _metrics(db: Path, run_id: str) -> dict[str, dict[int, float]]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT key, step, value FROM metrics WHERE run_uuid = ? ORDER BY step, timestamp",
+            (run_id,),
+        ).fetchall()
+    out: dict[str, dict[int, float]] = {}
+    for key, step, value in rows:
+        out.setdefault(key, {})[int(step)] = float(value)
+    return out
+
+
+def _loop(db: Path, run_id: str, last_step: int) -> tuple[float, float]:
+    """From the step-0 held-out accuracy's logging to the last step's (epoch seconds)."""
+    with sqlite3.connect(db) as conn:
+        (begin,) = conn.execute(
+            "SELECT MIN(timestamp) FROM metrics WHERE run_uuid = ? AND key = 'eval/accuracy' "
+            "AND step = 0",
+            (run_id,),
+        ).fetchone()
+        (end,) = conn.execute(
+            "SELECT MAX(timestamp) FROM metrics WHERE run_uuid = ? AND key = 'perf/step_s' "
+            "AND step = ?",
+            (run_id, last_step),
+        ).fetchone()
+    if begin is None or end is None:
+        raise ValueError(f"run {run_id} logged no step-0 accuracy or no step {last_step}")
+    return begin / 1000, end / 1000
+
+
+def sluice_series(label: str, run_dir: Path, root: Path) -> Series:
+    """A finished Sluice run under ``root`` (whose runs share ``root/mlflow.db``)."""
+    summary_file = run_dir / "summary.json"
+    if not summary_file.is_file():
+        raise FileNotFoundError(f"{summary_file} is missing: did the run {run_dir.name} finish?")
+    summary = json.loads(summary_file.read_text())
+    m = _metrics(root / "mlflow.db", summary["mlflow_run_id"])
+    if "perf/step_s" not in m:
+        raise ValueError(f"run {run_dir.name} logged no perf/step_s metrics")
+    steps = sorted(m["perf/step_s"])
+    if steps != list(range(1, len(steps) + 1)):
+        raise ValueError(f"run {run_dir.name}: steps {steps[:3]}... are not 1..N")
+
+    def col(key: str, default: float = 0.0) -> list[float]:
+        values = m.get(key, {})
+        return [values.get(s, default) for s in steps]
+
+    step_s, rollout_s = col("perf/step_s"), col("perf/rollout_s")
+    train_s, lease_s, compute_s = col("perf/train_s"), col("train/lease_s"), col("train/step_s")
+    idle = col("rollout/worker0/idle_fraction", math.nan)
+    streaming = summary["mode"] == "async"
+    # Laid out from the step's start: batch modes wait for rollouts (t0..t1), train
+    # (t1..t2: lease wait, forward/backward/update, publish), then load weights (t2..t3).
+    trainer_wait = [r + lease for r, lease in zip(rollout_s, lease_s, strict=True)]
+    phases = [
+        Phase("trainer", "waiting for data", [(0.0, w) for w in trainer_wait]),
+        Phase(
+            "trainer",
+            "training",
+            [(w, c) for w, c in zip(trainer_wait, compute_s, strict=True)],
+        ),
+    ]
+    if streaming:
+        # The worker streams the whole step except its idle share (admission control held
+        # it back); where in the step that idle time fell is not recorded: drawn at the end.
+        idle = [0.0 if math.isnan(i) else i for i in idle]
+        busy = [s * (1.0 - i) for s, i in zip(step_s, idle, strict=True)]
+        phases += [
+            Phase("rollout", "generating", [(0.0, b) for b in busy]),
+            Phase(
+                "rollout",
+                "idle (share of the step)",
+                [(b, s - b) for b, s in zip(busy, step_s, strict=True)],
+            ),
+        ]
+    else:
+        sync_start = [r + t for r, t in zip(rollout_s, train_s, strict=True)]
+        phases += [
+            Phase("rollout", "generating", [(0.0, r) for r in rollout_s]),
+            Phase(
+                "rollout",
+                "loading weights",
+                [(a, s - a) for a, s in zip(sync_start, step_s, strict=True)],
+            ),
+        ]
+    staleness: dict[int, int] = {}
+    for key, values in m.items():
+        if key.startswith(STALENESS_PREFIX):
+            staleness[int(key.removeprefix(STALENESS_PREFIX))] = int(sum(values.values()))
+    return Series(
+        label=label,
+        step_s=step_s,
+        samples=col("train/samples"),
+        tokens=col("train/tokens"),
+        reward=m.get("rollout/reward", {}),
+        evals=m.get("eval/accuracy", {}),
+        phases=phases,
+        staleness=staleness,
+        loop=_loop(root / "mlflow.db", summary["mlflow_run_id"], steps[-1]),
+    )
+
+
+def trl_series(label: str, out: Path) -> Series:
+    """A finished ``benchmarks/trl_grpo.py`` run whose result lies under ``out``."""
+    r = read_result(out)
+    if len(r.step_s) != r.steps:
+        raise ValueError(f"TRL run under {out} recorded {len(r.step_s)} of {r.steps} steps")
+    return Series(
+        label=label,
+        step_s=r.step_s,
+        samples=[float(n) for n in r.samples],
+        tokens=[float(n) for n in r.tokens],
+        reward={i + 1: v for i, v in enumerate(r.reward)},
+        evals=dict(zip(r.eval_steps, r.eval_accuracy, strict=True)),
+        phases=[
+            Phase("GRPOTrainer", "generating", [(0.0, g) for g in r.generate_s]),
+            Phase(
+                "GRPOTrainer",
+                "training",
+                [(g, s - g) for g, s in zip(r.generate_s, r.step_s, strict=True)],
+            ),
+        ],
+        # Generated with the weights it trains: every sample is on-policy.
+        staleness={0: int(sum(r.samples))},
+        loop=(r.started_at, r.ended_at),
+    )

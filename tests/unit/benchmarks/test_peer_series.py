@@ -1,0 +1,153 @@
+"""benchmarks/series.py: the statistics of a run, and reading Sluice and TRL runs into it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.series import WARMUP_STEPS, WINDOW_STEPS, Series, sluice_series, trl_series
+from benchmarks.trl_grpo import RESULT_FILE
+from tasks.tracking import MlflowLogger
+
+
+def _series(step_s: list[float], evals: dict[int, float]) -> Series:
+    n = len(step_s)
+    return Series("x", step_s, [128.0] * n, [1000.0] * n, {}, evals)
+
+
+def test_clock_and_time_to_threshold_are_training_seconds_at_the_evaluated_step():
+    run = _series([1.0, 1.0, 2.0, 2.0, 2.0, 2.0], {0: 0.2, 3: 0.25, 6: 0.3})
+    assert run.clock == [1.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert run.time_to(0.2) == 0.0  # the starting policy already meets it
+    assert run.time_to(0.25) == 4.0  # steps 1-3
+    assert run.time_to(0.26) == 10.0  # first met at the step-6 evaluation
+    assert run.time_to(0.5) is None
+
+
+def test_throughput_leaves_out_the_step_after_each_evaluation():
+    # Step 4 follows the step-3 evaluation: sync generated its batch during the evaluation.
+    run = _series([1.0, 1.0, 1.0, 0.1, 1.0, 1.0], {0: 0.2, 3: 0.25, 6: 0.3})
+    assert run.timed_steps() == [0, 1, 2, 4, 5]
+    assert run.samples_per_s == pytest.approx(5 * 128 / 5.0)
+    assert run.tokens_per_s == pytest.approx(1000.0)
+
+
+def test_window_medians_skip_the_warm_up_and_a_short_tail():
+    # Windows of WINDOW_STEPS steps after WARMUP_STEPS: step times 1 s, then 2 s, then 4 s.
+    step_s = [9.0] * WARMUP_STEPS + [1.0] * WINDOW_STEPS + [2.0] * WINDOW_STEPS
+    step_s += [4.0] * WINDOW_STEPS + [0.5] * (WINDOW_STEPS - 1)
+    run = _series(step_s, {0: 0.2})
+    assert run.window_rates("samples") == [128.0, 64.0, 32.0]
+    assert run.median_rate("samples") == 64.0
+    assert math.isnan(_series([1.0] * WARMUP_STEPS, {0: 0.2}).median_rate("samples"))
+
+
+def _log_run(root: Path, name: str, mode: str, steps: list[dict[str, float]]) -> Path:
+    """A Sluice run's MLflow metrics (the real logger, sqlite) and its summary.json."""
+    tracker = MlflowLogger(f"sqlite:///{root / 'mlflow.db'}", (root / "art").as_uri(), "e", name)
+    tracker.log_metrics(0, {"eval/accuracy": 0.2})
+    for step, metrics in enumerate(steps, start=1):
+        tracker.log_metrics(step, metrics)
+    tracker.close()
+    run_dir = root / name
+    run_dir.mkdir()
+    summary = {"mlflow_run_id": tracker.run_id, "mode": mode}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def _step(**extra: float) -> dict[str, float]:
+    return {
+        "perf/step_s": 2.0,
+        "perf/rollout_s": 0.8,
+        "perf/train_s": 1.1,
+        "perf/weight_sync_s": 0.1,
+        "train/lease_s": 0.05,
+        "train/step_s": 1.0,
+        "train/samples": 128.0,
+        "train/tokens": 3000.0,
+        "rollout/reward": 0.3,
+        **extra,
+    }
+
+
+def test_a_sync_run_reads_back_with_its_phases_laid_out_from_each_step_start(tmp_path):
+    run_dir = _log_run(
+        tmp_path,
+        "sync",
+        "sync",
+        [_step(**{"train/staleness_count/0": 128.0}), _step(**{"train/staleness_count/0": 128.0})],
+    )
+    run = sluice_series("Sluice sync", run_dir, tmp_path)
+    assert run.step_s == [2.0, 2.0]
+    assert run.samples_per_s == 128.0 / 2.0
+    assert run.evals == {0: 0.2}
+    assert run.staleness == {0: 256}
+    # From the step-0 accuracy to the last step, as logged (epoch seconds, ms precision).
+    assert 0 <= run.loop[1] - run.loop[0] < 60
+    spans = {(p.row, p.label): p.spans[0] for p in run.phases}
+    # The trainer waits for the rollouts and its lease, then computes for train/step_s.
+    assert spans["trainer", "waiting for data"] == pytest.approx((0.0, 0.85))
+    assert spans["trainer", "training"] == pytest.approx((0.85, 1.0))
+    assert spans["rollout", "generating"] == pytest.approx((0.0, 0.8))
+    # Weights load after rollouts (0.8 s) and the trainer's call (1.1 s), to the step's end.
+    assert spans["rollout", "loading weights"] == pytest.approx((1.9, 0.1))
+
+
+def test_an_async_run_shows_the_workers_idle_share(tmp_path):
+    step = _step(
+        **{
+            "perf/rollout_s": 0.0,
+            "rollout/worker0/idle_fraction": 0.25,
+            "train/staleness_count/0": 32.0,
+            "train/staleness_count/1": 96.0,
+        }
+    )
+    run = sluice_series("Sluice async", _log_run(tmp_path, "async", "async", [step]), tmp_path)
+    spans = {(p.row, p.label): p.spans[0] for p in run.phases}
+    assert spans["rollout", "generating"] == pytest.approx((0.0, 1.5))
+    assert spans["rollout", "idle (share of the step)"] == pytest.approx((1.5, 0.5))
+    assert run.staleness == {0: 32, 1: 96}
+    assert run.staleness_mean() == pytest.approx(0.75)
+
+
+def test_a_run_without_a_summary_is_named(tmp_path):
+    (tmp_path / "gone").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"gone/summary\.json"):
+        sluice_series("x", tmp_path / "gone", tmp_path)
+
+
+def test_a_trl_result_reads_back_as_one_process_generating_then_training(tmp_path):
+    result = {
+        "steps": 2,
+        "threads": 1,
+        "load_s": 3.0,
+        "step_s": [4.0, 5.0],
+        "generate_s": [3.0, 3.5],
+        "samples": [128, 128],
+        "tokens": [3000, 3500],
+        "reward": [0.3, 0.4],
+        "eval_steps": [0, 2],
+        "eval_accuracy": [0.2, 0.22],
+        "eval_s": [5.0, 5.0],
+        "started_at": 1000.0,
+        "ended_at": 1019.0,
+    }
+    (tmp_path / RESULT_FILE).write_text(json.dumps(result))
+    run = trl_series("TRL", tmp_path)
+    assert run.tokens_per_s == pytest.approx(6500 / 9.0)
+    assert run.reward == {1: 0.3, 2: 0.4}
+    assert run.evals == {0: 0.2, 2: 0.22}
+    assert run.staleness == {0: 256}
+    assert run.loop == (1000.0, 1019.0)
+    assert [(p.label, p.spans[1]) for p in run.phases] == [
+        ("generating", (0.0, 3.5)),
+        ("training", (3.5, 1.5)),
+    ]
+    result["step_s"] = [4.0]
+    (tmp_path / RESULT_FILE).write_text(json.dumps(result))
+    with pytest.raises(ValueError, match="1 of 2 steps"):
+        trl_series("TRL", tmp_path)

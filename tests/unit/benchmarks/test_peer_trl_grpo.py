@@ -1,0 +1,124 @@
+"""benchmarks/trl_grpo.py: TRL's GRPO on Sluice's workload, its pieces and a two-step run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.trl_grpo import (
+    POLICY_FOLDER,
+    SluiceReward,
+    grpo_config,
+    prompt_dataset,
+    read_result,
+    sluice_optimizer,
+)
+from engines.policy import check_policy_folder
+from rl.config import load_config
+from tasks.environment import PromptStream, make_environment
+
+ROOT = Path(__file__).parents[3]
+
+
+def test_the_reward_is_sluices_verifier_and_counts_what_it_scored():
+    cfg = load_config(ROOT / "configs/longtail.yaml")
+    env, _ = make_environment(cfg.env)
+    problems = env.problems("train", 2, 0)
+    reward = SluiceReward(env)
+    scores = reward(
+        prompts=[p.prompt for p in problems],
+        completions=[problems[0].answer, "no|7"],
+        completion_ids=[[5] * 20, [5] * 4],
+        prompt_id=[p.prompt_id for p in problems],
+        answer=[p.answer for p in problems],
+        trainer_state=None,  # TRL passes more keyword arguments; they are ignored
+    )
+    assert scores == [1.0, 0.0]
+    tally = reward.tally.take()
+    assert (tally.completions, tally.tokens, tally.reward_sum, tally.correct) == (2, 24, 1.0, 1)
+    assert reward.tally.completions == 0  # taken: the next step counts from zero
+
+
+def test_prompts_are_the_ones_a_sluice_batch_run_trains_on_in_its_order():
+    cfg = load_config(ROOT / "configs/longtail.yaml", ["rollout.prompts_per_step=4"])
+    env, _ = make_environment(cfg.env)
+    data = prompt_dataset(cfg, env, steps=3)
+    stream = PromptStream(env, cfg.env.train_prompts, cfg.seed)
+    expected = stream.take(12)
+    assert data["prompt"] == [p.prompt for p in expected]
+    assert data["prompt_id"] == [p.prompt_id for p in expected]
+
+
+def test_the_learning_rate_warms_up_as_sluices_trainer_does():
+    cfg = load_config(ROOT / "configs/longtail.yaml", ["train.warmup_steps=3", "train.lr=1e-3"])
+    model = torch.nn.Linear(2, 1)
+    optimizer, schedule = sluice_optimizer(model, cfg)
+    rates = []
+    for _ in range(5):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    # engines/torch_trainer.py: lr x min(1, (step + 1) / (warmup + 1)).
+    assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+
+
+def test_grpo_settings_match_the_sluice_run(tmp_path):
+    cfg = load_config(ROOT / "configs/longtail.yaml")
+    args = grpo_config(cfg, 7, tmp_path)
+    assert args.per_device_train_batch_size == 16 * 8  # one Sluice batch per optimiser step
+    assert (args.num_generations, args.generation_batch_size, args.steps_per_generation) == (
+        8,
+        128,
+        1,
+    )
+    assert (args.max_completion_length, args.temperature) == (96, 1.0)
+    assert (args.learning_rate, args.max_grad_norm, args.epsilon) == (1e-4, 1.0, 0.2)
+    assert (args.beta, args.loss_type, args.scale_rewards, args.num_iterations) == (
+        0.0,
+        "dapo",
+        "group",
+        1,
+    )
+    assert (args.max_steps, args.use_cpu, args.use_vllm) == (7, True, False)
+    assert args.gradient_checkpointing is False
+    assert args.shuffle_dataset is False
+
+
+def test_two_real_trl_steps_record_every_step_and_save_a_policy_sluice_loads(tmp_path, tiny_policy):
+    """The real entry point on a tiny budget: TRL's trainer, Sluice's policy and verifier."""
+    out = tmp_path / "trl"
+    settings = [
+        f"policy.path={tiny_policy}",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=8",
+        "eval.prompts=8",
+    ]
+    command = [sys.executable, "-m", "benchmarks.trl_grpo", "configs/default.yaml"]
+    command += ["--steps=2", "--eval-every=1", "--threads=1", f"--out={out}"]
+    command += [arg for s in settings for arg in ("--set", s)]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ)
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = read_result(out)
+    assert result.steps == 2 and len(result.step_s) == 2
+    assert result.samples == [8, 8]  # 2 prompts x 4 completions per step
+    assert all(0 < g < s for g, s in zip(result.generate_s, result.step_s, strict=True))
+    assert all(0 < t <= 8 * 8 for t in result.tokens)  # at most 8 tokens per completion
+    assert result.eval_steps == [0, 1, 2]
+    assert all(0.0 <= a <= 1.0 for a in result.eval_accuracy)
+    check_policy_folder(out / POLICY_FOLDER)
+    tokenizer_config = json.loads((out / POLICY_FOLDER / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"  # what vLLM reads
+
+
+def test_a_missing_result_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="did the TRL run finish"):
+        read_result(tmp_path)
