@@ -148,6 +148,14 @@ class RolloutConfig(_Section):
         description="Times Ray restarts a rollout worker whose process died; its unfinished "
         "prompts go back to the queue each time. Past this the run fails.",
     )
+    placement_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long a run (or a resumed segment) waits for Ray to place its actors "
+        "before it fails naming what could not be placed. async starts once the trainer and "
+        "one rollout worker are placed; the others join when nodes offer their resources. "
+        "sync and one_step wait for every worker.",
+    )
     resources: dict[str, float] = Field(
         default_factory=dict,
         description="Custom Ray resources each rollout actor asks for, e.g. {rollout: 1}: it "
