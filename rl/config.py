@@ -148,6 +148,21 @@ class RolloutConfig(_Section):
         description="Times Ray restarts a rollout worker whose process died; its unfinished "
         "prompts go back to the queue each time. Past this the run fails.",
     )
+    repack: bool = Field(
+        True,
+        description="async, several workers: when workers' batches have drained to a few "
+        "long stragglers each, move them onto one worker so the others load new weights and "
+        "take fresh groups (Laminar's repack).",
+    )
+    repack_max_stragglers: int = Field(
+        8, ge=1, description="repack: a worker straggles when it runs at most this many samples."
+    )
+    repack_min_age_s: float = Field(
+        1.0,
+        ge=0,
+        description="repack: only samples running at least this long move (a young one may "
+        "finish before the move pays for its prefill on the other worker).",
+    )
     placement_timeout_s: float = Field(
         600.0,
         gt=0,

@@ -415,6 +415,7 @@ class StreamRollouts:
                     "rollout/groups": float(t.groups),
                 }
             )
+        metrics["rollout/repacked_groups"] = float(t.repacked)
         for w, c in state["workers"].items():
             before = self.last.get(w, {})
             if before.get("pid") != c["pid"]:  # a restarted worker counts from zero again

@@ -368,6 +368,8 @@ class Session:
             long_first=r.long_first,
             balance=r.balance,
             prior_length=float(r.max_new_tokens),
+            repack_max_stragglers=r.repack_max_stragglers if r.repack else 0,
+            repack_min_age_s=r.repack_min_age_s,
         )
         self.actors.append(dispatcher)
         streams = [
@@ -380,6 +382,7 @@ class Session:
                 concurrency=r.concurrency or r.prompts_per_step * r.samples_per_prompt,
                 partial_rollout=r.partial_rollout,
                 pull_timeout_s=cfg.storage.weight_pull_timeout_s,
+                repack_max_stragglers=r.repack_max_stragglers if r.repack else 0,
             )
             for i in range(len(self.workers))
         ]
