@@ -20,7 +20,7 @@ test: setup
 	$(PYTEST) -m "not slow and not gpu and not ui"
 
 # The multi-node Ray test (marker `slow`): a cluster of five nodes on 127.0.0.1 that grows,
-# loses a node and regrows under a real job (~5 minutes). CI runs it after `make test`.
+# loses a node and regrows under a real job (~3 minutes). CI runs it after `make test`.
 test-multinode: setup
 	$(PYTEST) tests/integration/test_multinode.py
 

@@ -34,7 +34,7 @@ from storage.ledger import Ledger, check_exactly_once, check_versions, summarize
 from tests.support.cli_job import Job
 from tests.support.ray_nodes import RayNodes, wait_gone
 
-# ~5 min on a 2-core machine (5 Ray nodes, 3 vLLM starts): `make test-multinode`, run by CI.
+# ~3 min on a quiet 2-core machine (5 Ray nodes, 3 vLLM starts): `make test-multinode`, run by CI.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = 60
