@@ -7,7 +7,7 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-slow lint format clean bench bench-data bench-modes bench-peer \
+.PHONY: setup run test test-multinode test-slow lint format clean bench bench-data bench-modes bench-peer \
   bench-quick bench-engines infra-check ui-check simulate sim-profile
 
 setup:
@@ -18,6 +18,11 @@ run: setup
 
 test: setup
 	$(PYTEST) -m "not slow and not gpu and not ui"
+
+# The multi-node Ray test (marker `slow`): a cluster of five nodes on 127.0.0.1 that grows,
+# loses a node and regrows under a real job (~3 minutes). CI runs it after `make test`.
+test-multinode: setup
+	$(PYTEST) tests/integration/test_multinode.py
 
 # pytest exits 5 when no test carries the marker: not a failure here.
 test-slow: setup

@@ -44,6 +44,13 @@ VARIANTS: list[tuple[str, list[str]]] = [
         "async k=2, no partial rollout",
         ["mode=async", "max_staleness=2", "rollout.partial_rollout=false"],
     ),
+    # Repack needs several rollout workers: two, sharing the rollout core (3 processes on
+    # 2 cores), with repack on and off; compare these two rows with each other.
+    ("async k=2, 2 workers", ["mode=async", "max_staleness=2", "rollout.workers=2"]),
+    (
+        "async k=2, 2 workers, repack off",
+        ["mode=async", "max_staleness=2", "rollout.workers=2", "rollout.repack=false"],
+    ),
 ]
 
 
@@ -67,6 +74,11 @@ def run_variant(label: str, overrides: list[str], steps: int, root: Path) -> dic
                 (summary["mlflow_run_id"],),
             ).fetchall()
         )
+        (repacked,) = db.execute(
+            "SELECT COALESCE(SUM(value), 0) FROM metrics WHERE run_uuid = ? AND "
+            "key = 'rollout/repacked_groups'",
+            (summary["mlflow_run_id"],),
+        ).fetchone()
     return {
         "samples_per_s": summary["samples_per_s"],
         "tokens_per_s": summary["tokens_per_s"],
@@ -77,6 +89,7 @@ def run_variant(label: str, overrides: list[str], steps: int, root: Path) -> dic
         "rollout_idle": means.get("rollout/worker0/idle_fraction", math.nan),
         "staleness": means["train/staleness"],
         "step_s": means["perf/step_s"],
+        "repacked": float(repacked),
     }
 
 
@@ -90,15 +103,15 @@ def table(results: dict[str, dict[str, float]], steps: int) -> str:
         f"Command: `make bench` (`.venv/bin/python -m benchmarks.modes --steps {steps}`).",
         "",
         "| variant | samples/s | tokens/s | x sync | step s | trainer idle | rollout idle "
-        "| mean staleness | held-out start -> end |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mean staleness | repacked groups | held-out start -> end |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, r in results.items():
         idle = "-" if math.isnan(r["rollout_idle"]) else f"{r['rollout_idle']:.2f}"
         lines.append(
             f"| {label} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | "
             f"{r['samples_per_s'] / base['samples_per_s']:.2f} | {r['step_s']:.3f} | "
-            f"{r['trainer_idle']:.2f} | {idle} | {r['staleness']:.2f} | "
+            f"{r['trainer_idle']:.2f} | {idle} | {r['staleness']:.2f} | {r['repacked']:.0f} | "
             f"{100 * r['start_accuracy']:.1f}% -> {100 * r['end_accuracy']:.1f}% |"
         )
     return "\n".join(lines)

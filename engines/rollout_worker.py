@@ -10,7 +10,9 @@ Driven by ``tasks/rollout.py``, in one of two ways:
   with one request per sample, taking prompt groups from the dispatcher as samples finish,
   putting finished groups into the store within ``PUT_EVERY_S``, and loading newer
   weights between engine steps when the parameter service has them, never waiting on the
-  trainer.
+  trainer. With repack on, a worker whose batch has drained to a few stragglers reports
+  them, and the dispatcher may have it hand its unfinished groups to another straggling
+  worker (``Handoff``), which continues each sample from the tokens it has.
 Scoring here, next to the tokens, keeps trajectories off the driver.
 """
 
@@ -31,6 +33,7 @@ from engines.protocols import Completion
 from engines.vllm_rollout import Delta, VLLMRolloutEngine
 from envs import Environment, Problem, score
 from rl.advantages import group_advantages
+from rl.dispatch import InFlight
 from storage.block_builder import VersionRuns, trajectory_block
 from storage.params import ParameterError, ParameterService
 from storage.trajectory_store import StoreClient
@@ -228,10 +231,13 @@ class RolloutWorkerBase(VLLMRolloutEngine):
 
 
 class GroupSource(Protocol):
-    """Where a streaming worker gets work (``tasks.dispatcher.Dispatcher``, a Ray actor)."""
+    """Where a streaming worker gets work (``tasks.dispatcher.Dispatcher``, a Ray actor):
+    ``take`` returns a ``tasks.dispatcher.Work`` (or None: stop), ``report`` takes finished
+    groups and counters, ``hand_over`` takes a repacked worker's groups."""
 
     take: Any
     report: Any
+    hand_over: Any
 
 
 @dataclass(frozen=True)
@@ -246,6 +252,8 @@ class StreamSettings:
     weight_check_s: float = 0.1
     report_every_s: float = 0.5
     pull_timeout_s: float = 120.0
+    # Repack: report the running samples once at most this many are left (0: never).
+    repack_max_stragglers: int = 0
 
 
 @dataclass
@@ -253,6 +261,7 @@ class _Sample:
     group: str
     index: int
     predicted: float
+    started_at: float = 0.0  # time.time() when it first started, on whichever worker
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
@@ -265,6 +274,16 @@ class _Group:
     problem: Problem
     prompt_ids: list[int]
     samples: list[_Sample]
+    seed: int
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """An unfinished group moved to another worker by repack: its samples as they stood
+    (finished ones with their completion, the others with the tokens generated so far)."""
+
+    group_id: str
+    group: _Group
 
 
 class _Stream:
@@ -343,29 +362,55 @@ class _Stream:
         # Ask for work in chunks: an actor call per finished group cost ~5% of the worker.
         if room <= 0 or (self.running and room * n < REFILL_AT * self.s.concurrency):
             return
-        got = ray.get(self.source.take.remote(self.s.worker, room, self.w.version()))
-        if got is None:
+        work = ray.get(self.source.take.remote(self.s.worker, room, self.w.version()))
+        if work is None:
             self.stopping = True
             return
-        for a in got:
+        if work.give_to is not None:
+            self.give_up(work.give_to)
+        for handoff in work.handoffs:
+            self.groups[handoff.group_id] = handoff.group
+            for sample in handoff.group.samples:
+                if sample.done is None:
+                    self.begin(handoff.group_id, handoff.group, sample)
+        for a in work.assignments:
             ids = self.w.prompt_ids([a.problem.prompt])[0]
-            samples = [_Sample(a.group_id, j, a.predicted) for j in range(n)]
-            group = _Group(a.problem, ids, samples)
+            started = time.time()
+            samples = [_Sample(a.group_id, j, a.predicted, started) for j in range(n)]
+            group = _Group(a.problem, ids, samples, a.seed)
             self.groups[a.group_id] = group
             for sample in group.samples:
-                request = f"{a.group_id}/{sample.index}"
-                sample.marks.append((0, self.w.version()))
-                self.running[request] = sample
-                self.w.start(
-                    request,
-                    ids,
-                    self.s.max_new_tokens,
-                    self.s.temperature,
-                    a.seed * 131 + sample.index,
-                )
+                self.begin(a.group_id, group, sample)
+
+    def begin(self, group_id: str, group: _Group, sample: _Sample) -> None:
+        """Start ``sample`` in vLLM, or continue it from the tokens it has (a repacked one)."""
+        request, done = f"{group_id}/{sample.index}", len(sample.token_ids)
+        version = self.w.version()
+        if not sample.marks or sample.marks[-1][1] != version:
+            sample.marks.append((done, version))
+        self.running[request] = sample
+        self.w.start(
+            request,
+            group.prompt_ids + sample.token_ids,
+            self.s.max_new_tokens - done,
+            self.s.temperature,
+            group.seed * 131 + sample.index + done,
+        )
+
+    def give_up(self, target: int) -> None:
+        """Repack: hand every unfinished group to worker ``target``, as the dispatcher
+        planned, and drop their requests here; this worker is then free for fresh work."""
+        handoffs = [Handoff(group_id, group) for group_id, group in self.groups.items()]
+        if not ray.get(self.source.hand_over.remote(self.s.worker, target, handoffs)):
+            return  # the dispatcher stopped or the target is gone: keep them
+        self.w.abort(list(self.running))
+        self.running.clear()
+        self.groups.clear()
 
     def advance(self, delta: Delta) -> None:
-        sample = self.running[delta.request_id]
+        sample = self.running.get(delta.request_id)
+        if sample is None:
+            return  # handed to another worker by repack (vLLM may report it once more)
         sample.token_ids.extend(delta.token_ids)
         sample.logprobs.extend(delta.logprobs)
         sample.text += delta.text
@@ -415,6 +460,12 @@ class _Stream:
 
     def report(self) -> None:
         in_flight = sum(max(0.0, s.predicted - len(s.token_ids)) for s in self.running.values())
+        stragglers = []
+        if 0 < len(self.running) <= self.s.repack_max_stragglers:
+            stragglers = [
+                InFlight(request, s.group, s.started_at, len(s.token_ids), s.predicted)
+                for request, s in self.running.items()
+            ]
         counters = {
             **self.counters,
             "version": float(self.w.version()),
@@ -424,6 +475,6 @@ class _Stream:
                 max(0, self.s.concurrency - len(self.running)) // self.s.samples_per_prompt
             ),
         }
-        self.source.report.remote(self.s.worker, self.reports, counters)
+        self.source.report.remote(self.s.worker, self.reports, counters, stragglers)
         self.reports = []
         self.next_report = time.monotonic() + self.s.report_every_s

@@ -96,6 +96,10 @@ class VLLMRolloutEngine:
             )
         return deltas
 
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop running requests (repack moved them to another worker)."""
+        self._llm.llm_engine.abort_request(request_ids)
+
     def running(self) -> int:
         return int(self._llm.llm_engine.get_num_unfinished_requests())
 

@@ -148,6 +148,29 @@ class RolloutConfig(_Section):
         description="Times Ray restarts a rollout worker whose process died; its unfinished "
         "prompts go back to the queue each time. Past this the run fails.",
     )
+    repack: bool = Field(
+        True,
+        description="async, several workers: when workers' batches have drained to a few "
+        "long stragglers each, move them onto one worker so the others load new weights and "
+        "take fresh groups (Laminar's repack).",
+    )
+    repack_max_stragglers: int = Field(
+        8, ge=1, description="repack: a worker straggles when it runs at most this many samples."
+    )
+    repack_min_age_s: float = Field(
+        1.0,
+        ge=0,
+        description="repack: only samples running at least this long move (a young one may "
+        "finish before the move pays for its prefill on the other worker).",
+    )
+    placement_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long a run (or a resumed segment) waits for Ray to place its actors "
+        "before it fails naming what could not be placed. async starts once the trainer and "
+        "one rollout worker are placed; the others join when nodes offer their resources. "
+        "sync and one_step wait for every worker.",
+    )
     resources: dict[str, float] = Field(
         default_factory=dict,
         description="Custom Ray resources each rollout actor asks for, e.g. {rollout: 1}: it "

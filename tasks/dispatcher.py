@@ -12,6 +12,13 @@ A zero-CPU Ray actor, created by the flow in ``async`` mode and asked by each ro
   (``rl.dispatch.LengthPredictor``) learns response lengths per prompt and environment;
   a look-ahead pool of upcoming groups is handed out longest first, and with ``balance``
   the predicted tokens are spread across workers (``rl.dispatch.plan``).
+- Repack (Laminar, arXiv 2510.12633): workers whose batch has drained to a few
+  stragglers report them. When a worker asks for work and admission gives it none, and at
+  least two workers on its version straggle (``rl.dispatch.stragglers``), a worker the
+  plan moves is told to hand its unfinished groups to the plan's target (``Work.give_to``,
+  then ``hand_over``); the target gets them with its next ``take`` and continues each
+  sample from its tokens. The mover is then free: it loads newer weights at once, even
+  without partial rollout, and takes fresh groups as soon as admission allows.
 - Workers report finished groups (lengths, rewards) and their counters; the flow reads
   them once per step with ``drain``.
 - Failure isolation: the dispatcher knows which groups each worker holds. When a worker
@@ -23,14 +30,15 @@ A zero-CPU Ray actor, created by the flow in ``async`` mode and asked by each ro
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
-from engines.rollout_worker import GroupDone
+from engines.rollout_worker import GroupDone, Handoff
 from envs import Problem
-from rl.dispatch import GroupRequest, LengthPredictor, WorkerLoad, plan
+from rl.dispatch import GroupRequest, InFlight, LengthPredictor, WorkerLoad, plan, stragglers
 from tasks.environment import PromptStream
 
 # Groups kept ready for ordering: enough for a couple of steps, so "longest first" has
@@ -48,6 +56,16 @@ class Assignment:
     predicted: float
 
 
+@dataclass(frozen=True)
+class Work:
+    """A ``take``'s answer: fresh groups, groups repacked onto this worker, and whether it
+    should hand its own unfinished groups to another worker (``give_to``)."""
+
+    assignments: list[Assignment]
+    handoffs: list[Handoff] = field(default_factory=list)
+    give_to: int | None = None
+
+
 @dataclass
 class _Totals:
     groups: int = 0
@@ -57,6 +75,7 @@ class _Totals:
     correct: int = 0
     truncated: int = 0
     reward_errors: int = 0
+    repacked: int = 0  # groups moved between workers by repack
     lengths: list[int] = field(default_factory=list)
 
 
@@ -74,6 +93,8 @@ class GroupDispatcher:
         long_first: bool = True,
         balance: bool = True,
         prior_length: float = 32.0,
+        repack_max_stragglers: int = 0,
+        repack_min_age_s: float = 1.0,
     ) -> None:
         self._prompts = prompts
         self._env = env
@@ -92,6 +113,9 @@ class GroupDispatcher:
         self._stopped = False
         self._workers: dict[int, dict[str, float]] = {}
         self._totals = _Totals()
+        self._repack = (repack_max_stragglers, repack_min_age_s)  # max 0: off
+        self._stragglers: dict[int, list[InFlight]] = {}  # worker -> its last report's
+        self._handoffs: dict[int, list[Handoff]] = {}  # worker -> groups repacked onto it
 
     def _request(self, index: int, problem: Problem) -> GroupRequest:
         prompt_len = len(problem.prompt)
@@ -104,10 +128,17 @@ class GroupDispatcher:
             predicted=self._predictor.predict(problem.prompt_id, self._env, prompt_len),
         )
 
-    def take(self, worker: int, want: int, worker_version: int) -> list[Assignment] | None:
-        """Up to ``want`` groups for ``worker``; [] while admission holds it back; None: stop."""
-        if self._stopped:
-            return None
+    def take(self, worker: int, want: int, worker_version: int) -> Work | None:
+        """Up to ``want`` fresh groups for ``worker`` (none while admission holds it back),
+        any groups repacked onto it, and maybe a repack order; None: stop."""
+        handoffs = self._handoffs.pop(worker, [])
+        if self._stopped:  # groups already handed over are finished, not lost
+            return Work([], handoffs) if handoffs else None
+        out = self._fresh(worker, want, worker_version)
+        give_to = None if out or handoffs else self._repack_target(worker, worker_version)
+        return Work(out, handoffs, give_to)
+
+    def _fresh(self, worker: int, want: int, worker_version: int) -> list[Assignment]:
         allowed = (worker_version + self._k + 1) * self._per_step - self.admitted
         count = min(want, allowed)
         if count <= 0:
@@ -135,6 +166,36 @@ class GroupDispatcher:
             self._issued += 1
         return out
 
+    def _repack_target(self, worker: int, version: int) -> int | None:
+        """Where ``worker`` should move its stragglers, if the repack plan moves them."""
+        most, min_age = self._repack
+        if not most or worker not in self._stragglers:
+            return None
+        # Only between workers on the same version: a moved sample keeps one policy's tokens.
+        peers = {
+            w: reqs
+            for w, reqs in self._stragglers.items()
+            if self._workers.get(w, {}).get("version") == version
+        }
+        found = stragglers(peers, most, min_age, time.time())
+        if found is None or worker not in found.moves:
+            return None
+        return found.target
+
+    def hand_over(self, worker: int, target: int, handoffs: list[Handoff]) -> bool:
+        """Repack: ``worker``'s unfinished groups move to ``target`` (its next ``take``).
+        False, and nothing moves, once stopped or when ``target`` no longer reports."""
+        if self._stopped or target not in self._workers:
+            return False
+        held, theirs = self._held.get(worker, {}), self._held.setdefault(target, {})
+        for h in handoffs:
+            theirs[h.group_id] = held.pop(h.group_id)
+        self._handoffs.setdefault(target, []).extend(handoffs)
+        self._stragglers.pop(worker, None)  # its report is out of date now
+        self._stragglers.pop(target, None)
+        self._totals.repacked += len(handoffs)
+        return True
+
     @property
     def admitted(self) -> int:
         """Groups counted by admission control: issued, less those that came back."""
@@ -142,10 +203,12 @@ class GroupDispatcher:
 
     def requeue(self, worker: int) -> int:
         """``worker`` died: its unfinished groups go back to the front of the queue."""
-        lost = self._held.pop(worker, {})
+        lost = self._held.pop(worker, {})  # groups repacked onto it included
         self._pool[:0] = list(lost.values())
         self._returned += len(lost)
         self._workers.pop(worker, None)
+        self._stragglers.pop(worker, None)
+        self._handoffs.pop(worker, None)
         return len(lost)
 
     def credit(self, groups: int) -> None:
@@ -167,7 +230,19 @@ class GroupDispatcher:
         counters = self._workers.get(worker)
         return counters["in_flight_tokens"] if counters else 0.0
 
-    def report(self, worker: int, groups: list[GroupDone], counters: dict[str, float]) -> None:
+    def report(
+        self,
+        worker: int,
+        groups: list[GroupDone],
+        counters: dict[str, float],
+        stragglers: list[InFlight] | None = None,
+    ) -> None:
+        """Finished groups, the worker's counters, and its running samples when only a
+        few are left (``stragglers``: what repack plans with)."""
+        if stragglers:
+            self._stragglers[worker] = stragglers
+        else:
+            self._stragglers.pop(worker, None)
         held = self._held.get(worker, {})
         for g in groups:
             held.pop(g.group_id, None)

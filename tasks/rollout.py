@@ -16,7 +16,8 @@ Training goes on. ``RolloutFailure`` ends the run once a worker has died more of
 ``rollout.max_restarts`` allows.
 
 A worker whose node was lost stays restarting until a node with its resources joins,
-which may take minutes or never happen. ``async`` goes on with the pool it has: held-out
+which may take minutes or never happen; so does a worker no node had room for when the
+run started (``tasks/placement.py``). ``async`` goes on with the pool it has: held-out
 evaluation and the end of the run use the live workers only (``live``), and the worker
 gets a stream again whenever Ray has it back. The batch modes wait for it: each batch is
 split over every worker.
@@ -81,7 +82,7 @@ class Restarts:
             raise RolloutFailure(
                 f"rollout worker {worker} could not be restarted: {error}"
             ) from error
-        log.info("rollout worker %d is back (pid %d)", worker, pid)
+        log.info("rollout worker %d is up (pid %d)", worker, pid)
         return True
 
     def wait_back(self, worker: int, timeout_s: float = RESTART_TIMEOUT_S) -> None:
@@ -414,6 +415,7 @@ class StreamRollouts:
                     "rollout/groups": float(t.groups),
                 }
             )
+        metrics["rollout/repacked_groups"] = float(t.repacked)
         for w, c in state["workers"].items():
             before = self.last.get(w, {})
             if before.get("pid") != c["pid"]:  # a restarted worker counts from zero again

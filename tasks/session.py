@@ -35,6 +35,7 @@ from storage.params import ParameterService
 from storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
 from tasks.dispatcher import Dispatcher
 from tasks.environment import PromptStream, make_environment
+from tasks.placement import wait_placed
 from tasks.rollout import BatchRollouts, BatchSettings, StreamRollouts, evaluate
 from tasks.tracking import MetricLogger
 
@@ -83,20 +84,23 @@ class Session:
             restore="checkpoint" if checkpoint is not None else False
         )
         self.rollouts = self._rollouts(tag)
-        pids = ray.get([w.pid.remote() for w in self.workers])
+        self._wait_placed()
         engine = cfg.train.engine
         if engine == "deepspeed":
             engine += f" ZeRO-{cfg.train.zero_stage}"
+        live = self.rollouts.live()
         log.info(
             "starting %d rollout worker(s) (pids %s) and the trainer (pid %d) on %s; "
             "vLLM takes ~30 s",
-            len(self.workers),
-            ", ".join(map(str, pids)),
+            len(live),
+            ", ".join(map(str, ray.get([w.pid.remote() for w in live]))),
             ray.get(self.trainer.pid.remote()),
             engine,
         )
         if checkpoint is None:
-            self.start_accuracy = self.end_accuracy = self._evaluate()
+            self.start_accuracy = self.end_accuracy = evaluate(
+                live, self.env, self.heldout, self.eval_tokens
+            )
             log.info(
                 "step    0/%d | held-out %5.1f%% (starting policy)",
                 cfg.train.steps,
@@ -109,7 +113,7 @@ class Session:
             self.start_accuracy = meta.get("start_accuracy")
             self.end_accuracy = meta.get("end_accuracy")
             timeout = cfg.storage.weight_pull_timeout_s
-            self.wait([w.sync_weights.remote(self.step, timeout) for w in self.workers], "weights")
+            self.wait([w.sync_weights.remote(self.step, timeout) for w in live], "weights")
             self._restore_cursor(meta["data_cursor"])
             log.info("resumed at step %d from %s", self.step, checkpoint.url)
 
@@ -133,6 +137,26 @@ class Session:
                     continue
                 time.sleep(0.1)
         self.actors = []
+
+    def _wait_placed(self) -> None:
+        """Wait for Ray to place the actors; async starts without rollout workers that no
+        node has room for yet (they join like a restarted worker), the batch modes do not."""
+        cfg, r = self.cfg, self.cfg.rollout
+        names = [f"rollout worker {i}" for i in range(len(self.workers))]
+        actors = {"the trainer": self.trainer, **dict(zip(names, self.workers, strict=True))}
+        asks = {
+            "the trainer": {"CPU": cfg.train.cpus, **cfg.train.resources},
+            **{name: {"CPU": r.cpus_per_worker, **r.resources} for name in names},
+        }
+        # async starts with the trainer and one worker; the others join when placed.
+        need = 1 if cfg.mode == "async" else len(names)
+
+        def enough(pending: set[str]) -> bool:
+            return "the trainer" not in pending and len(set(names) - pending) >= need
+
+        pending = wait_placed(actors, asks, enough, r.placement_timeout_s)
+        if isinstance(self.rollouts, StreamRollouts):
+            self.rollouts.restarting |= {names.index(name) for name in pending}
 
     def _roll_back(self, checkpoint: Checkpoint) -> str:
         watermark = int(checkpoint.meta["ledger_watermark"])
@@ -206,9 +230,6 @@ class Session:
         self.tracker.log_metrics(step, metrics)
         log.info(_step_line(step, cfg.train.steps, metrics))
         return metrics
-
-    def _evaluate(self) -> float:
-        return evaluate(self.workers, self.env, self.heldout, self.eval_tokens)
 
     def evaluate_now(self) -> float:
         """Held-out accuracy of the trainer's current version."""
@@ -347,6 +368,8 @@ class Session:
             long_first=r.long_first,
             balance=r.balance,
             prior_length=float(r.max_new_tokens),
+            repack_max_stragglers=r.repack_max_stragglers if r.repack else 0,
+            repack_min_age_s=r.repack_min_age_s,
         )
         self.actors.append(dispatcher)
         streams = [
@@ -359,6 +382,7 @@ class Session:
                 concurrency=r.concurrency or r.prompts_per_step * r.samples_per_prompt,
                 partial_rollout=r.partial_rollout,
                 pull_timeout_s=cfg.storage.weight_pull_timeout_s,
+                repack_max_stragglers=r.repack_max_stragglers if r.repack else 0,
             )
             for i in range(len(self.workers))
         ]

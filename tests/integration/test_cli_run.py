@@ -113,7 +113,8 @@ def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness):
 
 
 def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
-    """Streaming workers, a dispatcher's admission control and the store's staleness bound."""
+    """Two streaming workers, a dispatcher's admission control and repack, and the store's
+    staleness bound."""
     steps, bound = 6, 1
     result = _smoke(
         tmp_path,
@@ -123,6 +124,10 @@ def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
         f"max_staleness={bound}",
         "eval.every=3",  # a pause of the streams in mid-run, for held-out evaluation
         "train.loss=decoupled_ppo",
+        "rollout.workers=2",
+        # Every worker straggles whenever admission holds it back: repack on every chance.
+        "rollout.repack_max_stragglers=16",
+        "rollout.repack_min_age_s=0",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"in {steps} async steps" in result.stdout
@@ -137,8 +142,12 @@ def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
         loads = db.execute(
             "SELECT SUM(value) FROM metrics WHERE key='rollout/worker0/weight_loads'"
         ).fetchone()
+        (repacked,) = db.execute(
+            "SELECT SUM(value) FROM metrics WHERE key='rollout/repacked_groups'"
+        ).fetchone()
     assert len(worst) == steps and max(worst) <= bound
     assert weights == (steps,) and loads[0] >= 1  # the worker pulled new weights itself
+    assert repacked >= 1  # groups moved between the workers, and were trained (below)
     table = Ledger(run_dir.as_uri()).read()
     assert check_exactly_once(table) == []
     summary = summarize(table)

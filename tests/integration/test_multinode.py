@@ -1,25 +1,30 @@
-"""A real job on a Ray cluster of several nodes, one of which is lost mid-run (DESIGN.md §6).
+"""A real job on a Ray cluster of several nodes that grows, loses a node and regrows
+(DESIGN.md §6).
 
 The cluster runs on this machine (``tests/support/ray_nodes.py``), as infra/terraform's boot
-scripts start one: a head with no custom resources, two rollout nodes advertising the Ray
+scripts start one: a head with no custom resources, rollout nodes advertising the Ray
 resource ``rollout`` and a trainer node advertising ``trainer``, each with its own CPU count,
 temp dir and ports, with token authentication. ``sluice run --address HOST:PORT`` joins it
 (the driver's own Ray node is the head, as on the cluster, where the Prefect worker runs
 there): rollout workers ask for ``rollout``, the trainer for ``trainer``.
 
-Mid-run the raylet of the node holding rollout worker 0 is SIGKILLed: a lost machine. Its
-worker dies with it, its groups go back to the queue, and Ray cannot restart it (no other
-node offers a free ``rollout``): the pool shrinks to one worker and training goes on. A
-replacement node offering ``rollout`` then joins; Ray restarts worker 0 there, the flow sees
-it answer and gives it a stream again: the pool regrows (the trainer is held meanwhile, so
-that the tiny run does not end first). The run finishes, and the ledger
-shows every sample trained exactly once or dropped with a reason, with no version skipped.
+The job asks for two rollout workers but starts when only one rollout node (rollout-a) is
+up: no node has room for worker 1, so the async run starts with worker 0 alone
+(``tasks/placement.py``), and gives worker 1 a stream once rollout-b joins and Ray places it
+there. Then the raylet of the node holding worker 0 is SIGKILLed: a lost machine. Its worker
+dies with it, its groups go back to the queue, and Ray cannot restart it (no other node
+offers a free ``rollout``): the pool shrinks to one worker and training goes on. A
+replacement node (rollout-c) then joins; Ray restarts worker 0 there, the flow sees it
+answer and gives it a stream again: the pool regrows (the trainer is held while a node
+boots, so that the tiny run does not end first). The run finishes, and the ledger shows
+every sample trained exactly once or dropped with a reason, with no version skipped.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -29,7 +34,7 @@ from storage.ledger import Ledger, check_exactly_once, check_versions, summarize
 from tests.support.cli_job import Job
 from tests.support.ray_nodes import RayNodes, wait_gone
 
-# ~4.5 min on a busy 2-core machine (4 Ray nodes, 3 vLLM starts): `make test-slow`, run by CI.
+# ~3 min on a quiet 2-core machine (5 Ray nodes, 3 vLLM starts): `make test-multinode`, run by CI.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = 60
@@ -47,9 +52,8 @@ def cluster(tmp_path: Path) -> Iterator[RayNodes]:
     try:
         nodes.start("head", cpus=1)  # the driver and the control-plane actors (0 CPUs each)
         nodes.start("rollout-a", cpus=1, resources={"rollout": 1})
-        nodes.start("rollout-b", cpus=1, resources={"rollout": 1})
         nodes.start("trainer", cpus=1, resources={"trainer": 1})
-        nodes.wait_state(["head", "rollout-a", "rollout-b", "trainer"], state=0)
+        nodes.wait_state(["head", "rollout-a", "trainer"], state=0)
         yield nodes
     finally:
         nodes.close()
@@ -64,6 +68,18 @@ def _node_of(cluster: RayNodes, pid: int) -> str:
     found = [name for name, node in cluster.nodes.items() if pid in node.workers()]
     assert len(found) == 1, f"pid {pid} is on nodes {found}"
     return found[0]
+
+
+@contextmanager
+def _held(trainer: int) -> Iterator[None]:
+    """Hold the trainer while a node boots: this tiny model trains a step in a fraction of a
+    second, far faster than a node joins and loads vLLM, so the run would end first."""
+    held = psutil.Process(trainer)
+    held.suspend()
+    try:
+        yield
+    finally:
+        held.resume()
 
 
 def test_a_lost_rollout_node_shrinks_the_pool_and_a_new_node_regrows_it(
@@ -84,21 +100,28 @@ def test_a_lost_rollout_node_shrinks_the_pool_and_a_new_node_regrows_it(
     job = Job(args, tmp_path / "job.log", env=cluster.env)
     try:
         joined = job.expect(r"joined the Ray cluster at (\S+): (\d+) node\(s\)")
-        assert joined[1] == cluster.gcs_address and joined[2] == "4"
-        started = job.expect(
-            r"rollout worker\(s\) \(pids (\d+), (\d+)\) and the trainer \(pid (\d+)\)"
-        )
-        workers, trainer = [int(started[1]), int(started[2])], int(started[3])
+        assert joined[1] == cluster.gcs_address and joined[2] == "3"
+        job.expect(r"rollout worker 1: not placed yet")
+        started = job.expect(r"1 rollout worker\(s\) \(pids (\d+)\) and the trainer \(pid (\d+)\)")
+        workers, trainer = [int(started[1])], int(started[2])
 
-        # Placement: one rollout worker on each rollout node, the trainer on its node, the
+        # Placement: rollout worker 0 on the rollout node, the trainer on its node, the
         # store, dispatcher and parameter relay on the head beside the driver.
-        assert sorted(_node_of(cluster, pid) for pid in workers) == ["rollout-a", "rollout-b"]
+        assert _node_of(cluster, workers[0]) == "rollout-a"
         assert _node_of(cluster, trainer) == "trainer"
         head = _titles(cluster)["head"]
         for actor in ("TrajectoryStore", "GroupDispatcher", "_Relay"):
             assert f"ray::{actor}" in head, head
 
+        # The pool grows when a node with room for worker 1 joins.
         job.expect(r"step    2/")
+        with _held(trainer):
+            cluster.start("rollout-b", cpus=1, resources={"rollout": 1})
+            workers.append(int(job.expect(r"rollout worker 1 is up \(pid (\d+)\)", timeout=300)[1]))
+        assert _node_of(cluster, workers[1]) == "rollout-b"
+        job.expect(rf"rollout worker 1 streams in process {workers[1]}\b", timeout=120)
+
+        job.expect(r"step +\d+/")
         lost = _node_of(cluster, workers[0])
         raylet = cluster.nodes[lost].raylet()
         assert raylet is not None
@@ -111,18 +134,12 @@ def test_a_lost_rollout_node_shrinks_the_pool_and_a_new_node_regrows_it(
         job.expect(r"step +\d+/\d+ \| .*held-out")
         for _ in range(SHRUNK_STEPS):
             job.expect(r"step +\d+/")
-        assert not any("is back" in line for line in job.lines[shrunk:])
+        assert not any("rollout worker 0 is up" in line for line in job.lines[shrunk:])
 
-        # Hold the trainer while the replacement node boots: this tiny model trains a step in
-        # a fraction of a second, far faster than a node joins and loads vLLM.
-        held = psutil.Process(trainer)
-        held.suspend()
-        try:
+        with _held(trainer):
             cluster.wait_state([lost], state=1, timeout_s=NODE_DEATH_TIMEOUT_S)
             cluster.start("rollout-c", cpus=1, resources={"rollout": 1})
-            back = int(job.expect(r"rollout worker 0 is back \(pid (\d+)\)", timeout=300)[1])
-        finally:
-            held.resume()
+            back = int(job.expect(r"rollout worker 0 is up \(pid (\d+)\)", timeout=300)[1])
         assert _node_of(cluster, back) == "rollout-c"
         job.expect(rf"rollout worker 0 streams in process {back}\b", timeout=120)
         assert job.finish() == 0, job.output()[-4000:]
@@ -131,7 +148,9 @@ def test_a_lost_rollout_node_shrinks_the_pool_and_a_new_node_regrows_it(
 
     out = job.output()
     assert f"step   {STEPS}/{STEPS}" in out
-    steps_after = [int(m) for m in re.findall(r"step +(\d+)/", out[out.index("is back") :])]
+    steps_after = [
+        int(m) for m in re.findall(r"step +(\d+)/", out[out.index("rollout worker 0 is up") :])
+    ]
     assert steps_after, "no step was trained after the pool regrew"
     run_dir = tmp_path / "runs" / "smoke"
     table = Ledger(run_dir.as_uri()).read()

@@ -1,9 +1,12 @@
-"""The dispatcher's admission control and skew-aware ordering, without Ray."""
+"""The dispatcher's admission control, skew-aware ordering and repack, without Ray."""
+
+import time
 
 import pytest
 
-from engines.rollout_worker import GroupDone
+from engines.rollout_worker import GroupDone, Handoff, _Group, _Sample
 from rl.config import EnvConfig
+from rl.dispatch import InFlight
 from tasks.dispatcher import GroupDispatcher
 from tasks.environment import PromptStream, make_environment
 
@@ -18,10 +21,10 @@ def dispatcher() -> GroupDispatcher:
 
 def test_admission_keeps_generation_within_the_staleness_bound(dispatcher):
     # A worker at version v may start group g only while g < (v + k + 1) * B.
-    first = dispatcher.take(worker=0, want=10, worker_version=0)
+    first = dispatcher.take(worker=0, want=10, worker_version=0).assignments
     assert len(first) == (0 + 1 + 1) * B
-    assert dispatcher.take(0, 10, 0) == []  # held back until the worker has newer weights
-    assert len(dispatcher.take(0, 10, 1)) == B
+    assert dispatcher.take(0, 10, 0).assignments == []  # held back until newer weights
+    assert len(dispatcher.take(0, 10, 1).assignments) == B
     assert [a.group_id.split("@")[1] for a in first] == ["g0", "g1", "g2", "g3"]
     assert len({a.seed for a in first}) == len(first)
 
@@ -31,7 +34,7 @@ def test_long_groups_go_first_once_lengths_are_known(long_first):
     env, _ = make_environment(EnvConfig())
     stream = PromptStream(env, 4, seed=0)  # four prompts, coming round every epoch
     dispatcher = GroupDispatcher(stream, env.name, 2, N, 8, 0, long_first=long_first)
-    first = dispatcher.take(0, 4, 0)
+    first = dispatcher.take(0, 4, 0).assignments
     long = {a.problem.prompt_id for a in first[1::2]}
     for a in first:
         length = 30 if a.problem.prompt_id in long else 3
@@ -39,7 +42,7 @@ def test_long_groups_go_first_once_lengths_are_known(long_first):
             a.group_id, a.problem.prompt_id, len(a.problem.prompt), [length] * N, 0, 0, 0, 0
         )
         dispatcher.report(0, [done], {"in_flight_tokens": 0.0, "free_groups": 4.0})
-    second = dispatcher.take(0, 2, 0)  # the same four prompts are back in the pool
+    second = dispatcher.take(0, 2, 0).assignments  # the same four prompts are back in the pool
     if long_first:
         assert {a.problem.prompt_id for a in second} == long
         assert [a.predicted for a in second] == [30.0, 30.0]
@@ -58,7 +61,7 @@ def test_stop_and_resume(dispatcher):
     dispatcher.stop()
     assert dispatcher.take(0, 1, 0) is None
     dispatcher.resume()
-    assert len(dispatcher.take(0, 1, 0)) == 1
+    assert len(dispatcher.take(0, 1, 0).assignments) == 1
 
 
 def test_reports_are_drained_once(dispatcher):
@@ -76,13 +79,13 @@ def _done(a) -> GroupDone:
 
 
 def test_a_dead_workers_groups_go_back_to_the_front_of_the_queue(dispatcher):
-    held = dispatcher.take(worker=0, want=3, worker_version=0)
-    other = dispatcher.take(worker=1, want=1, worker_version=0)
+    held = dispatcher.take(worker=0, want=3, worker_version=0).assignments
+    other = dispatcher.take(worker=1, want=1, worker_version=0).assignments
     dispatcher.report(0, [_done(held[0])], {"in_flight_tokens": 0.0, "free_groups": 1.0})
     assert dispatcher.admitted == 4
     assert dispatcher.requeue(0) == 2  # the finished group is not handed out again
     assert dispatcher.admitted == 2  # the admission window is back
-    again = dispatcher.take(worker=1, want=2, worker_version=0)
+    again = dispatcher.take(worker=1, want=2, worker_version=0).assignments
     assert [a.problem for a in again] == [a.problem for a in held[1:]]
     issued = {a.group_id for a in held + other + again}
     assert len(issued) == 6  # new group ids: a late put from the dead worker cannot collide
@@ -98,14 +101,81 @@ def test_a_resumed_dispatcher_continues_from_the_checkpoint_cursor(dispatcher):
     expected = stream.take(2 * B)  # what the stream gives next: the lookahead pool's fill
     fresh = GroupDispatcher(PromptStream(env, 64, seed=0), env.name, B, N, 1, seed=0)
     fresh.restart_at(cursor, admitted=2, tag="a1.")
-    resumed = fresh.take(0, 10, 0)
+    resumed = fresh.take(0, 10, 0).assignments
     assert len(resumed) == (0 + 1 + 1) * B - 2 and fresh.admitted == 2 * B
     assert {a.problem for a in resumed} <= set(expected)
     assert [a.group_id.split("@")[1] for a in resumed] == ["a1.g3", "a1.g4"]
 
 
 def test_dropped_groups_give_their_admission_back(dispatcher):
-    first = dispatcher.take(0, 10, 0)
-    assert len(first) == 2 * B and dispatcher.take(0, 10, 0) == []
+    first = dispatcher.take(0, 10, 0).assignments
+    assert len(first) == 2 * B and dispatcher.take(0, 10, 0).assignments == []
     dispatcher.credit(1)  # the store dropped one of them as too stale
-    assert len(dispatcher.take(0, 10, 0)) == 1
+    assert len(dispatcher.take(0, 10, 0).assignments) == 1
+
+
+def _straggling(dispatcher, worker, groups, version=0, age_s=5.0):
+    """``worker`` reports one running sample of each of ``groups``, started ``age_s`` ago."""
+    started = time.time() - age_s
+    running = [InFlight(f"{a.group_id}/0", a.group_id, started, 3, 10.0) for a in groups]
+    counters = {"version": float(version), "in_flight_tokens": 7.0, "free_groups": 0.0}
+    dispatcher.report(worker, [], counters, running)
+
+
+def _handoff(a) -> Handoff:
+    samples = [_Sample(a.group_id, j, a.predicted, token_ids=[1, 2, 3]) for j in range(N)]
+    return Handoff(a.group_id, _Group(a.problem, [5, 6], samples, a.seed))
+
+
+def test_repack_moves_a_straggling_workers_groups_to_the_other_straggler():
+    env, _ = make_environment(EnvConfig(train_prompts=64))
+    stream = PromptStream(env, 64, seed=0)
+    dispatcher = GroupDispatcher(stream, env.name, B, N, 1, 0, repack_max_stragglers=2)
+    mine = dispatcher.take(0, 1, 0).assignments
+    theirs = dispatcher.take(1, 3, 0).assignments  # admission is now full: 2 * B issued
+    _straggling(dispatcher, 0, mine)
+    assert dispatcher.take(0, 4, 0).give_to is None  # only one worker straggles
+    _straggling(dispatcher, 1, theirs[:2])  # two stragglers; worker 0 has one
+    assert dispatcher.take(1, 4, 0).give_to is None  # the target keeps its own
+    order = dispatcher.take(0, 4, 0)
+    assert order.assignments == [] and order.give_to == 1
+
+    assert dispatcher.hand_over(0, 1, [_handoff(mine[0])])
+    arrived = dispatcher.take(1, 4, 0)
+    assert [h.group_id for h in arrived.handoffs] == [mine[0].group_id]
+    assert dispatcher.take(1, 4, 0).handoffs == []  # delivered once
+    assert dispatcher.drain()["totals"].repacked == 1
+    # The moved group is worker 1's now: if worker 1 dies, it goes back to the queue.
+    assert dispatcher.requeue(0) == 0
+    assert dispatcher.requeue(1) == 4
+
+
+def test_repack_leaves_young_samples_other_versions_and_a_stopped_run_alone():
+    env, _ = make_environment(EnvConfig(train_prompts=64))
+    stream = PromptStream(env, 64, seed=0)
+    dispatcher = GroupDispatcher(stream, env.name, B, N, 1, 0, repack_max_stragglers=2)
+    mine = dispatcher.take(0, 1, 0).assignments
+    theirs = dispatcher.take(1, 3, 0).assignments
+    _straggling(dispatcher, 0, mine, age_s=0.1)  # younger than repack_min_age_s
+    _straggling(dispatcher, 1, theirs[:2])
+    assert dispatcher.take(0, 4, 0).give_to is None
+    _straggling(dispatcher, 0, mine, version=1)  # a newer policy than worker 1's
+    assert dispatcher.take(0, 4, 1).give_to is None
+    _straggling(dispatcher, 0, mine)
+    dispatcher.stop()
+    assert dispatcher.take(0, 4, 0) is None
+    assert not dispatcher.hand_over(0, 1, [_handoff(mine[0])])  # the worker keeps its group
+
+
+def test_groups_handed_over_before_a_stop_still_reach_their_target():
+    env, _ = make_environment(EnvConfig(train_prompts=64))
+    stream = PromptStream(env, 64, seed=0)
+    dispatcher = GroupDispatcher(stream, env.name, B, N, 1, 0, repack_max_stragglers=2)
+    mine = dispatcher.take(0, 1, 0).assignments
+    dispatcher.take(1, 1, 0)
+    dispatcher.report(1, [], {"version": 0.0, "in_flight_tokens": 0.0, "free_groups": 0.0})
+    assert dispatcher.hand_over(0, 1, [_handoff(mine[0])])
+    dispatcher.stop()
+    last = dispatcher.take(1, 4, 0)
+    assert last is not None and len(last.handoffs) == 1 and last.assignments == []
+    assert dispatcher.take(1, 4, 0) is None
