@@ -1,8 +1,8 @@
 # A Ray cluster for Sluice: one on-demand head (Ray GCS and dashboard, the Prefect worker that
 # runs the flows, and MLflow and the Prefect server unless existing ones are given) and spot
 # GPU worker groups that install Sluice and join the head at boot. Every node mounts the
-# shared filesystem (modules/shared_fs) at var.shared_mount_path before Ray starts. Every node sits in a
-# private subnet; the services are reachable from the cluster itself, from
+# shared filesystem (modules/shared_fs) at var.shared_mount_path before Ray starts. Every
+# node sits in a private subnet; the services are reachable from the cluster itself, from
 # var.operator_cidr_blocks if given, and through SSM port forwarding.
 
 data "aws_region" "current" {}
