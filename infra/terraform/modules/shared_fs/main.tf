@@ -89,8 +89,9 @@ resource "aws_security_group" "this" {
 }
 
 # NFS (2049, NFSv4.1; efs-utils' TLS tunnel connects to the same port) from each of the
-# cluster's security groups, and nothing else: no CIDR range. The mount targets answer and never open a connection, so the group
-# has no egress rule (Terraform removes AWS's default allow-all one).
+# cluster's security groups, and nothing else: no CIDR range. The mount targets answer and
+# never open a connection, so the group has no egress rule (Terraform removes AWS's default
+# allow-all one).
 resource "aws_vpc_security_group_ingress_rule" "nfs" {
   for_each = var.client_security_group_ids
 

@@ -1,7 +1,7 @@
 # The nodes mount as soon as they boot, so the IDs they need are handed out only once every
-# mount target exists (Terraform waits for each to be available), the nodes' NFS rule and the
-# TLS-only policy are in place. The mount targets' DNS names can still take a minute or two to resolve; the
-# boot scripts retry.
+# mount target exists (Terraform waits for each to be available) and the nodes' NFS rule and
+# the TLS-only policy are in place. The mount targets' DNS names can still take a minute or
+# two to resolve; the boot scripts retry.
 
 output "file_system_id" {
   description = "ID of the shared filesystem (fs-...), what efs-utils mounts."
