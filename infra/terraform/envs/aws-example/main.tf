@@ -1,4 +1,5 @@
-# An example Sluice cluster on AWS: network, storage, IAM and the Ray cluster, wired together.
+# An example Sluice cluster on AWS: network, storage, IAM, the shared filesystem and the Ray
+# cluster, wired together.
 # `terraform apply` here, then follow ../../README.md ("After apply").
 
 locals {
@@ -60,6 +61,26 @@ module "iam" {
   prefix                   = module.storage.prefix
   kms_key_arn              = module.storage.kms_key_arn
   ray_token_parameter_name = local.ray_token_parameter
+  shared_file_system_arn   = module.shared_fs.file_system_arn
+  shared_access_point_arn  = module.shared_fs.access_point_arn
+}
+
+# Mounted by every node at var.shared_mount_path: the folder Sluice is cloned into and run
+# from, so that its `runs` and `.cache` are the same files on every node.
+module "shared_fs" {
+  source = "../../modules/shared_fs"
+
+  name        = var.name
+  vpc_id      = module.network.vpc_id
+  subnet_ids  = module.network.private_subnet_ids
+  kms_key_arn = module.storage.kms_key_arn
+  client_security_group_ids = {
+    head   = module.ray_cluster.head_security_group_id
+    worker = module.ray_cluster.worker_security_group_id
+  }
+  owner_uid     = var.sluice_uid
+  owner_gid     = var.sluice_uid
+  enable_backup = var.shared_fs_backup
 }
 
 module "ray_cluster" {
@@ -82,4 +103,9 @@ module "ray_cluster" {
   mlflow_tracking_uri          = var.mlflow_tracking_uri
   prefect_api_url              = var.prefect_api_url
   operator_cidr_blocks         = var.operator_cidr_blocks
+  shared_file_system_id        = module.shared_fs.file_system_id
+  shared_access_point_id       = module.shared_fs.access_point_id
+  shared_fs_security_group_id  = module.shared_fs.security_group_id
+  shared_mount_path            = var.shared_mount_path
+  sluice_uid                   = var.sluice_uid
 }

@@ -57,3 +57,18 @@ output "ssm_tunnel_commands" {
   description = "Port-forwarding commands for the Ray client, the dashboard, MLflow and Prefect."
   value       = module.ray_cluster.ssm_tunnel_commands
 }
+
+output "shared_path" {
+  description = "Where every node mounts the shared filesystem: clone Sluice under it (e.g. <shared_path>/sluice) and run there."
+  value       = var.shared_mount_path
+}
+
+output "shared_file_system_id" {
+  description = "ID of the shared EFS filesystem."
+  value       = module.shared_fs.file_system_id
+}
+
+output "shared_fs_dns_name" {
+  description = "DNS name of the shared filesystem inside the VPC."
+  value       = module.shared_fs.dns_name
+}

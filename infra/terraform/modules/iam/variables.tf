@@ -48,6 +48,26 @@ variable "ray_token_parameter_name" {
   }
 }
 
+variable "shared_file_system_arn" {
+  type        = string
+  description = "ARN of the shared EFS filesystem the nodes mount (the shared_fs module's file_system_arn)."
+
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:elasticfilesystem:[a-z0-9-]+:[0-9]{12}:file-system/fs-[0-9a-f]+$", var.shared_file_system_arn))
+    error_message = "The shared_file_system_arn must be an EFS file system ARN (arn:aws:elasticfilesystem:<region>:<account>:file-system/fs-<id>)."
+  }
+}
+
+variable "shared_access_point_arn" {
+  type        = string
+  description = "ARN of the access point the nodes mount through (the shared_fs module's access_point_arn); mounts any other way are not granted."
+
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:elasticfilesystem:[a-z0-9-]+:[0-9]{12}:access-point/fsap-[0-9a-f]+$", var.shared_access_point_arn))
+    error_message = "The shared_access_point_arn must be an EFS access point ARN (arn:aws:elasticfilesystem:<region>:<account>:access-point/fsap-<id>)."
+  }
+}
+
 variable "enable_ssm_session_manager" {
   type        = bool
   description = "Attach AmazonSSMManagedInstanceCore so operators reach the nodes (and tunnel to the head's services) through SSM Session Manager, with no inbound port."

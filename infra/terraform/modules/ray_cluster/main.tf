@@ -1,7 +1,8 @@
 # A Ray cluster for Sluice: one on-demand head (Ray GCS and dashboard, the Prefect worker that
 # runs the flows, and MLflow and the Prefect server unless existing ones are given) and spot
-# GPU worker groups that install Sluice and join the head at boot. Every node sits in a
-# private subnet; the services are reachable from the cluster itself, from
+# GPU worker groups that install Sluice and join the head at boot. Every node mounts the
+# shared filesystem (modules/shared_fs) at var.shared_mount_path before Ray starts. Every
+# node sits in a private subnet; the services are reachable from the cluster itself, from
 # var.operator_cidr_blocks if given, and through SSM port forwarding.
 
 data "aws_region" "current" {}
@@ -129,6 +130,19 @@ resource "aws_vpc_security_group_egress_rule" "worker_to_cluster" {
   description                  = "Ray traffic to the ${each.key} nodes"
 }
 
+# NFS (over efs-utils' TLS tunnel) to the shared filesystem's mount targets, whose own group
+# takes it only from these two groups (modules/shared_fs).
+resource "aws_vpc_security_group_egress_rule" "nfs" {
+  for_each = { head = aws_security_group.head.id, worker = aws_security_group.worker.id }
+
+  security_group_id            = each.value
+  referenced_security_group_id = var.shared_fs_security_group_id
+  ip_protocol                  = "tcp"
+  from_port                    = 2049
+  to_port                      = 2049
+  description                  = "NFS over TLS from the ${each.key} nodes to the shared filesystem"
+}
+
 # --- the Ray auth token -------------------------------------------------------------------
 
 # Ray 2.60 clusters authenticate every RPC with a shared token. The head generates it at first
@@ -202,6 +216,10 @@ resource "aws_instance" "head" {
     mlflow_uri        = var.mlflow_tracking_uri
     prefect_api_url   = var.prefect_api_url
     prefect_work_pool = var.prefect_work_pool
+    file_system_id    = var.shared_file_system_id
+    access_point_id   = var.shared_access_point_id
+    shared_mount_path = var.shared_mount_path
+    sluice_uid        = var.sluice_uid
   })
   user_data_replace_on_change = true
 
@@ -253,16 +271,20 @@ resource "aws_launch_template" "worker" {
   }
 
   user_data = base64encode(templatefile("${path.module}/templates/worker_user_data.sh.tftpl", {
-    region          = data.aws_region.current.name
-    group           = each.key
-    pip_packages    = var.worker_pip_packages
-    head_ip         = local.head_ip
-    token_parameter = aws_ssm_parameter.ray_token.name
-    storage_url     = var.storage_url
-    ray_resources   = jsonencode(each.value.ray_resources)
-    ports           = local.ports
-    mlflow_uri      = local.mlflow_uri
-    prefect_api_url = local.prefect_api
+    region            = data.aws_region.current.name
+    group             = each.key
+    pip_packages      = var.worker_pip_packages
+    head_ip           = local.head_ip
+    token_parameter   = aws_ssm_parameter.ray_token.name
+    storage_url       = var.storage_url
+    ray_resources     = jsonencode(each.value.ray_resources)
+    ports             = local.ports
+    mlflow_uri        = local.mlflow_uri
+    prefect_api_url   = local.prefect_api
+    file_system_id    = var.shared_file_system_id
+    access_point_id   = var.shared_access_point_id
+    shared_mount_path = var.shared_mount_path
+    sluice_uid        = var.sluice_uid
   }))
 
   tag_specifications {

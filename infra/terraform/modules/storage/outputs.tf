@@ -19,7 +19,7 @@ output "storage_url" {
 }
 
 output "kms_key_arn" {
-  description = "ARN of the customer-managed KMS key (bucket, Ray token parameter, flow logs)."
+  description = "ARN of the customer-managed KMS key (bucket, Ray token parameter, flow logs, shared filesystem)."
   value       = aws_kms_key.this.arn
 }
 
