@@ -10,9 +10,10 @@ Driven by ``tasks/rollout.py``, in one of two ways:
   with one request per sample, taking prompt groups from the dispatcher as samples finish,
   putting finished groups into the store within ``PUT_EVERY_S``, and loading newer
   weights between engine steps when the parameter service has them, never waiting on the
-  trainer. With repack on, a worker whose batch has drained to a few stragglers reports
-  them, and the dispatcher may have it hand its unfinished groups to another straggling
-  worker (``Handoff``), which continues each sample from the tokens it has.
+  trainer. With repack on, a worker whose batch has drained to a few stragglers sends
+  them when it asks for work, and the dispatcher may have it hand its unfinished groups
+  to another straggling worker (``Handoff``), which continues each sample from the
+  tokens it has.
 Scoring here, next to the tokens, keeps trajectories off the driver.
 """
 
@@ -252,7 +253,8 @@ class StreamSettings:
     weight_check_s: float = 0.1
     report_every_s: float = 0.5
     pull_timeout_s: float = 120.0
-    # Repack: report the running samples once at most this many are left (0: never).
+    # Repack: send the running samples with each ask once at most this many are left
+    # (0: never).
     repack_max_stragglers: int = 0
 
 
@@ -362,7 +364,13 @@ class _Stream:
         # Ask for work in chunks: an actor call per finished group cost ~5% of the worker.
         if room <= 0 or (self.running and room * n < REFILL_AT * self.s.concurrency):
             return
-        work = ray.get(self.source.take.remote(self.s.worker, room, self.w.version()))
+        stragglers = None
+        if 0 < len(self.running) <= self.s.repack_max_stragglers:
+            stragglers = [
+                InFlight(request, s.group, s.started_at, len(s.token_ids), s.predicted)
+                for request, s in self.running.items()
+            ]
+        work = ray.get(self.source.take.remote(self.s.worker, room, self.w.version(), stragglers))
         if work is None:
             self.stopping = True
             return
@@ -460,12 +468,6 @@ class _Stream:
 
     def report(self) -> None:
         in_flight = sum(max(0.0, s.predicted - len(s.token_ids)) for s in self.running.values())
-        stragglers = []
-        if 0 < len(self.running) <= self.s.repack_max_stragglers:
-            stragglers = [
-                InFlight(request, s.group, s.started_at, len(s.token_ids), s.predicted)
-                for request, s in self.running.items()
-            ]
         counters = {
             **self.counters,
             "version": float(self.w.version()),
@@ -475,6 +477,6 @@ class _Stream:
                 max(0, self.s.concurrency - len(self.running)) // self.s.samples_per_prompt
             ),
         }
-        self.source.report.remote(self.s.worker, self.reports, counters, stragglers)
+        self.source.report.remote(self.s.worker, self.reports, counters)
         self.reports = []
         self.next_report = time.monotonic() + self.s.report_every_s

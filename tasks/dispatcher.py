@@ -12,8 +12,8 @@ A zero-CPU Ray actor, created by the flow in ``async`` mode and asked by each ro
   (``rl.dispatch.LengthPredictor``) learns response lengths per prompt and environment;
   a look-ahead pool of upcoming groups is handed out longest first, and with ``balance``
   the predicted tokens are spread across workers (``rl.dispatch.plan``).
-- Repack (Laminar, arXiv 2510.12633): workers whose batch has drained to a few
-  stragglers report them. When a worker asks for work and admission gives it none, and at
+- Repack (Laminar, arXiv 2510.12633): a worker whose batch has drained to a few
+  stragglers sends them with each ``take``. When admission gives it no fresh group and at
   least two workers on its version straggle (``rl.dispatch.stragglers``), a worker the
   plan moves is told to hand its unfinished groups to the plan's target (``Work.give_to``,
   then ``hand_over``); the target gets them with its next ``take`` and continues each
@@ -114,7 +114,8 @@ class GroupDispatcher:
         self._workers: dict[int, dict[str, float]] = {}
         self._totals = _Totals()
         self._repack = (repack_max_stragglers, repack_min_age_s)  # max 0: off
-        self._stragglers: dict[int, list[InFlight]] = {}  # worker -> its last report's
+        # worker -> (its version, its running samples) as of its last take, while draining
+        self._stragglers: dict[int, tuple[int, list[InFlight]]] = {}
         self._handoffs: dict[int, list[Handoff]] = {}  # worker -> groups repacked onto it
 
     def _request(self, index: int, problem: Problem) -> GroupRequest:
@@ -128,13 +129,27 @@ class GroupDispatcher:
             predicted=self._predictor.predict(problem.prompt_id, self._env, prompt_len),
         )
 
-    def take(self, worker: int, want: int, worker_version: int) -> Work | None:
+    def take(
+        self,
+        worker: int,
+        want: int,
+        worker_version: int,
+        stragglers: list[InFlight] | None = None,
+    ) -> Work | None:
         """Up to ``want`` fresh groups for ``worker`` (none while admission holds it back),
-        any groups repacked onto it, and maybe a repack order; None: stop."""
+        any groups repacked onto it, and maybe a repack order; None: stop.
+
+        ``stragglers``: the worker's running samples when only a few are left (repack
+        plans with them); none while its batch is full.
+        """
         handoffs = self._handoffs.pop(worker, [])
         if self._stopped:  # groups already handed over are finished, not lost
             return Work([], handoffs) if handoffs else None
         out = self._fresh(worker, want, worker_version)
+        if stragglers and not out and not handoffs:
+            self._stragglers[worker] = (worker_version, stragglers)
+        else:
+            self._stragglers.pop(worker, None)
         give_to = None if out or handoffs else self._repack_target(worker, worker_version)
         return Work(out, handoffs, give_to)
 
@@ -172,11 +187,7 @@ class GroupDispatcher:
         if not most or worker not in self._stragglers:
             return None
         # Only between workers on the same version: a moved sample keeps one policy's tokens.
-        peers = {
-            w: reqs
-            for w, reqs in self._stragglers.items()
-            if self._workers.get(w, {}).get("version") == version
-        }
+        peers = {w: reqs for w, (v, reqs) in self._stragglers.items() if v == version}
         found = stragglers(peers, most, min_age, time.time())
         if found is None or worker not in found.moves:
             return None
@@ -184,14 +195,15 @@ class GroupDispatcher:
 
     def hand_over(self, worker: int, target: int, handoffs: list[Handoff]) -> bool:
         """Repack: ``worker``'s unfinished groups move to ``target`` (its next ``take``).
-        False, and nothing moves, once stopped or when ``target`` no longer reports."""
-        if self._stopped or target not in self._workers:
+        False, and nothing moves, once stopped or when ``target`` no longer straggles (it
+        took fresh groups, or died)."""
+        if self._stopped or target not in self._stragglers:
             return False
         held, theirs = self._held.get(worker, {}), self._held.setdefault(target, {})
         for h in handoffs:
             theirs[h.group_id] = held.pop(h.group_id)
         self._handoffs.setdefault(target, []).extend(handoffs)
-        self._stragglers.pop(worker, None)  # its report is out of date now
+        self._stragglers.pop(worker, None)  # out of date now: both ask again
         self._stragglers.pop(target, None)
         self._totals.repacked += len(handoffs)
         return True
@@ -230,19 +242,7 @@ class GroupDispatcher:
         counters = self._workers.get(worker)
         return counters["in_flight_tokens"] if counters else 0.0
 
-    def report(
-        self,
-        worker: int,
-        groups: list[GroupDone],
-        counters: dict[str, float],
-        stragglers: list[InFlight] | None = None,
-    ) -> None:
-        """Finished groups, the worker's counters, and its running samples when only a
-        few are left (``stragglers``: what repack plans with)."""
-        if stragglers:
-            self._stragglers[worker] = stragglers
-        else:
-            self._stragglers.pop(worker, None)
+    def report(self, worker: int, groups: list[GroupDone], counters: dict[str, float]) -> None:
         held = self._held.get(worker, {})
         for g in groups:
             held.pop(g.group_id, None)

@@ -115,11 +115,11 @@ def test_dropped_groups_give_their_admission_back(dispatcher):
 
 
 def _straggling(dispatcher, worker, groups, version=0, age_s=5.0):
-    """``worker`` reports one running sample of each of ``groups``, started ``age_s`` ago."""
+    """``worker`` asks for work while one sample of each of ``groups`` runs, started
+    ``age_s`` ago; returns the answer."""
     started = time.time() - age_s
     running = [InFlight(f"{a.group_id}/0", a.group_id, started, 3, 10.0) for a in groups]
-    counters = {"version": float(version), "in_flight_tokens": 7.0, "free_groups": 0.0}
-    dispatcher.report(worker, [], counters, running)
+    return dispatcher.take(worker, 4, version, running)
 
 
 def _handoff(a) -> Handoff:
@@ -127,17 +127,20 @@ def _handoff(a) -> Handoff:
     return Handoff(a.group_id, _Group(a.problem, [5, 6], samples, a.seed))
 
 
-def test_repack_moves_a_straggling_workers_groups_to_the_other_straggler():
+def _repacking() -> GroupDispatcher:
     env, _ = make_environment(EnvConfig(train_prompts=64))
     stream = PromptStream(env, 64, seed=0)
-    dispatcher = GroupDispatcher(stream, env.name, B, N, 1, 0, repack_max_stragglers=2)
+    return GroupDispatcher(stream, env.name, B, N, 1, 0, repack_max_stragglers=2)
+
+
+def test_repack_moves_a_straggling_workers_groups_to_the_other_straggler():
+    dispatcher = _repacking()
     mine = dispatcher.take(0, 1, 0).assignments
     theirs = dispatcher.take(1, 3, 0).assignments  # admission is now full: 2 * B issued
-    _straggling(dispatcher, 0, mine)
-    assert dispatcher.take(0, 4, 0).give_to is None  # only one worker straggles
-    _straggling(dispatcher, 1, theirs[:2])  # two stragglers; worker 0 has one
-    assert dispatcher.take(1, 4, 0).give_to is None  # the target keeps its own
-    order = dispatcher.take(0, 4, 0)
+    assert _straggling(dispatcher, 0, mine).give_to is None  # only one worker straggles
+    # Worker 1 has two stragglers, worker 0 one: worker 1 is the target, it keeps its own.
+    assert _straggling(dispatcher, 1, theirs[:2]).give_to is None
+    order = _straggling(dispatcher, 0, mine)
     assert order.assignments == [] and order.give_to == 1
 
     assert dispatcher.hand_over(0, 1, [_handoff(mine[0])])
@@ -151,29 +154,27 @@ def test_repack_moves_a_straggling_workers_groups_to_the_other_straggler():
 
 
 def test_repack_leaves_young_samples_other_versions_and_a_stopped_run_alone():
-    env, _ = make_environment(EnvConfig(train_prompts=64))
-    stream = PromptStream(env, 64, seed=0)
-    dispatcher = GroupDispatcher(stream, env.name, B, N, 1, 0, repack_max_stragglers=2)
+    dispatcher = _repacking()
     mine = dispatcher.take(0, 1, 0).assignments
     theirs = dispatcher.take(1, 3, 0).assignments
-    _straggling(dispatcher, 0, mine, age_s=0.1)  # younger than repack_min_age_s
     _straggling(dispatcher, 1, theirs[:2])
-    assert dispatcher.take(0, 4, 0).give_to is None
-    _straggling(dispatcher, 0, mine, version=1)  # a newer policy than worker 1's
-    assert dispatcher.take(0, 4, 1).give_to is None
-    _straggling(dispatcher, 0, mine)
+    assert _straggling(dispatcher, 0, mine, age_s=0.1).give_to is None  # too young to move
+    assert _straggling(dispatcher, 0, mine, version=1).give_to is None  # a newer policy
+    # A full batch again (no stragglers sent): worker 1 is no target any more.
+    dispatcher.take(1, 4, 0)
+    assert _straggling(dispatcher, 0, mine).give_to is None
+    assert not dispatcher.hand_over(0, 1, [_handoff(mine[0])])
+    _straggling(dispatcher, 1, theirs[:2])
     dispatcher.stop()
-    assert dispatcher.take(0, 4, 0) is None
+    assert _straggling(dispatcher, 0, mine) is None
     assert not dispatcher.hand_over(0, 1, [_handoff(mine[0])])  # the worker keeps its group
 
 
 def test_groups_handed_over_before_a_stop_still_reach_their_target():
-    env, _ = make_environment(EnvConfig(train_prompts=64))
-    stream = PromptStream(env, 64, seed=0)
-    dispatcher = GroupDispatcher(stream, env.name, B, N, 1, 0, repack_max_stragglers=2)
+    dispatcher = _repacking()
     mine = dispatcher.take(0, 1, 0).assignments
-    dispatcher.take(1, 1, 0)
-    dispatcher.report(1, [], {"version": 0.0, "in_flight_tokens": 0.0, "free_groups": 0.0})
+    theirs = dispatcher.take(1, 3, 0).assignments
+    _straggling(dispatcher, 1, theirs[:1])
     assert dispatcher.hand_over(0, 1, [_handoff(mine[0])])
     dispatcher.stop()
     last = dispatcher.take(1, 4, 0)
