@@ -50,7 +50,7 @@ clean:
 # Each writes its own section of BENCHMARKS.md (and the peer comparison its plots in
 # docs/images): 34 minutes measured on the quiet 2-core machine (data planes 3, the nine
 # modes variants 23, the peer comparison 8). `make bench-quick`: the peer comparison on
-# 30 steps, printed, plots under runs/bench-quick, BENCHMARKS.md untouched (~8 minutes).
+# 30 steps, printed, plots under runs/bench-quick, BENCHMARKS.md untouched (5.5 minutes).
 bench: bench-data bench-modes bench-peer
 
 bench-data: setup

@@ -11,7 +11,7 @@ threshold and the final accuracy, as ratios Sluice/TRL; draws the plots of
 ``benchmarks/figures.py``; writes the table into BENCHMARKS.md.
 
     .venv/bin/python -m benchmarks.peer_trl --steps 100      # `make bench-peer`
-    .venv/bin/python -m benchmarks.peer_trl --quick          # `make bench-quick`: ~10 min
+    .venv/bin/python -m benchmarks.peer_trl --quick          # `make bench-quick`: ~5.5 min
 
 ``--quick`` trains fewer steps, prints the table and leaves the plots under
 ``runs/bench-quick/`` instead of writing BENCHMARKS.md and docs/images.
