@@ -18,11 +18,13 @@ from typing import Any
 
 import ray
 
+from storage.trajectory_store import PROGRESS_EVERY_S
+
 log = logging.getLogger("sluice")
 
-# How often the wait checks the actors, and how often it says what it still waits for.
+# How often the wait checks the actors (it says what it still waits for every
+# PROGRESS_EVERY_S, as every other wait does).
 POLL_S = 1.0
-PROGRESS_EVERY_S = 10.0
 
 
 class PlacementTimeout(RuntimeError):
