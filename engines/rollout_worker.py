@@ -266,7 +266,6 @@ class _Sample:
     started_at: float = 0.0  # time.time() when it first started, on whichever worker
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    text: str = ""
     marks: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
     done: Completion | None = None
 
@@ -421,12 +420,14 @@ class _Stream:
             return  # handed to another worker by repack (vLLM may report it once more)
         sample.token_ids.extend(delta.token_ids)
         sample.logprobs.extend(delta.logprobs)
-        sample.text += delta.text
         if not delta.finished:
             return
         del self.running[delta.request_id]
         sample.done = Completion(
-            sample.token_ids, sample.logprobs, sample.text, delta.finish_reason == "stop"
+            sample.token_ids,
+            sample.logprobs,
+            self.w.decode(sample.token_ids),
+            delta.finish_reason == "stop",
         )
         group = self.groups[sample.group]
         if all(s.done is not None for s in group.samples):

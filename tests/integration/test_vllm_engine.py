@@ -1,0 +1,71 @@
+"""The vLLM engine in-process: requests are made with ``detokenize=False`` and the text is
+decoded once at the end (``VLLMRolloutEngine.decode``); that text must be the very text
+vLLM's own detokenizer builds, or the verifier would score something else."""
+
+from __future__ import annotations
+
+import pytest
+
+from engines.policy import build_model, build_tokenizer, save_policy
+from engines.vllm_rollout import VLLMRolloutEngine
+from rl.config import PolicyConfig
+
+PROMPTS = ["12+34=", "7+8=", "100+250="]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    # In this process, as in the rollout actors (engines.pools): no engine-core subprocess.
+    patch = pytest.MonkeyPatch()
+    patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    folder = tmp_path_factory.mktemp("policy")
+    tok = build_tokenizer()
+    # Untrained: it samples every character, spaces and special tokens included.
+    save_policy(
+        build_model(PolicyConfig(layers=1, hidden=32, heads=1, intermediate=64), len(tok), seed=0),
+        tok,
+        folder,
+    )
+    yield VLLMRolloutEngine(str(folder), seed=0, kv_cache_gib=0.1, max_model_len=128)
+    patch.undo()
+
+
+def _vllm_texts(engine, prompts, n, seed):
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=n, temperature=1.0, max_tokens=40, logprobs=0, seed=seed)
+    outputs = engine._llm.generate(prompts, params, use_tqdm=False)
+    return [[(list(c.token_ids), c.text) for c in out.outputs] for out in outputs]
+
+
+def test_batch_text_is_vllms_detokenized_text(engine):
+    ours = engine.generate(PROMPTS, n=4, max_new_tokens=40, temperature=1.0, seed=3)
+    theirs = _vllm_texts(engine, PROMPTS, n=4, seed=3)
+    pairs = [
+        (c, t)
+        for row, trow in zip(ours, theirs, strict=True)
+        for c, t in zip(row, trow, strict=True)
+    ]
+    assert len(pairs) == 12
+    for completion, (token_ids, text) in pairs:
+        assert completion.token_ids == token_ids
+        assert completion.text == text
+    assert any(c.text for c, _ in pairs)  # something was generated and decoded
+
+
+def test_streamed_tokens_decode_to_vllms_text(engine):
+    ids = engine.prompt_ids(PROMPTS)
+    for i, prompt_ids in enumerate(ids):
+        engine.start(f"r{i}", prompt_ids, 40, 1.0, seed=11 + i)
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+    finished: set[str] = set()
+    while len(finished) < len(PROMPTS):
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+            assert len(delta.logprobs) == len(delta.token_ids)
+            if delta.finished:
+                finished.add(delta.request_id)
+    for i, prompt in enumerate(PROMPTS):
+        [[(token_ids, text)]] = _vllm_texts(engine, [prompt], n=1, seed=11 + i)
+        assert tokens[f"r{i}"] == token_ids
+        assert engine.decode(token_ids) == text
