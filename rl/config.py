@@ -295,7 +295,8 @@ class StorageConfig(_Section):
         4,
         ge=2,
         description="Trajectory store capacity in training batches; rollout workers wait "
-        "when it is full instead of letting it grow.",
+        "when it is full instead of letting it grow. async raises it to max_staleness + 1 "
+        "when smaller (what admission may have in flight must always fit).",
     )
     lease_timeout_s: float = Field(
         300.0,
@@ -395,6 +396,20 @@ class RunConfig(_Section):
     @property
     def cache_dir(self) -> Path:
         return Path(self.cache).resolve()
+
+    @property
+    def store_capacity_batches(self) -> int:
+        """The trajectory store's capacity in training batches: ``storage.capacity_batches``,
+        and in ``async`` mode at least ``max_staleness + 1``.
+
+        Admission lets workers start up to ``max_staleness + 1`` batches that are not trained
+        yet. A smaller store can be full while they still hold samples; when a pause (held-out
+        evaluation, the end of a segment) then waits for them to put those samples, nothing
+        consumes and the run hangs.
+        """
+        if self.mode != "async":
+            return self.storage.capacity_batches
+        return max(self.storage.capacity_batches, self.max_staleness + 1)
 
 
 class ConfigError(ValueError):

@@ -277,7 +277,7 @@ class Session:
         streaming = cfg.mode == "async"
         handle = create_store(
             cfg.storage_url,
-            cfg.storage.capacity_batches * self.batch_size,
+            cfg.store_capacity_batches * self.batch_size,
             cfg.storage.lease_timeout_s,
             restore=restore,
             scheduling_strategy=here,

@@ -122,3 +122,19 @@ def test_placement_resources_default_empty_and_set_by_override():
 def test_placement_resources_errors_name_the_field(override, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "batches"),
+    [
+        ([], 4),  # async, max_staleness 2: the configured 4 batches hold the 3 in flight
+        (["max_staleness=4"], 5),  # 5 batches may be started and not trained yet
+        (["max_staleness=4", "storage.capacity_batches=8"], 8),
+        (["mode=sync", "max_staleness=8"], 4),  # the bound is async's only
+        (["mode=one_step", "storage.capacity_batches=2"], 2),
+    ],
+)
+def test_async_store_holds_everything_admission_lets_start(overrides, batches):
+    """A store smaller than what admission lets workers start hangs a pause: the workers'
+    last puts wait for room that nothing consumes."""
+    assert load_config(None, overrides).store_capacity_batches == batches
