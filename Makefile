@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines infra-check ui-check simulate sim-profile
+  bench-quick bench-engines bench-micro-batch infra-check ui-check simulate sim-profile
 
 setup:
 	@bash scripts/setup.sh
@@ -51,10 +51,14 @@ clean:
 # docs/images): 34 minutes measured on the quiet 2-core machine (data planes 3, the nine
 # modes variants 23, the peer comparison 8). `make bench-quick`: the peer comparison on
 # 30 steps, printed, plots under runs/bench-quick, BENCHMARKS.md untouched (5.5 minutes).
-bench: bench-data bench-modes bench-peer
+bench: bench-data bench-micro-batch bench-modes bench-peer
 
 bench-data: setup
 	$(PY) -m benchmarks.data_planes
+
+# Trainer step time by train.micro_batch_tokens on a long-tail batch (~1 minute).
+bench-micro-batch: setup
+	$(PY) -m benchmarks.micro_batch --repeats 15
 
 bench-modes: setup
 	$(PY) -m benchmarks.modes --steps 100

@@ -2,14 +2,15 @@
 
 In one process, for each policy size, every engine is built from the same saved policy and
 steps on the same batch (the default config's: 16 prompts x 8 samples, responses of 8 to 32
-tokens, micro-batches of at most 4096 padded tokens). The engines take turns step by step;
-"x torch" is the median over rounds of each engine's step time over torch's in the same
-round, so a load change on this shared machine, which hits one round's engines alike, cancels
-out. The first ``warmup`` rounds are left out. Also reports the median step time, its
-interquartile range, and how long building each engine took; a throwaway DeepSpeed engine is
-built first, so one-time costs (the process group, DeepSpeed's first initialisation) are
-reported on their own. DeepSpeed runs as one rank (a world of one, gloo), as it does in a
-Ray trainer actor. Writes the table into BENCHMARKS.md between markers.
+tokens, micro-batches of at most ``train.micro_batch_tokens`` padded tokens). The engines
+take turns step by step; "x torch" is the median over rounds of each engine's step time over
+torch's in the same round, so a load change on this shared machine, which hits one round's
+engines alike, cancels out. The first ``warmup`` rounds are left out. Also reports the
+median step time, its interquartile range, and how long building each engine took; a
+throwaway DeepSpeed engine is built first, so one-time costs (the process group, DeepSpeed's
+first initialisation) are reported on their own. DeepSpeed runs as one rank (a world of one,
+gloo), as it does in a Ray trainer actor. Writes the table into BENCHMARKS.md between
+markers.
 
     .venv/bin/python -m benchmarks.engines --repeats 15
 """

@@ -242,11 +242,13 @@ class TrainConfig(_Section):
     )
     micro_batch: int = Field(256, ge=1, description="Sequences per forward/backward pass.")
     micro_batch_tokens: int = Field(
-        4096,
+        1024,
         ge=64,
         description="Padded tokens per forward/backward pass. A batch over this is sorted by "
         "length and split, each part padded only to its own longest row (long-tail answers "
-        "then stop padding every short one).",
+        "then stop padding every short one). 1024 is the fastest on this project's CPUs "
+        "(a part's activations then stay in the core's cache; see BENCHMARKS.md); on GPUs "
+        "raise it to what memory allows (8k-32k).",
     )
     cpus: float = Field(1.0, gt=0.0, description="Ray CPU slots for the trainer actor.")
     threads: int = Field(1, ge=1, description="torch threads inside the trainer actor.")

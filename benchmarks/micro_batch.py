@@ -1,0 +1,131 @@
+"""Trainer step time by ``train.micro_batch_tokens`` on a long-tail batch: why the default is
+what it is.
+
+One process, the torch engine on the default tiny policy, one torch thread (as in the trainer
+actor). The batch is the long-tail workload's shape: 16 prompts x 8 samples, response lengths
+drawn with the spread ``configs/longtail.yaml`` produces (median 19 tokens, p99 about 76,
+capped at 86). Each setting gets its own trainer from the same saved policy; the settings take
+turns step by step, and "x 4096" is the median over rounds of a setting's step time over the
+4096-token setting's in the same round, so a load change hits both sides of a ratio alike.
+Writes the table into BENCHMARKS.md between markers.
+
+    .venv/bin/python -m benchmarks.micro_batch --repeats 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+from benchmarks.report import write_section
+from engines.policy import build_model, build_tokenizer, save_policy
+from engines.torch_trainer import TorchTrainer
+from engines.trainer_core import NO_TOKEN_LIMIT
+from rl.batching import Sample, TrainBatch, collate
+from rl.config import PolicyConfig, TrainConfig
+
+SETTINGS: list[tuple[str, int]] = [
+    ("512", 512),
+    ("1024", 1024),
+    ("2048", 2048),
+    ("4096", 4096),
+    ("no split", NO_TOKEN_LIMIT),
+]
+BASELINE = "4096"
+PROMPTS, SAMPLES_PER_PROMPT = 16, 8
+MEDIAN_TOKENS, SPREAD, MAX_TOKENS = 19, 0.6, 86  # lognormal: p99 = 19 * e^(2.33 * 0.6) = 77
+
+
+def longtail_batch(vocab: int, pad_id: int, seed: int = 0) -> TrainBatch:
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(PROMPTS):
+        prompt = [1] + [rng.randrange(4, vocab) for _ in range(rng.randint(6, 12))]
+        for _ in range(SAMPLES_PER_PROMPT):
+            length = min(
+                MAX_TOKENS, max(1, round(rng.lognormvariate(math.log(MEDIAN_TOKENS), SPREAD)))
+            )
+            response = [rng.randrange(4, vocab) for _ in range(length)]
+            behaviour = [-rng.uniform(0.5, 4.0) for _ in response]
+            samples.append(Sample(prompt, response, behaviour, rng.gauss(0.0, 1.0)))
+    return collate(samples, pad_id)
+
+
+def measure(repeats: int, warmup: int) -> tuple[dict[str, dict[str, float]], TrainBatch]:
+    train = TrainConfig()
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-micro-") as tmp:
+        tok = build_tokenizer()
+        save_policy(build_model(PolicyConfig(), len(tok), seed=0), tok, Path(tmp))
+        trainers = {
+            label: TorchTrainer(
+                tmp,
+                lr=train.lr,
+                clip_eps=train.clip_eps,
+                grad_clip=train.grad_clip,
+                micro_batch=train.micro_batch,
+                micro_batch_tokens=tokens,
+                threads=1,
+                seed=0,
+            )
+            for label, tokens in SETTINGS
+        }
+        batch = longtail_batch(len(tok), next(iter(trainers.values())).pad_id)
+        times: dict[str, list[float]] = {label: [] for label in trainers}
+        for repeat in range(warmup + repeats):
+            for label, trainer in trainers.items():
+                start = time.perf_counter()
+                trainer.step_batch(batch)
+                if repeat >= warmup:
+                    times[label].append(time.perf_counter() - start)
+    results = {}
+    for label, samples in times.items():
+        ratios = [t / b for t, b in zip(samples, times[BASELINE], strict=True)]
+        results[label] = {"median": statistics.median(samples), "ratio": statistics.median(ratios)}
+    return results, batch
+
+
+def table(results: dict[str, dict[str, float]], batch: TrainBatch, repeats: int) -> str:
+    lengths = batch.attention_mask.sum(dim=1)
+    lines = [
+        f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, torch {version('torch')}; the default policy, "
+        f"float32, 1 torch thread; a batch of {len(batch)} samples, "
+        f"{int(batch.mask.sum())} response tokens, rows of {int(lengths.min())} to "
+        f"{int(lengths.max())} tokens; median of {repeats} steps per setting, settings "
+        "interleaved step by step.",
+        "Command: `make bench-micro-batch` "
+        f"(`.venv/bin/python -m benchmarks.micro_batch --repeats {repeats}`).",
+        "",
+        "| micro_batch_tokens | step s | x 4096 |",
+        "|---|---|---|",
+    ]
+    for label, r in results.items():
+        lines.append(f"| {label} | {r['median']:.3f} | {r['ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    results, batch = measure(args.repeats, args.warmup)
+    text = table(results, batch, args.repeats)
+    print(text)
+    write_section("micro-batch", "Trainer micro-batches", text)
+
+
+if __name__ == "__main__":
+    main()
