@@ -24,6 +24,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -52,14 +53,20 @@ ENGINES: list[tuple[str, int | None]] = [
 PROMPTS, SAMPLES_PER_PROMPT = 16, 8  # the default config's batch
 
 
-def fixed_batch(vocab: int, pad_id: int, seed: int = 0) -> TrainBatch:
-    """One batch of off-policy samples with prompt and response lengths like addition's."""
+def fixed_batch(
+    vocab: int,
+    pad_id: int,
+    seed: int = 0,
+    response_len: Callable[[random.Random], int] = lambda rng: rng.randint(8, 32),
+) -> TrainBatch:
+    """One batch of off-policy samples with prompt and response lengths like addition's
+    (``response_len`` draws each response's length)."""
     rng = random.Random(seed)
     samples = []
     for _ in range(PROMPTS):
         prompt = [1] + [rng.randrange(4, vocab) for _ in range(rng.randint(6, 12))]
         for _ in range(SAMPLES_PER_PROMPT):
-            response = [rng.randrange(4, vocab) for _ in range(rng.randint(8, 32))]
+            response = [rng.randrange(4, vocab) for _ in range(response_len(rng))]
             behaviour = [-rng.uniform(0.5, 4.0) for _ in response]
             samples.append(Sample(prompt, response, behaviour, rng.gauss(0.0, 1.0)))
     return collate(samples, pad_id)

@@ -28,11 +28,12 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.engines import fixed_batch
 from benchmarks.report import write_section
 from engines.policy import build_model, build_tokenizer, save_policy
 from engines.torch_trainer import TorchTrainer
 from engines.trainer_core import NO_TOKEN_LIMIT
-from rl.batching import Sample, TrainBatch, collate
+from rl.batching import TrainBatch
 from rl.config import PolicyConfig, TrainConfig
 
 SETTINGS: list[tuple[str, int]] = [
@@ -43,23 +44,11 @@ SETTINGS: list[tuple[str, int]] = [
     ("no split", NO_TOKEN_LIMIT),
 ]
 BASELINE = "4096"
-PROMPTS, SAMPLES_PER_PROMPT = 16, 8
 MEDIAN_TOKENS, SPREAD, MAX_TOKENS = 19, 0.6, 86  # lognormal: p99 = 19 * e^(2.33 * 0.6) = 77
 
 
-def longtail_batch(vocab: int, pad_id: int, seed: int = 0) -> TrainBatch:
-    rng = random.Random(seed)
-    samples = []
-    for _ in range(PROMPTS):
-        prompt = [1] + [rng.randrange(4, vocab) for _ in range(rng.randint(6, 12))]
-        for _ in range(SAMPLES_PER_PROMPT):
-            length = min(
-                MAX_TOKENS, max(1, round(rng.lognormvariate(math.log(MEDIAN_TOKENS), SPREAD)))
-            )
-            response = [rng.randrange(4, vocab) for _ in range(length)]
-            behaviour = [-rng.uniform(0.5, 4.0) for _ in response]
-            samples.append(Sample(prompt, response, behaviour, rng.gauss(0.0, 1.0)))
-    return collate(samples, pad_id)
+def longtail_length(rng: random.Random) -> int:
+    return min(MAX_TOKENS, max(1, round(rng.lognormvariate(math.log(MEDIAN_TOKENS), SPREAD))))
 
 
 def measure(repeats: int, warmup: int) -> tuple[dict[str, dict[str, float]], TrainBatch]:
@@ -80,7 +69,7 @@ def measure(repeats: int, warmup: int) -> tuple[dict[str, dict[str, float]], Tra
             )
             for label, tokens in SETTINGS
         }
-        batch = longtail_batch(len(tok), next(iter(trainers.values())).pad_id)
+        batch = fixed_batch(len(tok), trainers[BASELINE].pad_id, response_len=longtail_length)
         times: dict[str, list[float]] = {label: [] for label in trainers}
         for repeat in range(warmup + repeats):
             for label, trainer in trainers.items():
