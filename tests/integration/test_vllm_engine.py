@@ -1,13 +1,14 @@
 """The vLLM engine in-process: requests are made with ``detokenize=False`` and the text is
 decoded once at the end (``VLLMRolloutEngine.decode``); that text must be the very text
-vLLM's own detokenizer builds, or the verifier would score something else."""
+vLLM's own detokenizer builds, or the verifier would score something else. Streaming
+requests report every ``STREAM_EVERY`` tokens; ``generated`` must count the ones between."""
 
 from __future__ import annotations
 
 import pytest
 
 from engines.policy import build_model, build_tokenizer, save_policy
-from engines.vllm_rollout import VLLMRolloutEngine
+from engines.vllm_rollout import STREAM_EVERY, VLLMRolloutEngine
 from rl.config import PolicyConfig
 
 PROMPTS = ["12+34=", "7+8=", "100+250="]
@@ -59,12 +60,22 @@ def test_streamed_tokens_decode_to_vllms_text(engine):
         engine.start(f"r{i}", prompt_ids, 40, 1.0, seed=11 + i)
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
     finished: set[str] = set()
+    unreported: set[int] = set()
     while len(finished) < len(PROMPTS):
         for delta in engine.step():
             tokens[delta.request_id].extend(delta.token_ids)
-            assert len(delta.logprobs) == len(delta.token_ids)
+            assert len(delta.logprobs) == len(delta.token_ids) <= STREAM_EVERY
             if delta.finished:
                 finished.add(delta.request_id)
+        for request, got in tokens.items():
+            if request in finished:
+                assert engine.generated(request) is None  # vLLM no longer holds it
+                continue
+            # Between reports vLLM has generated tokens step has not handed over yet.
+            generated = engine.generated(request)
+            assert generated is not None and 0 <= generated - len(got) < STREAM_EVERY
+            unreported.add(generated - len(got))
+    assert max(unreported) > 0  # reports really come in chunks
     for i, prompt in enumerate(PROMPTS):
         [[(token_ids, text)]] = _vllm_texts(engine, [prompt], n=1, seed=11 + i)
         assert tokens[f"r{i}"] == token_ids

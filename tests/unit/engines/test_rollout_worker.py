@@ -1,7 +1,7 @@
 """A worker's finished groups become one trajectory block: rows, rewards, advantages, versions."""
 
 from engines.protocols import Completion
-from engines.rollout_worker import scored_block
+from engines.rollout_worker import _as_reported, _Group, _Sample, scored_block
 from rl.config import EnvConfig
 from storage.schema import validate_batch
 from tasks.environment import make_environment
@@ -34,3 +34,18 @@ def test_groups_become_contiguous_scored_rows_with_token_versions():
     assert (stats.samples, stats.groups, stats.tokens) == (4, 2, 6)
     assert (stats.correct, stats.truncated, stats.reward_sum) == (2, 2, 2.0)
     assert stats.behaviour_version == 2  # the oldest version of any token
+
+
+def test_a_handed_over_group_keeps_only_marks_within_its_reported_tokens():
+    """Repack: a version mark taken from vLLM's count can lie past the tokens ``step``
+    reported; the handoff cuts it back, and leaves the worker's own group untouched."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    [problem] = env.problems("train", 1, seed=0)
+    running = _Sample("g", 0, 20.0, token_ids=[5, 6, 7], marks=[(0, 1), (2, 2), (5, 3)])
+    finished = Completion([5], [-1.0], "", True)
+    done = _Sample("g", 1, 20.0, token_ids=[5], marks=[(0, 1)], done=finished)
+    group = _Group(problem, [1, 2], [running, done], seed=0)
+    moved = _as_reported(group)
+    assert [s.marks for s in moved.samples] == [[(0, 1), (2, 2), (3, 3)], [(0, 1)]]
+    assert moved.samples[1].done == finished
+    assert running.marks == [(0, 1), (2, 2), (5, 3)]  # this worker's copy is not changed
