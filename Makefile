@@ -106,6 +106,7 @@ simulate: setup
 # config, then the streaming engine timed in-process (~5 minutes; run it on a quiet machine).
 SIM_RUN ?= sim-calibration
 sim-profile: setup
+	rm -rf runs/$(SIM_RUN)  # this target's own run: a re-measure starts it afresh
 	$(VENV)/bin/sluice run configs/longtail.yaml --set mode=sync --set train.steps=60 \
 		--set name=$(SIM_RUN) --set eval.every=60 --set eval.prompts=64
 	$(PY) -m benchmarks.sim_profile --run runs/$(SIM_RUN) --policy runs/$(SIM_RUN)/policy \
