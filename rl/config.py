@@ -246,7 +246,7 @@ class TrainConfig(_Section):
         ge=64,
         description="Padded tokens per forward/backward pass. A batch over this is sorted by "
         "length and split, each part padded only to its own longest row (long-tail answers "
-        "then stop padding every short one). 1024 is the fastest on this project's CPUs "
+        "then stop padding every short one). On this project's CPUs 512-1024 are fastest "
         "(a part's activations then stay in the core's cache; see BENCHMARKS.md); on GPUs "
         "raise it to what memory allows (8k-32k).",
     )
