@@ -97,6 +97,21 @@ def _build(folder: Path, zero_stage: int | None, threads: int) -> tuple[PolicyTr
     return trainer, time.perf_counter() - start
 
 
+def step_times(
+    trainers: dict[str, PolicyTrainer], batch: TrainBatch, repeats: int, warmup: int
+) -> dict[str, list[float]]:
+    """Seconds per ``step_batch`` of each trainer, the trainers taking turns step by step
+    (a load change then hits every trainer of a round alike); ``warmup`` rounds left out."""
+    times: dict[str, list[float]] = {label: [] for label in trainers}
+    for repeat in range(warmup + repeats):
+        for label, trainer in trainers.items():
+            start = time.perf_counter()
+            trainer.step_batch(batch)
+            if repeat >= warmup:
+                times[label].append(time.perf_counter() - start)
+    return times
+
+
 def measure(cfg: PolicyConfig, repeats: int, warmup: int, threads: int) -> dict[str, dict]:
     """Per engine: step-time median, quartiles and build time on one policy size."""
     with tempfile.TemporaryDirectory(prefix="sluice-bench-engines-") as tmp:
@@ -107,13 +122,7 @@ def measure(cfg: PolicyConfig, repeats: int, warmup: int, threads: int) -> dict[
         built = {label: _build(Path(tmp), stage, threads) for label, stage in ENGINES}
         torch_label = ENGINES[0][0]
         batch = fixed_batch(len(tok), next(iter(built.values()))[0].pad_id)
-        times: dict[str, list[float]] = {label: [] for label in built}
-        for repeat in range(warmup + repeats):
-            for label, (trainer, _) in built.items():
-                start = time.perf_counter()
-                trainer.step_batch(batch)
-                if repeat >= warmup:
-                    times[label].append(time.perf_counter() - start)
+        times = step_times({label: t for label, (t, _) in built.items()}, batch, repeats, warmup)
     results = {}
     for label, samples in times.items():
         q1, _, q3 = statistics.quantiles(samples, n=4)

@@ -21,14 +21,13 @@ import platform
 import random
 import statistics
 import tempfile
-import time
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
 import torch
 
-from benchmarks.engines import fixed_batch
+from benchmarks.engines import fixed_batch, step_times
 from benchmarks.report import write_section
 from engines.policy import build_model, build_tokenizer, save_policy
 from engines.torch_trainer import TorchTrainer
@@ -70,13 +69,7 @@ def measure(repeats: int, warmup: int) -> tuple[dict[str, dict[str, float]], Tra
             for label, tokens in SETTINGS
         }
         batch = fixed_batch(len(tok), trainers[BASELINE].pad_id, response_len=longtail_length)
-        times: dict[str, list[float]] = {label: [] for label in trainers}
-        for repeat in range(warmup + repeats):
-            for label, trainer in trainers.items():
-                start = time.perf_counter()
-                trainer.step_batch(batch)
-                if repeat >= warmup:
-                    times[label].append(time.perf_counter() - start)
+        times = step_times(dict(trainers), batch, repeats, warmup)
     results = {}
     for label, samples in times.items():
         ratios = [t / b for t, b in zip(samples, times[BASELINE], strict=True)]
