@@ -51,6 +51,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -324,6 +325,18 @@ class _Slot:
         self.handover: Future[None] | None = None
 
 
+@dataclass(frozen=True)
+class PendingPull:
+    """A relay's answer on its way (``ParameterService.ask``)."""
+
+    relay: int
+    after: int
+    answer: ray.ObjectRef
+
+    def answered(self) -> bool:
+        return bool(ray.wait([self.answer], timeout=0)[0])
+
+
 class ParameterService:
     """A picklable handle on the relays; pass it to the trainer and the rollout workers."""
 
@@ -572,20 +585,28 @@ class ParameterService:
 
         ``relay`` None means a relay on this node if there is one, else relay 0.
         """
+        return self.collect(self.ask(after, relay), timeout)
+
+    def ask(self, after: int, relay: int | None = None) -> PendingPull:
+        """Ask a relay for a version newer than ``after`` without waiting for its answer:
+        a puller that has other work checks ``PendingPull.answered`` and then ``collect``s."""
         index = self._pick(relay)
+        return PendingPull(index, after, self.relays[index].latest.remote(after))
+
+    def collect(self, asked: PendingPull, timeout: float = 30.0) -> tuple[int, list[bytes]] | None:
+        """The answer to ``asked``: the newer version's blobs, or None; waits up to
+        ``timeout`` for the answer and the blobs together."""
         deadline = time.monotonic() + timeout
-        what = f"parameter pull of a version newer than {after}"
+        what = f"parameter pull of a version newer than {asked.after}"
         try:
-            found: tuple[int, list[ray.ObjectRef]] | None = _get(
-                self.relays[index].latest.remote(after), timeout
-            )
+            found: tuple[int, list[ray.ObjectRef]] | None = _get(asked.answer, timeout)
             if found is None:
                 return None
             version, refs = found
             what = f"parameter pull of version {version}"
             buckets = _get(refs, max(deadline - time.monotonic(), 0.0))
         except (GetTimeoutError, RayActorError, ObjectLostError) as err:
-            raise _ray_failure(err, what, index, timeout) from err
+            raise _ray_failure(err, what, asked.relay, timeout) from err
         return version, [b"".join(parts) for parts in buckets]
 
     def pull(

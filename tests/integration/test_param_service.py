@@ -138,6 +138,18 @@ def test_a_worker_pulls_what_was_published(service, worker):
         service.publish(2, _state(0))
 
 
+def test_an_ask_is_answered_while_the_puller_goes_on(service):
+    service.publish(3, _state(3))
+    _wait_until(lambda: service.latest_version() == 3, "relay 0 taking version 3")
+
+    asked = service.ask(-1)  # returns at once; the relay answers in the background
+    _wait_until(asked.answered, "relay 0 answering")
+    found = service.collect(asked, timeout=10.0)
+    assert found is not None and found[0] == 3
+    _assert_same(from_buckets(found[1]), _state(3))
+    assert service.collect(service.ask(3), timeout=10.0) is None
+
+
 def test_a_version_outlives_the_trainer_that_published_it(service, worker):
     trainer = _Trainer.remote(service)  # type: ignore[attr-defined]
     ray.get(trainer.publish.remote(1, 1), timeout=30)
@@ -487,3 +499,9 @@ def test_a_pull_from_an_unresponsive_relay_times_out(fake_service):
     with pytest.raises(ParameterError, match=r"relay 0 timed out after 0.5 s; is the relay alive"):
         service.pull(-1, timeout=0.5)
     assert time.monotonic() - start < 3.0
+
+    asked = service.ask(-1)
+    time.sleep(0.2)
+    assert not asked.answered()
+    with pytest.raises(ParameterError, match=r"relay 0 timed out after 0.5 s; is the relay alive"):
+        service.collect(asked, timeout=0.5)
