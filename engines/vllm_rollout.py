@@ -99,7 +99,11 @@ class VLLMRolloutEngine:
             stream_interval=STREAM_EVERY,
             detokenize=False,  # the text is decoded once the sample is done (decode)
         )
-        self._llm.llm_engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+        # Prefix-cache entries are keyed by the weights' version: KV blocks computed under
+        # older weights stay cached while streaming requests run (see load_weights), and no
+        # later request may reuse them.
+        prompt = {"prompt_token_ids": prompt_ids, "cache_salt": f"v{self._version}"}
+        self._llm.llm_engine.add_request(request_id, prompt, params)
 
     def generated(self, request_id: str) -> int | None:
         """Tokens vLLM has generated for a running streaming request, reported by ``step``
@@ -136,8 +140,11 @@ class VLLMRolloutEngine:
 
     def load_weights(self, safetensors_blobs: list[bytes], version: int) -> None:
         self._llm.collective_rpc("sluice_load_weights", args=(safetensors_blobs,))
-        # Cached KV blocks were computed by the old weights.
-        self._llm.reset_prefix_cache()
+        # Cached KV blocks were computed by the old weights. vLLM can drop them only while no
+        # request runs (a streaming worker loads with requests running: ``start`` salts the
+        # cache by version instead).
+        if not self.running():
+            self._llm.reset_prefix_cache()
         self._version = version
 
     def version(self) -> int:

@@ -1,7 +1,9 @@
 """The vLLM engine in-process: requests are made with ``detokenize=False`` and the text is
 decoded once at the end (``VLLMRolloutEngine.decode``); that text must be the very text
 vLLM's own detokenizer builds, or the verifier would score something else. Streaming
-requests report every ``STREAM_EVERY`` tokens; ``generated`` must count the ones between."""
+requests report every ``STREAM_EVERY`` tokens; ``generated`` must count the ones between.
+Weights loaded while requests run must not leave KV blocks cached under the old weights for
+later requests."""
 
 from __future__ import annotations
 
@@ -15,10 +17,7 @@ PROMPTS = ["12+34=", "7+8=", "100+250="]
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    # In this process, as in the rollout actors (engines.pools): no engine-core subprocess.
-    patch = pytest.MonkeyPatch()
-    patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def policy(tmp_path_factory):
     folder = tmp_path_factory.mktemp("policy")
     tok = build_tokenizer()
     # Untrained: it samples every character, spaces and special tokens included.
@@ -27,7 +26,16 @@ def engine(tmp_path_factory):
         tok,
         folder,
     )
-    yield VLLMRolloutEngine(str(folder), seed=0, kv_cache_gib=0.1, max_model_len=128)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def engine(policy):
+    # In this process, as in the rollout actors (engines.pools): no engine-core subprocess.
+    patch = pytest.MonkeyPatch()
+    patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # Room for a prompt that fills one KV block (128 tokens on CPU) and its answer.
+    yield VLLMRolloutEngine(str(policy), seed=0, kv_cache_gib=0.1, max_model_len=256)
     patch.undo()
 
 
@@ -80,3 +88,28 @@ def test_streamed_tokens_decode_to_vllms_text(engine):
         [[(token_ids, text)]] = _vllm_texts(engine, [prompt], n=1, seed=11 + i)
         assert tokens[f"r{i}"] == token_ids
         assert engine.decode(token_ids) == text
+
+
+def _cached_tokens(engine, request_id):
+    """Step until ``request_id`` first reports; its count of prefix-cache hits."""
+    while True:
+        for out in engine._llm.llm_engine.step():
+            if out.request_id == request_id:
+                return out.num_cached_tokens
+
+
+def test_no_request_reuses_kv_cached_under_older_weights(engine, policy):
+    prompt = engine.prompt_ids(["12+34=" * 22])[0]
+    assert len(prompt) > 128  # its first 128 tokens fill a KV block, which vLLM caches
+    engine.start("long", prompt, 60, 1.0, seed=1)
+    assert _cached_tokens(engine, "long") == 0
+    engine.start("same-version", prompt, 60, 1.0, seed=2)
+    assert _cached_tokens(engine, "same-version") >= 128  # the cache is on: a hit
+
+    # New weights arrive while requests run, as they do for a streaming worker.
+    blobs = [(policy / "model.safetensors").read_bytes()]
+    engine.load_weights(blobs, engine.version() + 1)
+    assert engine.running() > 0
+    engine.start("new-version", prompt, 60, 1.0, seed=3)
+    assert _cached_tokens(engine, "new-version") == 0
+    engine.abort(["long", "same-version", "new-version"])
