@@ -446,6 +446,8 @@ class StreamRollouts:
             try:
                 wait(ref, "rollout workers to finish their running samples")
             except RayActorError as error:  # nothing to hand back: no more work is given out
+                if i in self.restarting:
+                    continue  # `check`, called while waiting, has counted this death
                 ray.get(self.dispatcher.requeue.remote(i))
                 self.restarts.died(i, error, "no new work was being handed out")
                 self.restarting.add(i)
