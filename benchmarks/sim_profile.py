@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.modes import CONFIG, VARIANTS
-from engines.rollout_worker import PUT_EVERY_S, REFILL_AT, StreamSettings
+from engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT, StreamSettings
 from sim.calibrate import (
     Profile,
     RunMeasurements,
@@ -196,6 +196,7 @@ def longtail_scenario(run: RunMeasurements, steps: int) -> dict[str, Any]:
         },
         "policy": {
             "refill_at": REFILL_AT,
+            "put_groups": PUT_GROUPS,
             "weight_check_s": WEIGHT_CHECK_S,
             "predictor_sigma": round(run.predictor_sigma, 3),
         },

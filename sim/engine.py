@@ -44,7 +44,7 @@ from sim.results import SimResult
 from sim.scenario import Scenario
 
 # Event kinds. An engine event carries the engine's epoch; a newer epoch makes it stale.
-_DONE, _LOADED, _DELIVERED, _NOTICE, _READY, _TRAINED, _FAIL, _REPAIR, _DISPATCH = range(9)
+_DONE, _LOADED, _DELIVERED, _NOTICE, _PUT, _TRAINED, _FAIL, _REPAIR, _DISPATCH = range(9)
 # Groups drawn at a time: a fixed chunk keeps the draw sequence, and so the lengths of
 # group g, the same for every policy run on one seed.
 _CHUNK_GROUPS = 4096
@@ -75,11 +75,13 @@ class _Engine:
         "loading",
         "pred_left",
         "progress",
+        "put_id",
         "queue",
         "running",
         "stall_until",
         "start_sum",
         "t",
+        "unsent",
         "version",
         "want_version",
     )
@@ -92,6 +94,8 @@ class _Engine:
         self.progress = 0.0  # decode steps done since the start
         self.running: list[tuple[float, int]] = []  # heap of (finish progress, sample)
         self.queue: deque[int] = deque()  # batch modes: samples waiting for room
+        self.unsent: list[int] = []  # async: finished groups in the put buffer
+        self.put_id = 0  # tags the PUT event of the buffer's oldest group
         self.version = 0
         self.want_version = 0  # a version this engine must load before more batch work
         self.loading = False
@@ -128,6 +132,7 @@ class _Run:
         self.partial = p.partial_rollout
         self.repack = p.repack
         self.ready_delay = k.group_ready_s
+        self.put_groups = p.put_groups
         self.group_overhead = k.group_overhead_s
         self.refill_at = p.refill_at
         self.k = {"sync": 0, "one_step": 1, "async": p.max_staleness}[p.mode]
@@ -224,7 +229,7 @@ class _Run:
             _LOADED: self._on_loaded,
             _DELIVERED: self._on_delivered,
             _NOTICE: self._on_notice,
-            _READY: self._on_ready,
+            _PUT: self._on_put,
             _TRAINED: self._on_trained,
             _FAIL: self._on_fail,
             _REPAIR: self._on_repair,
@@ -355,10 +360,7 @@ class _Run:
         if self.streaming:
             if self.done_in_group[g] == self.G:
                 self._stall(e, self.group_overhead)
-                if self.ready_delay > 0:
-                    self._push(self.now + self.ready_delay, _READY, g, 0)
-                else:
-                    self._on_ready(g, 0)
+                self._buffer(e, g)
             return
         b = g // self.B
         self.batch_left[b] -= 1
@@ -440,6 +442,8 @@ class _Run:
             return
         self._bring(e)
         self.failures += 1
+        if e.unsent:  # simplification: its finished groups made it to the store
+            self._put(e)
         lost = [s for _, s in e.running] + list(e.queue)
         for holders in self.batch_open.values():
             holders.discard(e.idx)  # its share (and any generate call returning) is lost
@@ -588,7 +592,27 @@ class _Run:
         e.pred_left += self.pred[base] * self.G
         self._stall(e, self.prompt * self.prefill_token_s)
 
-    def _on_ready(self, g: int, _: int) -> None:
+    def _buffer(self, e: _Engine, g: int) -> None:
+        """Group ``g`` joins ``e``'s put buffer: put at once when it is full, else once its
+        oldest group has waited ``group_ready_s`` (the worker's PUT_GROUPS / PUT_EVERY_S)."""
+        e.unsent.append(g)
+        if len(e.unsent) >= self.put_groups or self.ready_delay <= 0:
+            self._put(e)
+        elif len(e.unsent) == 1:
+            self._push(self.now + self.ready_delay, _PUT, e.idx, e.put_id)
+
+    def _put(self, e: _Engine) -> None:
+        groups, e.unsent = e.unsent, []
+        e.put_id += 1
+        for g in groups:
+            self._on_ready(g)
+
+    def _on_put(self, idx: int, put_id: int) -> None:
+        e = self.engines[idx]
+        if put_id == e.put_id and e.unsent:
+            self._put(e)
+
+    def _on_ready(self, g: int) -> None:
         version = min(self.startver[g * self.G : (g + 1) * self.G])
         self.ready[g] = None
         heapq.heappush(self.ready_by_version, (version, g))

@@ -195,8 +195,8 @@ class CostSpec(_Section):
     group_ready_s: float = Field(
         0.0,
         ge=0,
-        description="async: from a group's last token until the trainer can lease it (scoring, "
-        "buffered store put).",
+        description="async: the longest a finished group waits in its engine's put buffer "
+        "before the trainer can lease it (see policy.put_groups).",
     )
     train_step_s: float = Field(2.2, ge=0, description="Fixed cost of one optimiser step.")
     train_per_token_s: float = Field(
@@ -282,6 +282,13 @@ class PolicySpec(_Section):
         ge=0,
         description="async: engines look for new weights this often (Sluice's worker: 0.1 s); "
         "0: the moment they are published.",
+    )
+    put_groups: int = Field(
+        1,
+        ge=1,
+        description="async: an engine puts its finished groups in the store together, once "
+        "this many wait or the oldest has waited costs.group_ready_s (Sluice's worker: 8, "
+        "PUT_GROUPS); 1: each group at once.",
     )
     lookahead_steps: int = Field(
         2, ge=1, description="async dispatch: steps of upcoming groups the dispatcher orders."

@@ -103,6 +103,33 @@ def test_async_gain_equals_overlap_bound(train_s, k):
     assert sync.steady_step_s / one_step.steady_step_s == pytest.approx(bound, rel=1e-9)
 
 
+def test_finished_groups_wait_in_the_put_buffer():
+    # One engine, 1 s per decode step, B = 2 one-sample groups, k = 0: the engine runs
+    # groups 0 and 1 until the trainer steps. A finished group is put in the store once two
+    # wait (put_groups) or 0.5 s after the first of them (group_ready_s).
+    def first_step(lengths: list[int], put_groups: int) -> float:
+        sc = scenario(
+            lengths={"kind": "groups", "groups": [[n] for n in lengths] + [[1]] * 20},
+            policy={"mode": "async", "max_staleness": 0, "put_groups": put_groups},
+            steps=2,
+            groups=2,
+            group_size=1,
+            engines=1,
+            concurrency=4,
+            costs={
+                "decode_step_s": 1.0,
+                "decode_per_request_s": 0.0,
+                "train_step_s": 0.25,
+                "group_ready_s": 0.5,
+            },
+        )
+        return simulate(sc).step_end_s[0]
+
+    assert first_step([1, 3], 2) == pytest.approx(3 + 0.5 + 0.25)  # each waits out the timer
+    assert first_step([1, 1], 2) == pytest.approx(1 + 0.25)  # a full buffer is put at once
+    assert first_step([1, 3], 1) == pytest.approx(3 + 0.25)  # no buffer
+
+
 def test_one_straggler_sets_the_sync_step():
     # Each batch: one sample of 1000 tokens in the first group, every other sample 10.
     # Its engine runs 16 requests for 10 steps, then the straggler alone for 990 steps.
