@@ -125,9 +125,9 @@ def test_a_lost_rollout_node_shrinks_the_pool_and_a_new_node_regrows_it(
         assert _node_of(cluster, workers[1]) == "rollout-b"
         job.expect(rf"rollout worker {late} streams in process {workers[1]}\b", timeout=120)
 
-        # Held again at once: with two workers the rest of the run takes seconds, less than
-        # Ray takes to declare a lost node dead. The flow checks its workers while it waits
-        # for the trainer, so it sees the death during the hold.
+        # Held again at once: with two workers the rest of the run takes seconds, and it
+        # could end before the kill lands or before the flow hears of the death. The flow
+        # checks its workers while it waits for the trainer, so it sees the death meanwhile.
         with _held(trainer):
             lost = _node_of(cluster, workers[0])
             raylet = cluster.nodes[lost].raylet()
