@@ -97,13 +97,13 @@ $(INFRA_VENV)/bin/checkov:
 	$(INFRA_VENV)/bin/python -m pip install --quiet "checkov==3.3.30"
 
 # The simulator: its calibration check against the modes table, then its predictions at
-# 64-1024 accelerators; each writes a BENCHMARKS.md section (~7 minutes, pure Python).
+# 64-1024 accelerators; each writes a BENCHMARKS.md section (~2 minutes, pure Python).
 simulate: setup
 	$(PY) -m sim.calibrate --write
 	$(PY) -m sim.scale
 
 # Re-measure this machine's costs for the simulator: a short real sync run on the long-tail
-# config, then the streaming engine timed in-process (~5 minutes; run it on a quiet machine).
+# config, then the streaming engine timed in-process (~2 minutes; run it on a quiet machine).
 SIM_RUN ?= sim-calibration
 sim-profile: setup
 	rm -rf runs/$(SIM_RUN)  # this target's own run: a re-measure starts it afresh
