@@ -383,9 +383,17 @@ class StreamRollouts:
                 ray.get(ref)  # a worker that stopped early raised: surface its error
             except RayActorError as error:
                 i = self.refs.index(ref)
-                lost = ray.get(self.dispatcher.requeue.remote(i))
-                self.restarts.died(i, error, f"its {lost} unfinished groups go back to the queue")
-                self.restarting.add(i)
+                self._lost(i, error, "its {lost} unfinished groups go back to the queue")
+
+    def _lost(self, i: int, error: RayActorError, handed_back: str) -> None:
+        """Worker ``i`` died: its groups go back to the queue and Ray restarts it. Counted
+        once per death: ``check``, called while ``stop`` waits, can see the same one first.
+        ``handed_back`` may name ``{lost}``, the number of groups requeued."""
+        if i in self.restarting:
+            return
+        lost = ray.get(self.dispatcher.requeue.remote(i))
+        self.restarts.died(i, error, handed_back.format(lost=lost))
+        self.restarting.add(i)
 
     def before_train(self, step: int, wait: Waiter) -> None:
         self.check()
@@ -446,11 +454,7 @@ class StreamRollouts:
             try:
                 wait(ref, "rollout workers to finish their running samples")
             except RayActorError as error:  # nothing to hand back: no more work is given out
-                if i in self.restarting:
-                    continue  # `check`, called while waiting, has counted this death
-                ray.get(self.dispatcher.requeue.remote(i))
-                self.restarts.died(i, error, "no new work was being handed out")
-                self.restarting.add(i)
+                self._lost(i, error, "no new work was being handed out")
         self.refs = []
 
     def cursor(self) -> dict[str, Any]:
