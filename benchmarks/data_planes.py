@@ -25,7 +25,7 @@ pyarrow's lazy import of pandas, ~0.3 s, belong to a process's start, not to thr
 Weights: the parameter service's publish and pull latency against model size
 (``benchmarks.params``). Writes both tables into BENCHMARKS.md between markers.
 
-    .venv/bin/python -m benchmarks.data_planes
+    .venv/bin/python -m sluice.benchmarks.data_planes
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ import pyarrow as pa
 import ray
 from ray.util.queue import Queue
 
-from benchmarks import params as params_bench
-from benchmarks.report import write_section
-from rl.batching import Sample, collate
-from storage.batches import TRAIN_FIELDS, to_train_batch
-from storage.block_builder import trajectory_block
-from storage.trajectory_store import StoreClient, create_store
+from sluice.benchmarks import params as params_bench
+from sluice.sim.report import write_section
+from sluice.rl.batching import Sample, collate
+from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
+from sluice.storage.block_builder import trajectory_block
+from sluice.storage.trajectory_store import StoreClient, create_store
 
 BLOCK = 64  # rows per hand-over: 8 prompts x 8 samples, one rollout call's worth
 GROUP = 8
@@ -240,7 +240,7 @@ def main() -> None:
         f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, ray {version('ray')}, pyarrow {version('pyarrow')}; "
         f"one Ray session, one producer and one consumer actor (1 CPU each).\n"
-        f"Command: `make bench` (`.venv/bin/python -m benchmarks.data_planes`)."
+        f"Command: `make bench` (`.venv/bin/python -m sluice.benchmarks.data_planes`)."
     )
     section = f"{header}\n\nTrajectories, blocks of {BLOCK} rows:\n\n{store}\n\n"
     section += (

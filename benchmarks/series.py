@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 
-from benchmarks.trl_grpo import read_result
+from sluice.benchmarks.trl_grpo import read_result
 
 STALENESS_PREFIX = "train/staleness_count/"
 # Steps left out of the per-window medians: the first steps hold one-time costs (vLLM's

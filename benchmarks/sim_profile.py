@@ -13,7 +13,7 @@ The profile also records the scenario of the measured runs (``configs/longtail.y
 this machine: one rollout worker, one trainer) and the throughputs of BENCHMARKS.md's
 modes table, so ``sim.calibrate.predict`` can compare. Run it on a quiet machine:
 
-    .venv/bin/python -m benchmarks.sim_profile --run runs/cal-sync \\
+    .venv/bin/python -m sluice.benchmarks.sim_profile --run runs/cal-sync \\
         --policy .cache/policies/<key> --out sim/profiles/cpu2core.json
 """
 
@@ -30,9 +30,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks.modes import CONFIG, VARIANTS
-from engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT, StreamSettings
-from sim.calibrate import (
+from sluice.benchmarks.modes import CONFIG, VARIANTS
+from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT, StreamSettings
+from sluice.sim.calibrate import (
     Profile,
     RunMeasurements,
     StreamMeasurements,
@@ -77,7 +77,7 @@ def time_streaming(policy: str, threads: int = 1) -> StreamMeasurements:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from engines.vllm_rollout import VLLMRolloutEngine
+    from sluice.engines.vllm_rollout import VLLMRolloutEngine
 
     torch.set_num_threads(threads)
     engine = VLLMRolloutEngine(policy, seed=0, kv_cache_gib=0.5, max_model_len=256)
@@ -173,7 +173,7 @@ def modes_table(benchmarks: Path) -> dict[str, dict[str, float]]:
 
 def longtail_scenario(run: RunMeasurements, steps: int) -> dict[str, Any]:
     """The scenario of configs/longtail.yaml on this machine, with the run's lengths."""
-    from rl.config import load_config
+    from sluice.rl.config import load_config
 
     cfg = load_config(CONFIG)
     r = cfg.rollout

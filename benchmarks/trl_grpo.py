@@ -25,8 +25,8 @@ samples, TRL's sampling settings) with ``--threads`` torch threads and prints th
 busy machine two OpenMP threads can be many times slower than one (a thread that loses
 its core stalls the other at every barrier), and on a quiet one faster.
 
-    .venv/bin/python -m benchmarks.trl_grpo configs/longtail.yaml --steps 100 --out DIR
-    .venv/bin/python -m benchmarks.trl_grpo configs/longtail.yaml --probe --threads 2
+    .venv/bin/python -m sluice.benchmarks.trl_grpo configs/longtail.yaml --steps 100 --out DIR
+    .venv/bin/python -m sluice.benchmarks.trl_grpo configs/longtail.yaml --probe --threads 2
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ from transformers import (
     TrainingArguments,
 )
 
-from engines.policy import greedy_accuracy, prepare_policy, save_policy
-from envs import Environment, Problem, score
-from rl.config import RunConfig, load_config
-from tasks.environment import PromptStream, make_environment
+from sluice.engines.policy import greedy_accuracy, prepare_policy, save_policy
+from sluice.envs import Environment, Problem, score
+from sluice.rl.config import RunConfig, load_config
+from sluice.tasks.environment import PromptStream, make_environment
 
 log = logging.getLogger("sluice.peer")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ray
 
-from engines.deepspeed_trainer import DeepSpeedTrainer
-from engines.pools import StoreTraining
+from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
+from sluice.engines.pools import StoreTraining
 
 
 @ray.remote

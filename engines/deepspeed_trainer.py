@@ -26,15 +26,15 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from engines.trainer_core import MODEL_FILE, Optimisation, PolicyTrainer, StepSums
-from engines.zero_state import (
+from sluice.engines.trainer_core import MODEL_FILE, Optimisation, PolicyTrainer, StepSums
+from sluice.engines.zero_state import (
     gather_adamw_state,
     gathered_weights,
     load_weights,
     scatter_adamw_state,
 )
-from rl.batching import TrainBatch, micro_batches
-from storage.torch_state import (
+from sluice.rl.batching import TrainBatch, micro_batches
+from sluice.storage.torch_state import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
     bytes_to_tensors,

@@ -25,8 +25,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from envs import ALPHABET, Environment, Problem, score
-from rl.config import PolicyConfig
+from sluice.envs import ALPHABET, Environment, Problem, score
+from sluice.rl.config import PolicyConfig
 
 log = logging.getLogger(__name__)
 

@@ -30,13 +30,13 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from engines.rollout_worker import RolloutWorkerBase
-from engines.torch_trainer import TorchTrainer
-from storage.batches import TRAIN_FIELDS, to_train_batch
-from storage.checkpoints import CheckpointStore
-from storage.params import ParameterService
-from storage.trajectory_store import StoreClient
-from storage.urls import Credentials
+from sluice.engines.rollout_worker import RolloutWorkerBase
+from sluice.engines.torch_trainer import TorchTrainer
+from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
+from sluice.storage.checkpoints import CheckpointStore
+from sluice.storage.params import ParameterService
+from sluice.storage.trajectory_store import StoreClient
+from sluice.storage.urls import Credentials
 
 
 def child_env() -> dict[str, str]:
@@ -187,7 +187,7 @@ def launch_trainer(
     actor: Any = TrainerActor
     if engine == "deepspeed":
         # Imported here: only a DeepSpeed run should pay for importing DeepSpeed.
-        from engines.deepspeed_actor import DeepSpeedTrainerActor
+        from sluice.engines.deepspeed_actor import DeepSpeedTrainerActor
 
         actor, trainer_args = DeepSpeedTrainerActor, {**trainer_args, "zero_stage": zero_stage}
     elif engine != "torch":

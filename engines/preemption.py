@@ -3,7 +3,7 @@
 A spot worker runs it as a systemd service (infra/terraform's worker user data installs
 ``sluice-preemption.service``)::
 
-    python -m engines.preemption --gcs-address 10.0.1.5:6379
+    python -m sluice.engines.preemption --gcs-address 10.0.1.5:6379
 
 Components, driven from ``watch()``:
 
@@ -273,7 +273,7 @@ def watch(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m engines.preemption",
+        prog="python -m sluice.engines.preemption",
         description="Drain this Ray node when EC2 posts a spot interruption notice.",
     )
     parser.add_argument(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from rl.batching import Sample
+from sluice.rl.batching import Sample
 
 
 @dataclass(frozen=True)

@@ -30,15 +30,15 @@ import pyarrow.compute as pc
 import ray
 import torch
 
-from engines.protocols import Completion
-from engines.vllm_rollout import Delta, VLLMRolloutEngine
-from envs import Environment, Problem, score
-from rl.advantages import group_advantages
-from rl.dispatch import InFlight
-from storage.block_builder import VersionRuns, trajectory_block
-from storage.params import ParameterError, ParameterService, PendingPull
-from storage.trajectory_store import StoreClient
-from storage.urls import Credentials
+from sluice.engines.protocols import Completion
+from sluice.engines.vllm_rollout import Delta, VLLMRolloutEngine
+from sluice.envs import Environment, Problem, score
+from sluice.rl.advantages import group_advantages
+from sluice.rl.dispatch import InFlight
+from sluice.storage.block_builder import VersionRuns, trajectory_block
+from sluice.storage.params import ParameterError, ParameterService, PendingPull
+from sluice.storage.trajectory_store import StoreClient
+from sluice.storage.urls import Credentials
 
 # How often a worker that needs a version asks the relay again.
 RELAY_POLL_S = 0.005

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from engines.trainer_core import MODEL_FILE, PolicyTrainer
-from rl.batching import TrainBatch, micro_batches
-from storage.torch_state import (
+from sluice.engines.trainer_core import MODEL_FILE, PolicyTrainer
+from sluice.rl.batching import TrainBatch, micro_batches
+from sluice.storage.torch_state import (
     bytes_to_tensors,
     load_optimizer,
     optimizer_to_files,

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl.batching import Sample, TrainBatch, collate
-from rl.losses import (
+from sluice.rl.batching import Sample, TrainBatch, collate
+from sluice.rl.losses import (
     LOSS_NAMES,
     entropy_from_logits,
     kl_k3,
@@ -30,7 +30,7 @@ from rl.losses import (
     policy_loss,
     token_logprobs,
 )
-from storage.torch_state import tensors_to_bytes
+from sluice.storage.torch_state import tensors_to_bytes
 
 # Files that travel with the weights when the trained policy is saved as a model folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

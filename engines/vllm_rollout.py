@@ -10,7 +10,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from engines.protocols import Completion
+from sluice.engines.protocols import Completion
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class VLLMRolloutEngine:
             enforce_eager=enforce_eager,
             kv_cache_memory_bytes=int(kv_cache_gib * GIB),
             max_model_len=max_model_len,
-            worker_extension_cls="engines.vllm_weight_sync.WeightSyncExtension",
+            worker_extension_cls="sluice.engines.vllm_weight_sync.WeightSyncExtension",
         )
         self._tokenizer = self._llm.get_tokenizer()
         self._version = 0

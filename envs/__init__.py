@@ -4,10 +4,10 @@ See ``envs.base`` for the shared types and split rules, ``envs.addition`` and
 ``envs.countdown`` for each task's prompt/answer formats and rewards.
 """
 
-from envs.addition import AdditionEnv
-from envs.base import ALPHABET, Environment, Problem, RewardResult, score
-from envs.countdown import CountdownEnv
-from envs.registry import ENV_NAMES, make_env
+from sluice.envs.addition import AdditionEnv
+from sluice.envs.base import ALPHABET, Environment, Problem, RewardResult, score
+from sluice.envs.countdown import CountdownEnv
+from sluice.envs.registry import ENV_NAMES, make_env
 
 __all__ = [
     "ALPHABET",

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import random
 
-from envs.base import (
+from sluice.envs.base import (
     Draft,
     Problem,
     RewardResult,

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from envs.base import (
+from sluice.envs.base import (
     DIGITS,
     Draft,
     Problem,

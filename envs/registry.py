@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from envs.addition import AdditionEnv
-from envs.base import Environment
-from envs.countdown import CountdownEnv
+from sluice.envs.addition import AdditionEnv
+from sluice.envs.base import Environment
+from sluice.envs.countdown import CountdownEnv
 
 ENV_NAMES: tuple[str, ...] = ("addition", "countdown")
 

@@ -14,9 +14,9 @@ from typing import Annotated
 
 import typer
 
-from rl.config import ConfigError, RunConfig, load_config
-from storage.layout import RunLayout
-from storage.urls import check_url
+from sluice.rl.config import ConfigError, RunConfig, load_config
+from sluice.storage.layout import RunLayout
+from sluice.storage.urls import check_url
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 
@@ -68,7 +68,7 @@ AddressOption = Annotated[
 
 def _use_address(address: str | None, debug: bool) -> None:
     """Point the run at the cluster ``address`` (``engines/cluster.py`` reads RAY_ADDRESS)."""
-    from engines.cluster import check_address
+    from sluice.engines.cluster import check_address
 
     if address is None:
         return
@@ -79,14 +79,10 @@ def _use_address(address: str | None, debug: bool) -> None:
 
 
 def _train(cfg: RunConfig, resume: bool, debug: bool) -> None:
-    from flows.runtime import configure_process
+    from sluice.flows.api import run
 
-    configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
-    from flows.rl_job import RunSummary, rl_job
-
-    logging.getLogger("sluice").info("run %s: writing to %s", cfg.name, cfg.run_dir)
     try:
-        result = rl_job(cfg.model_dump(), resume=resume)
+        summary = run(cfg, resume=resume)
     except Exception as error:  # one readable line; the traceback is one --debug away
         _fail(
             f"the run failed: {type(error).__name__}: {error}\n(rerun with --debug for the "
@@ -95,7 +91,6 @@ def _train(cfg: RunConfig, resume: bool, debug: bool) -> None:
             error,
         )
         return
-    summary = RunSummary(**result)
     typer.echo("\n".join(["", "== summary ==", *summary.lines()]))
 
 
@@ -164,10 +159,10 @@ def retrain(
     """
     _setup_logging(debug)
     cfg = _load(config, set_ or [], debug)
-    from flows.runtime import configure_process
+    from sluice.flows.runtime import configure_process
 
     configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
-    from flows.retrain import retrain as retrain_flow
+    from sluice.flows.retrain import retrain as retrain_flow
 
     try:
         result = retrain_flow(cfg.model_dump(), min_gain=min_gain)
@@ -204,10 +199,10 @@ def evaluate(
     if (model is None) == (policy is None):
         _fail("give exactly one of --model NAME@ALIAS and --policy FOLDER", debug, ValueError())
     cfg = _load(config, set_ or [], debug)
-    from flows.runtime import configure_process
+    from sluice.flows.runtime import configure_process
 
     configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
-    from flows.evaluate import eval_flow
+    from sluice.flows.evaluate import eval_flow
 
     try:
         result = eval_flow(cfg.model_dump(), model=model, policy=str(policy) if policy else None)
@@ -287,7 +282,7 @@ def ledger(
     root: Annotated[Path, typer.Option(help="Folder that holds the runs.")] = Path("runs"),
 ) -> None:
     """Summarise a run's ledger (samples per final status, staleness), or trace one prompt."""
-    from storage.ledger import Ledger, check_exactly_once, check_versions
+    from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 
     if "://" in run:
         where = run
@@ -380,11 +375,11 @@ def simulate_command(
     ] = False,
 ) -> None:
     """Simulate scheduling policies on a cluster (discrete-event; no Ray, no vLLM)."""
-    from sim.calibrate import CalibrationError, load_profile, predict
-    from sim.command import DEFAULT_POLICIES, render, simulate_policies
-    from sim.engine import SimulationStalled
-    from sim.lengths import LengthError
-    from sim.scenario import ScenarioError
+    from sluice.sim.calibrate import CalibrationError, load_profile, predict
+    from sluice.sim.command import DEFAULT_POLICIES, render, simulate_policies
+    from sluice.sim.engine import SimulationStalled
+    from sluice.sim.lengths import LengthError
+    from sluice.sim.scenario import ScenarioError
 
     overrides = list(set_ or [])
     for key, value in (

@@ -14,12 +14,12 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.evaluate import eval_flow
-from flows.retrain import retrain as retrain_flow
-from flows.rl_job import rl_job
-from flows.runtime import configure_process
-from rl.config import RunConfig, load_config
-from storage.layout import RunLayout
+from sluice.flows.evaluate import eval_flow
+from sluice.flows.retrain import retrain as retrain_flow
+from sluice.flows.rl_job import rl_job
+from sluice.flows.runtime import configure_process
+from sluice.rl.config import RunConfig, load_config
+from sluice.storage.layout import RunLayout
 
 
 def _prepare(config: str, overrides: list[str] | None) -> RunConfig:

@@ -16,14 +16,14 @@ import ray
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from engines import cluster
-from engines.pools import child_env, launch_rollout_workers
-from rl.config import RunConfig, build_config
-from storage.layout import RunLayout
-from tasks import registry
-from tasks.environment import make_environment
-from tasks.rollout import evaluate
-from tasks.tracking import MlflowLogger, tracking_uri
+from sluice.engines import cluster
+from sluice.engines.pools import child_env, launch_rollout_workers
+from sluice.rl.config import RunConfig, build_config
+from sluice.storage.layout import RunLayout
+from sluice.tasks import registry
+from sluice.tasks.environment import make_environment
+from sluice.tasks.rollout import evaluate
+from sluice.tasks.tracking import MlflowLogger, tracking_uri
 
 log = logging.getLogger("sluice")
 

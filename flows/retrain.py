@@ -21,11 +21,11 @@ from mlflow.tracking import MlflowClient
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.rl_job import rl_job
-from rl.config import RunConfig, apply_override, build_config
-from storage.layout import RunLayout
-from tasks import registry
-from tasks.tracking import tracking_uri
+from sluice.flows.rl_job import rl_job
+from sluice.rl.config import RunConfig, apply_override, build_config
+from sluice.storage.layout import RunLayout
+from sluice.tasks import registry
+from sluice.tasks.tracking import tracking_uri
 
 log = logging.getLogger("sluice")
 

@@ -10,15 +10,15 @@ Components, each in its own folder, wired by ``tasks/session.py`` and driven fro
 - ``storage/params.py``: the parameter service: the trainer publishes each version once,
   rollout workers pull the newest when they choose;
 - ``storage/checkpoints.py``: atomic checkpoints (model, optimiser, RNG, data cursor,
-  ledger watermark) at step 0 and every ``storage.checkpoint_every`` steps;
+  ledger watermark) at step 0 and every ``checkpoint.every`` steps;
 - ``tasks/tracking.py``, ``tasks/registry.py``, ``tasks/plots.py``: MLflow (metrics in
   batches, config and plots as artifacts, the policy as a registered model version).
 
 The flow is a chain of Prefect tasks: start Ray, then one ``train-segment`` task per
-``storage.checkpoint_every`` steps (each ends with a ``checkpoint`` task), then
+``checkpoint.every`` steps (each ends with a ``checkpoint`` task), then
 ``finish-run`` and ``register-policy``. Per-step metrics go to MLflow, not to Prefect. A
 segment that fails (a trainer died, a weight pull timed out) is retried
-``storage.segment_retries`` times, each time with fresh pools restored from the newest
+``checkpoint.segment_retries`` times, each time with fresh pools restored from the newest
 valid checkpoint; a rollout worker that dies is restarted inside the segment without
 stopping training (``tasks/rollout.py``). A job whose process died is resumed with
 ``sluice resume RUN``, or by retrying its flow run: it continues from the newest
@@ -46,18 +46,18 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from engines import cluster
-from engines.policy import prepare_policy
-from flows.runtime import use_credentials_block
-from rl.config import RunConfig, build_config
-from storage.checkpoints import Checkpoint
-from storage.layout import RunLayout
-from storage.ledger import Ledger, check_exactly_once, check_versions
-from storage.urls import redact
-from tasks import plots, registry
-from tasks.environment import make_environment
-from tasks.session import Session, latest_checkpoint
-from tasks.tracking import MlflowLogger, tracking_uri
+from sluice.engines import cluster
+from sluice.engines.policy import prepare_policy
+from sluice.flows.runtime import use_credentials_block
+from sluice.rl.config import RunConfig, build_config
+from sluice.storage.checkpoints import Checkpoint
+from sluice.storage.layout import RunLayout
+from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
+from sluice.storage.urls import redact
+from sluice.tasks import plots, registry
+from sluice.tasks.environment import make_environment
+from sluice.tasks.session import Session, latest_checkpoint
+from sluice.tasks.tracking import MlflowLogger, tracking_uri
 
 log = logging.getLogger("sluice")
 
@@ -278,9 +278,9 @@ def rl_job(config: dict[str, Any], resume: bool | None = None) -> dict[str, Any]
     try:
         start_ray(cfg, layout)
         segment = train_segment.with_options(
-            retries=cfg.storage.segment_retries, retry_delay_seconds=2
+            retries=cfg.checkpoint.segment_retries, retry_delay_seconds=2
         )
-        every, step = cfg.storage.checkpoint_every, found.step if found else 0
+        every, step = cfg.checkpoint.every, found.step if found else 0
         while step < cfg.train.steps:
             step = segment(job, min((step // every + 1) * every, cfg.train.steps))
         summary = finish_run(job, started)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 
-from storage.layout import RunLayout
-from storage.urls import CREDENTIAL_VARS
+from sluice.storage.layout import RunLayout
+from sluice.storage.urls import CREDENTIAL_VARS
 
 # Prefect's temporary API server needs ~11 s to start on 2 cores; its default limit is 20 s.
 PREFECT_STARTUP_TIMEOUT_S = "120"

@@ -279,7 +279,7 @@ class EvalConfig(_Section):
 
 
 class StorageConfig(_Section):
-    """Durable state (ledger, trajectories, checkpoints) and the two data planes."""
+    """Where the run's durable state goes: the ledger, trajectories and checkpoints."""
 
     url: str | None = Field(
         None,
@@ -293,6 +293,11 @@ class StorageConfig(_Section):
         '(e.g. {"AWS_ACCESS_KEY_ID": ..., "AWS_SECRET_ACCESS_KEY": ...}). Default: the '
         "AWS_* variables of the environment. Never put credentials in a config file.",
     )
+
+
+class StoreConfig(_Section):
+    """The trajectory store: scored groups between the rollout workers and the trainer."""
+
     capacity_batches: int = Field(
         4,
         ge=2,
@@ -306,7 +311,12 @@ class StorageConfig(_Section):
         description="A leased batch not acknowledged within this many seconds goes back to "
         "the ready pool (its consumer is presumed dead).",
     )
-    checkpoint_every: int = Field(
+
+
+class CheckpointConfig(_Section):
+    """Checkpoints, and the training segments that end in one."""
+
+    every: int = Field(
         200,
         ge=1,
         description="Checkpoint every this many steps, and at the end. Training runs in "
@@ -319,14 +329,19 @@ class StorageConfig(_Section):
         description="Times a failed training segment is retried, each time from the last "
         "checkpoint with freshly started pools.",
     )
-    keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept.")
-    param_relays: int = Field(
+    keep: int = Field(3, ge=1, description="Newest checkpoints kept.")
+
+
+class WeightsConfig(_Section):
+    """The parameter service: how new weights travel from the trainer to rollout workers."""
+
+    relays: int = Field(
         1, ge=1, description="Relay actors of the parameter service (one per node at scale)."
     )
     bucket_mib: int = Field(
         64, ge=1, description="Weights travel in safetensors buckets of at most this size."
     )
-    weight_pull_timeout_s: float = Field(
+    pull_timeout_s: float = Field(
         120.0, gt=0.0, description="A rollout worker's weight pull fails after this long."
     )
 
@@ -378,7 +393,14 @@ class RunConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")
     storage: StorageConfig = Field(
-        default_factory=StorageConfig, description="Durable state and data planes."
+        default_factory=StorageConfig, description="Where durable state goes."
+    )
+    store: StoreConfig = Field(default_factory=StoreConfig, description="Trajectory store.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints and training segments."
+    )
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig, description="Parameter service (weight transfer)."
     )
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="MLflow tracking and model registry."
@@ -401,7 +423,7 @@ class RunConfig(_Section):
 
     @property
     def store_capacity_batches(self) -> int:
-        """The trajectory store's capacity in training batches: ``storage.capacity_batches``,
+        """The trajectory store's capacity in training batches: ``store.capacity_batches``,
         and in ``async`` mode at least ``max_staleness + 1``.
 
         Admission lets workers start up to ``max_staleness + 1`` batches that are not trained
@@ -410,8 +432,8 @@ class RunConfig(_Section):
         consumes and the run hangs.
         """
         if self.mode != "async":
-            return self.storage.capacity_batches
-        return max(self.storage.capacity_batches, self.max_staleness + 1)
+            return self.store.capacity_batches
+        return max(self.store.capacity_batches, self.max_staleness + 1)
 
 
 class ConfigError(ValueError):
@@ -433,11 +455,26 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
 
 
+# Keys that moved when the grab-bag `storage` section was split by what each configures.
+MOVED = {
+    "store.capacity_batches": "store.capacity_batches",
+    "storage.lease_timeout_s": "store.lease_timeout_s",
+    "checkpoint.every": "checkpoint.every",
+    "checkpoint.segment_retries": "checkpoint.segment_retries",
+    "checkpoint.keep": "checkpoint.keep",
+    "storage.param_relays": "weights.relays",
+    "storage.bucket_mib": "weights.bucket_mib",
+    "storage.weight_pull_timeout_s": "weights.pull_timeout_s",
+}
+
+
 def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         where = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        if item["type"] == "extra_forbidden":
+        if where in MOVED:
+            lines.append(f"  {where}: moved; write {MOVED[where]}")
+        elif item["type"] == "extra_forbidden":
             section = _section_for(item["loc"][:-1])
             allowed = ", ".join(sorted(section.model_fields)) if section else "?"
             lines.append(f"  {where}: unknown key; allowed here: {allowed}")

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from engines.deepspeed_trainer import DeepSpeedTrainer
-from rl.batching import Sample
-from storage.checkpoints import CheckpointStore
+from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
+from sluice.rl.batching import Sample
+from sluice.storage.checkpoints import CheckpointStore
 
 
 def main() -> None:

@@ -34,9 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.scenario import CostSpec, Scenario, ScenarioError, build_scenario
+from sluice.sim.scenario import CostSpec, Scenario, ScenarioError, build_scenario, read_profile
 
-PROFILES = Path(__file__).parent / "profiles"
 # tasks/rollout.py tags a step's groups with seed * STEP_TAG + step.
 STEP_TAG = 1_000_003
 
@@ -101,15 +100,13 @@ class Profile:
 
 def load_profile(path: str | Path) -> Profile:
     """Read a profile JSON; a bare name means ``sim/profiles/<name>.json``."""
-    file = Path(path)
-    if not file.suffix and not file.exists():
-        file = PROFILES / f"{file}.json"
-    if not file.is_file():
-        raise CalibrationError(f"profile {str(path)!r} not found (looked at {file})")
     try:
-        raw = json.loads(file.read_text())
+        file, raw = read_profile(path)
+    except ScenarioError as error:
+        raise CalibrationError(str(error)) from None
+    try:
         costs = CostSpec.model_validate(raw["costs"])
-    except (json.JSONDecodeError, KeyError, ValueError) as error:
+    except (KeyError, ValueError) as error:
         raise CalibrationError(f"profile {str(file)!r} is not a valid profile: {error}") from None
     return Profile(
         name=raw.get("name", file.stem),
@@ -380,7 +377,7 @@ def fit_stream_factor(
 ) -> float:
     """The in-run slowdown of streaming decode that makes ``variant``'s simulated ratio to
     the baseline equal its measured one (bisection: throughput falls as the factor grows)."""
-    from sim.engine import simulate
+    from sluice.sim.engine import simulate
 
     baseline = next(iter(profile.variants))
     target = profile.measured[variant] / profile.measured[baseline]
@@ -426,7 +423,7 @@ class Prediction:
 
 def predict(profile: Profile, variants: list[str] | None = None) -> list[Prediction]:
     """Simulate each variant of the profile; ratios are to its first variant (the baseline)."""
-    from sim.engine import simulate
+    from sluice.sim.engine import simulate
 
     names = variants or list(profile.variants)
     if not names:
@@ -452,7 +449,7 @@ def predict(profile: Profile, variants: list[str] | None = None) -> list[Predict
 def calibration_table(profile: Profile) -> str:
     """Markdown: each measured variant's ratio to sync against the simulator's, with the
     simulated staleness and trainer idle beside the measured ones."""
-    from sim.engine import simulate
+    from sluice.sim.engine import simulate
 
     modes = profile.calibration.get("modes", {})
     lines = [
@@ -491,7 +488,7 @@ def main() -> None:
         [
             f"Profile `sim/profiles/{profile.name}.json` ({profile.notes}); simulated on "
             f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}.",
-            "Command: `make simulate` (`.venv/bin/python -m sim.calibrate --write`); re-measure "
+            "Command: `make simulate` (`.venv/bin/python -m sluice.sim.calibrate --write`); re-measure "
             "with `make sim-profile`.",
             "",
             calibration_table(profile),
@@ -509,7 +506,7 @@ def main() -> None:
     )
     print(text)
     if args.write:
-        from benchmarks.report import write_section
+        from sluice.sim.report import write_section
 
         write_section("simulator-calibration", "Simulator: calibration on this machine", text)
 

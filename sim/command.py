@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sim.engine import simulate
-from sim.results import SimResult, format_table, staleness_line
-from sim.scenario import ScenarioError, load_scenario
+from sluice.sim.engine import simulate
+from sluice.sim.results import SimResult, format_table, staleness_line
+from sluice.sim.scenario import ScenarioError, load_scenario
 
 DEFAULT_POLICIES = [
     "sync",

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.lengths import draw_lengths
-from sim.results import SimResult
-from sim.scenario import Scenario
+from sluice.sim.lengths import draw_lengths
+from sluice.sim.results import SimResult
+from sluice.sim.scenario import Scenario
 
 # Event kinds. An engine event carries the engine's epoch; a newer epoch makes it stale.
 _DONE, _LOADED, _DELIVERED, _NOTICE, _PUT, _TRAINED, _FAIL, _REPAIR, _DISPATCH = range(9)

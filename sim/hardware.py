@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.scenario import CostSpec
+from sluice.sim.scenario import CostSpec
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.scenario import LengthSpec
+from sluice.sim.scenario import LengthSpec
 
 # Replayed runs may be small; fewer groups than this is too few to resample a long tail from.
 MIN_REPLAY_GROUPS = 8

@@ -17,7 +17,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rl.config import apply_override
+from sluice.rl.config import apply_override
+
+# Calibration profiles shipped with the package (written by benchmarks/sim_profile.py).
+PROFILES = Path(__file__).parent / "profiles"
 
 
 class _Section(BaseModel):
@@ -367,6 +370,23 @@ def _describe(error: ValidationError) -> str:
     return "invalid scenario: " + "; ".join(lines)
 
 
+def read_profile(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The file and JSON of a profile (``sim/calibrate.py``); a bare name means
+    ``sim/profiles/<name>.json``."""
+    file = Path(path)
+    if not file.suffix and not file.exists():
+        file = PROFILES / f"{file}.json"
+    if not file.is_file():
+        raise ScenarioError(f"profile {str(path)!r} not found (looked at {file})")
+    try:
+        raw = json.loads(file.read_text())
+    except json.JSONDecodeError as error:
+        raise ScenarioError(f"profile {str(file)!r} is not valid JSON: {error}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"profile {str(file)!r} must hold a JSON object")
+    return file, raw
+
+
 def build_scenario(tree: dict[str, Any]) -> Scenario:
     """Validate a nested dict into a Scenario; ``profile: <json>`` fills in ``costs``.
 
@@ -376,13 +396,11 @@ def build_scenario(tree: dict[str, Any]) -> Scenario:
     tree = dict(tree)
     profile = tree.pop("profile", None)
     if profile is not None:
-        from sim.calibrate import load_profile
-
         try:
-            measured = load_profile(Path(str(profile))).costs.model_dump()
-        except ValueError as error:
-            raise ScenarioError(str(error)) from None
-        tree["costs"] = {**measured, **(tree.get("costs") or {})}
+            measured = CostSpec.model_validate(read_profile(Path(str(profile)))[1]["costs"])
+        except (KeyError, ValueError) as error:
+            raise ScenarioError(f"profile {str(profile)!r} is not a valid profile: {error}") from None
+        tree["costs"] = {**measured.model_dump(), **(tree.get("costs") or {})}
     try:
         return Scenario.model_validate(tree)
     except ValidationError as error:

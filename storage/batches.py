@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from rl.batching import TrainBatch
+from sluice.rl.batching import TrainBatch
 
 # The columns a training step reads.
 TRAIN_FIELDS = ("prompt_ids", "response_ids", "behaviour_logprobs", "advantage")

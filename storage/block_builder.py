@@ -25,7 +25,7 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 
-from storage.schema import SCHEMA, TIMESTAMP, SchemaError
+from sluice.storage.schema import SCHEMA, TIMESTAMP, SchemaError
 
 # The per-row version runs of a sample: (index of the first token, policy version), the
 # first at token 0, indices non-decreasing (two weight loads between tokens make an empty run).

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from storage import fsio
-from storage.faults import fault_point
-from storage.urls import is_local, open_url, redact, url_of
+from sluice.storage import fsio
+from sluice.storage.faults import fault_point
+from sluice.storage.urls import is_local, open_url, redact, url_of
 
 logger = logging.getLogger(__name__)
 

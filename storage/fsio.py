@@ -11,7 +11,7 @@ import secrets
 
 import fsspec
 
-from storage.urls import is_local
+from sluice.storage.urls import is_local
 
 
 def join(*parts: str) -> str:

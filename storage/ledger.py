@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from storage import fsio
-from storage.urls import open_url, redact, url_of
+from sluice.storage import fsio
+from sluice.storage.urls import open_url, redact, url_of
 
 EVENTS = ("generated", "scored", "trained", "dropped", "failed")
 PENDING = ("generated", "scored")

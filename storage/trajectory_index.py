@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from storage.ledger import LedgerEvent
+from sluice.storage.ledger import LedgerEvent
 
 TERMINAL = frozenset({"trained", "dropped", "failed"})
 

@@ -35,18 +35,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 
-from storage import fsio
-from storage.block_builder import decode_block, encode_block
-from storage.ledger import Ledger, LedgerEvent, latest_events
-from storage.schema import SchemaError, check_version, validate_batch
-from storage.trajectory_index import (
+from sluice.storage import fsio
+from sluice.storage.block_builder import decode_block, encode_block
+from sluice.storage.ledger import Ledger, LedgerEvent, latest_events
+from sluice.storage.schema import SchemaError, check_version, validate_batch
+from sluice.storage.trajectory_index import (
     TERMINAL,
     LeaseError,
     LeaseGrant,
     SampleMeta,
     TrajectoryIndex,
 )
-from storage.urls import Credentials, open_url
+from sluice.storage.urls import Credentials, open_url
 
 log = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ from typing import Any
 
 import ray
 
-from engines.rollout_worker import GroupDone, Handoff
-from envs import Problem
-from rl.dispatch import GroupRequest, InFlight, LengthPredictor, WorkerLoad, plan, stragglers
-from tasks.environment import PromptStream
+from sluice.engines.rollout_worker import GroupDone, Handoff
+from sluice.envs import Problem
+from sluice.rl.dispatch import GroupRequest, InFlight, LengthPredictor, WorkerLoad, plan, stragglers
+from sluice.tasks.environment import PromptStream
 
 # Groups kept ready for ordering: enough for a couple of steps, so "longest first" has
 # something to choose from without running far ahead of the prompt stream.

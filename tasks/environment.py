@@ -6,8 +6,8 @@ import json
 import random
 from typing import Any
 
-from envs import Environment, Problem, make_env
-from rl.config import EnvConfig
+from sluice.envs import Environment, Problem, make_env
+from sluice.rl.config import EnvConfig
 
 
 def make_environment(cfg: EnvConfig) -> tuple[Environment, str]:

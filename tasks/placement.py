@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from storage.trajectory_store import PROGRESS_EVERY_S
+from sluice.storage.trajectory_store import PROGRESS_EVERY_S
 
 log = logging.getLogger("sluice")
 

@@ -34,9 +34,9 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from engines.rollout_worker import RolloutStats, StreamSettings
-from envs import Environment, Problem, score
-from tasks.environment import PromptStream
+from sluice.engines.rollout_worker import RolloutStats, StreamSettings
+from sluice.envs import Environment, Problem, score
+from sluice.tasks.environment import PromptStream
 
 log = logging.getLogger("sluice")
 

@@ -26,18 +26,18 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from engines.pools import child_env, launch_rollout_workers, launch_trainer, on_driver_node
-from engines.rollout_worker import StreamSettings
-from rl.config import RunConfig
-from storage.checkpoints import Checkpoint, CheckpointStore
-from storage.ledger import Ledger
-from storage.params import ParameterService
-from storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
-from tasks.dispatcher import Dispatcher
-from tasks.environment import PromptStream, make_environment
-from tasks.placement import wait_placed
-from tasks.rollout import BatchRollouts, BatchSettings, StreamRollouts, evaluate
-from tasks.tracking import MetricLogger
+from sluice.engines.pools import child_env, launch_rollout_workers, launch_trainer, on_driver_node
+from sluice.engines.rollout_worker import StreamSettings
+from sluice.rl.config import RunConfig
+from sluice.storage.checkpoints import Checkpoint, CheckpointStore
+from sluice.storage.ledger import Ledger
+from sluice.storage.params import ParameterService
+from sluice.storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
+from sluice.tasks.dispatcher import Dispatcher
+from sluice.tasks.environment import PromptStream, make_environment
+from sluice.tasks.placement import wait_placed
+from sluice.tasks.rollout import BatchRollouts, BatchSettings, StreamRollouts, evaluate
+from sluice.tasks.tracking import MetricLogger
 
 log = logging.getLogger("sluice")
 
@@ -112,7 +112,7 @@ class Session:
             self.step = int(ray.get(self.trainer.restore.remote(checkpoint.files, meta)))
             self.start_accuracy = meta.get("start_accuracy")
             self.end_accuracy = meta.get("end_accuracy")
-            timeout = cfg.storage.weight_pull_timeout_s
+            timeout = cfg.weights.pull_timeout_s
             self.wait([w.sync_weights.remote(self.step, timeout) for w in live], "weights")
             self._restore_cursor(meta["data_cursor"])
             log.info("resumed at step %d from %s", self.step, checkpoint.url)
@@ -207,7 +207,7 @@ class Session:
         t1 = time.monotonic()
         train = self.wait(  # lease -> one step -> publish the new version -> acknowledge
             self.trainer.train_from_store.remote(
-                self.store, self.batch_size, self.max_staleness, cfg.storage.lease_timeout_s
+                self.store, self.batch_size, self.max_staleness, cfg.store.lease_timeout_s
             ),
             "the trainer",
         )
@@ -234,7 +234,7 @@ class Session:
     def evaluate_now(self) -> float:
         """Held-out accuracy of the trainer's current version."""
         self.rollouts.pause(self.wait)  # async: workers hand vLLM back, then load the version
-        timeout = self.cfg.storage.weight_pull_timeout_s
+        timeout = self.cfg.weights.pull_timeout_s
         workers = self.rollouts.live()  # async: a worker whose node is gone is left out
         self.wait([w.sync_weights.remote(self.step, timeout) for w in workers], "weights")
         accuracy = evaluate(workers, self.env, self.heldout, self.eval_tokens)
@@ -254,7 +254,7 @@ class Session:
         }
         url: str = ray.get(
             self.trainer.save_checkpoint.remote(
-                self.cfg.storage_url, self.cfg.storage.keep_checkpoints, self.step, meta
+                self.cfg.storage_url, self.cfg.checkpoint.keep, self.step, meta
             )
         )
         log.info("checkpoint %s", url)
@@ -278,7 +278,7 @@ class Session:
         handle = create_store(
             cfg.storage_url,
             cfg.store_capacity_batches * self.batch_size,
-            cfg.storage.lease_timeout_s,
+            cfg.store.lease_timeout_s,
             restore=restore,
             scheduling_strategy=here,
         )
@@ -291,8 +291,8 @@ class Session:
             pipeline=2 if streaming else 0,
         )
         params = ParameterService.create(
-            relays=cfg.storage.param_relays,
-            bucket_bytes=cfg.storage.bucket_mib << 20,
+            relays=cfg.weights.relays,
+            bucket_bytes=cfg.weights.bucket_mib << 20,
             first_at=here,
         )
         t = cfg.train
@@ -351,7 +351,7 @@ class Session:
                 temperature=r.temperature,
                 seed=cfg.seed,
                 scale_by_std=cfg.train.scale_adv_by_std,
-                weight_pull_timeout_s=cfg.storage.weight_pull_timeout_s,
+                weight_pull_timeout_s=cfg.weights.pull_timeout_s,
                 max_restarts=r.max_restarts,
                 tag=tag,
             )
@@ -381,7 +381,7 @@ class Session:
                 scale_by_std=cfg.train.scale_adv_by_std,
                 concurrency=r.concurrency or r.prompts_per_step * r.samples_per_prompt,
                 partial_rollout=r.partial_rollout,
-                pull_timeout_s=cfg.storage.weight_pull_timeout_s,
+                pull_timeout_s=cfg.weights.pull_timeout_s,
                 repack_max_stragglers=r.repack_max_stragglers if r.repack else 0,
             )
             for i in range(len(self.workers))
@@ -391,7 +391,7 @@ class Session:
 
 def latest_checkpoint(cfg: RunConfig) -> Checkpoint | None:
     """The newest valid checkpoint of this run (older ones if the newest is broken)."""
-    return CheckpointStore(cfg.storage_url, cfg.storage.keep_checkpoints).load_latest()
+    return CheckpointStore(cfg.storage_url, cfg.checkpoint.keep).load_latest()
 
 
 def _step_line(step: int, total: int, metrics: dict[str, float]) -> str:

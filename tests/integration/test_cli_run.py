@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from storage.checkpoints import CheckpointStore
-from storage.ledger import Ledger, check_exactly_once, latest_events, summarize
+from sluice.storage.checkpoints import CheckpointStore
+from sluice.storage.ledger import Ledger, check_exactly_once, latest_events, summarize
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parents[2]
-SLUICE = [sys.executable, "-m", "flows.cli"]
+SLUICE = [sys.executable, "-m", "sluice.flows.cli"]
 
 
 def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
@@ -48,7 +48,7 @@ def _smoke(tmp_path: Path, cache: Path, *settings: str) -> subprocess.CompletedP
 def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness):
     steps = 4
     result = _smoke(
-        tmp_path, shared_cache, f"train.steps={steps}", f"mode={mode}", "storage.checkpoint_every=3"
+        tmp_path, shared_cache, f"train.steps={steps}", f"mode={mode}", "checkpoint.every=3"
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "== summary ==" in result.stdout

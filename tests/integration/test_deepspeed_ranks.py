@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.torch_trainer import TorchTrainer
-from rl.batching import Sample
-from storage.checkpoints import CheckpointStore
+from sluice.engines.torch_trainer import TorchTrainer
+from sluice.rl.batching import Sample
+from sluice.storage.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.integration
 

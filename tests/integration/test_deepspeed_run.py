@@ -19,9 +19,9 @@ import psutil
 import pytest
 from safetensors.torch import load_file
 
-from engines.deepspeed_trainer import DeepSpeedTrainer
-from storage.checkpoints import CheckpointStore
-from storage.ledger import Ledger, check_exactly_once, check_versions
+from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
+from sluice.storage.checkpoints import CheckpointStore
+from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 
 # A smoke run with one restart (~2.5 min here): out of the default suite.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -31,13 +31,13 @@ ROOT = Path(__file__).parents[2]
 
 def test_a_deepspeed_run_survives_losing_its_trainer(tmp_path, shared_cache):
     steps, every = 4, 2
-    args = [sys.executable, "-m", "flows.cli", "run", "configs/smoke.yaml"]
+    args = [sys.executable, "-m", "sluice.flows.cli", "run", "configs/smoke.yaml"]
     for setting in (
         f"root={tmp_path / 'runs'}",
         f"cache={shared_cache}",
         "mode=sync",
         f"train.steps={steps}",
-        f"storage.checkpoint_every={every}",
+        f"checkpoint.every={every}",
         "train.engine=deepspeed",
         "train.zero_stage=2",
     ):

@@ -101,7 +101,7 @@ def prefect(tmp_path_factory, shared_cache):
 def test_deploy_then_train_from_a_process_worker(prefect, shared_cache):
     api, env, folder = prefect
     deployed = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "deploy"],
+        [sys.executable, "-m", "sluice.flows.cli", "deploy"],
         env=env,
         cwd=ROOT,
         capture_output=True,

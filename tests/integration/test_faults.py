@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from storage.checkpoints import CheckpointStore
-from storage.ledger import Ledger, check_exactly_once, check_versions, summarize
+from sluice.storage.checkpoints import CheckpointStore
+from sluice.storage.ledger import Ledger, check_exactly_once, check_versions, summarize
 from tests.support.cli_job import Job
 
 pytestmark = pytest.mark.integration
@@ -58,8 +58,8 @@ def test_killed_rollout_workers_a_killed_trainer_and_a_broken_checkpoint_write(
             shared_cache,
             "mode=async",
             f"train.steps={steps}",
-            "storage.checkpoint_every=10",
-            "storage.segment_retries=3",
+            "checkpoint.every=10",
+            "checkpoint.segment_retries=3",
             "eval.every=100",
         ),
         tmp_path / "job.log",
@@ -97,7 +97,7 @@ def test_killed_rollout_workers_a_killed_trainer_and_a_broken_checkpoint_write(
 def test_a_killed_job_resumes_from_its_checkpoint(tmp_path, shared_cache):
     steps = 24
     args = smoke_args(
-        tmp_path, shared_cache, "mode=async", f"train.steps={steps}", "storage.checkpoint_every=10"
+        tmp_path, shared_cache, "mode=async", f"train.steps={steps}", "checkpoint.every=10"
     )
     job = Job(args, tmp_path / "job.log")
     try:
@@ -120,6 +120,6 @@ def test_a_killed_job_resumes_from_its_checkpoint(tmp_path, shared_cache):
     assert record["resumed_from_step"] == 10 and record["files"]  # step 11's events set aside
     # the same name again is refused, with the command that continues it
     refused = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "sluice.flows.cli", *args], cwd=ROOT, capture_output=True, text=True
     )
     assert refused.returncode == 2 and "sluice resume smoke" in refused.stderr

@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from storage.ledger import Ledger, check_exactly_once, check_versions, summarize
+from sluice.storage.ledger import Ledger, check_exactly_once, check_versions, summarize
 from tests.support.cli_job import Job
 from tests.support.ray_nodes import RayNodes, wait_gone
 

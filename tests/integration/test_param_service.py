@@ -13,7 +13,7 @@ import pytest
 import ray
 import torch
 
-from storage.params import (
+from sluice.storage.params import (
     MAX_IN_FLIGHT,
     ParameterError,
     ParameterService,

@@ -27,8 +27,8 @@ DRIVER = """
 import json, logging, sys
 from pathlib import Path
 import ray
-from engines import cluster
-from engines.pools import on_driver_node
+from sluice.engines import cluster
+from sluice.engines.pools import on_driver_node
 
 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
 

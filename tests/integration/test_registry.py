@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.retrain import promote_or_keep
-from tasks import registry
-from tasks.tracking import MlflowLogger
+from sluice.flows.retrain import promote_or_keep
+from sluice.tasks import registry
+from sluice.tasks.tracking import MlflowLogger
 from tests.support.servers import Server, free_port
 
 pytestmark = pytest.mark.integration

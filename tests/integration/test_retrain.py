@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks import registry
+from sluice.tasks import registry
 from tests.support.cli import sluice
 
 # Three real jobs in a row (about 5 minutes): `make test-slow`. The promote/keep step itself

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tasks.rollout import StreamRollouts
+from sluice.tasks.rollout import StreamRollouts
 
 pytestmark = pytest.mark.integration
 

@@ -95,7 +95,7 @@ def test_prefect_runs_page_and_mlflow_run_page(tmp_path, shared_cache):
         prefect.wait_http(f"http://127.0.0.1:{port}/api/health", timeout=180)
         root = tmp_path / "runs"
         run = sluice(
-            *smoke_run(root, shared_cache, "train.steps=4", "storage.checkpoint_every=2"),
+            *smoke_run(root, shared_cache, "train.steps=4", "checkpoint.every=2"),
             env=env,
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from engines.policy import build_model, build_tokenizer, save_policy
-from engines.vllm_rollout import STREAM_EVERY, VLLMRolloutEngine
-from rl.config import PolicyConfig
+from sluice.engines.policy import build_model, build_tokenizer, save_policy
+from sluice.engines.vllm_rollout import STREAM_EVERY, VLLMRolloutEngine
+from sluice.rl.config import PolicyConfig
 
 PROMPTS = ["12+34=", "7+8=", "100+250="]
 

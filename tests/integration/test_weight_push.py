@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engines.pools import launch_rollout_workers
-from engines.torch_trainer import TorchTrainer
-from rl.batching import Sample
+from sluice.engines.pools import launch_rollout_workers
+from sluice.engines.torch_trainer import TorchTrainer
+from sluice.rl.batching import Sample
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ def sluice(
     *args: str, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "sluice.flows.cli", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

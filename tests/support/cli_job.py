@@ -30,7 +30,7 @@ class Job:
         self.log = log.open("a")  # the whole output, for a look after a failure
         self._new: queue.Queue[str] = queue.Queue()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", *args],
+            [sys.executable, "-m", "sluice.flows.cli", *args],
             cwd=ROOT,
             env={**os.environ, **(env or {})},
             stdout=subprocess.PIPE,

@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 
-from storage import object_store
-from storage.batches import TRAIN_FIELDS, to_train_batch
-from storage.params import ParameterService
-from storage.schema import batch_from_rows
-from storage.trajectory_store import StoreClient, create_store
+from sluice.storage import object_store
+from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
+from sluice.storage.params import ParameterService
+from sluice.storage.schema import batch_from_rows
+from sluice.storage.trajectory_store import StoreClient, create_store
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from storage.layout import RunLayout
-from storage.urls import CREDENTIAL_VARS
+from sluice.storage.layout import RunLayout
+from sluice.storage.urls import CREDENTIAL_VARS
 from tests.support.cli import ROOT, sluice, smoke_run
 
 pytestmark = pytest.mark.integration

@@ -8,15 +8,15 @@ import pytest
 import torch
 from fsspec import AbstractFileSystem
 
-from storage.checkpoints import MANIFEST, CheckpointStore, folder_name
-from storage.ledger import Ledger, LedgerError, LedgerEvent, check_exactly_once
-from storage.torch_state import (
+from sluice.storage.checkpoints import MANIFEST, CheckpointStore, folder_name
+from sluice.storage.ledger import Ledger, LedgerError, LedgerEvent, check_exactly_once
+from sluice.storage.torch_state import (
     bytes_to_tensors,
     load_optimizer,
     optimizer_to_files,
     tensors_to_bytes,
 )
-from storage.urls import ALLOWED_FORMS, open_url
+from sluice.storage.urls import ALLOWED_FORMS, open_url
 
 pytestmark = pytest.mark.integration
 
@@ -152,7 +152,7 @@ def test_checkpoint_falls_back_past_a_corrupt_newest(store_url, caplog):
     data = bytearray(fs.cat_file(victim))
     data[500] ^= 0x01
     fs.pipe_file(victim, bytes(data))
-    with caplog.at_level(logging.WARNING, logger="storage.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="sluice.storage.checkpoints"):
         loaded = store.load_latest()
     assert loaded is not None
     assert loaded.step == 1
@@ -167,7 +167,7 @@ def test_checkpoint_without_manifest_is_not_valid(store_url, caplog):
     fs, manifest = path_in(store_url, "checkpoints", folder_name(2), MANIFEST)
     fs.rm(manifest)
     assert store.list() == [1]
-    with caplog.at_level(logging.WARNING, logger="storage.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="sluice.storage.checkpoints"):
         loaded = store.load_latest()
     assert loaded is not None
     assert loaded.step == 1

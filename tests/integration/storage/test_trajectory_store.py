@@ -12,11 +12,11 @@ import pyarrow.parquet  # (pa.parquet)
 import pytest
 import ray
 
-from storage.batches import to_train_batch
-from storage.ledger import Ledger, check_exactly_once, latest_events
-from storage.schema import SCHEMA, SchemaError, batch_from_rows
-from storage.trajectory_store import LeaseError, StoreClient, create_store
-from storage.urls import credential_env, open_url
+from sluice.storage.batches import to_train_batch
+from sluice.storage.ledger import Ledger, check_exactly_once, latest_events
+from sluice.storage.schema import SCHEMA, SchemaError, batch_from_rows
+from sluice.storage.trajectory_store import LeaseError, StoreClient, create_store
+from sluice.storage.urls import credential_env, open_url
 
 pytestmark = pytest.mark.integration
 

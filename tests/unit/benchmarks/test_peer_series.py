@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.series import WARMUP_STEPS, WINDOW_STEPS, Series, sluice_series, trl_series
-from benchmarks.trl_grpo import RESULT_FILE
-from tasks.tracking import MlflowLogger
+from sluice.benchmarks.series import WARMUP_STEPS, WINDOW_STEPS, Series, sluice_series, trl_series
+from sluice.benchmarks.trl_grpo import RESULT_FILE
+from sluice.tasks.tracking import MlflowLogger
 
 
 def _series(step_s: list[float], evals: dict[int, float]) -> Series:

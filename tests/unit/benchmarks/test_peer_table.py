@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.peer_trl import TRL_LABEL, Measured, table
-from benchmarks.series import Series
+from sluice.benchmarks.peer_trl import TRL_LABEL, Measured, table
+from sluice.benchmarks.series import Series
 
 
 def _measured(

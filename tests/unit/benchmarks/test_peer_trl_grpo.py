@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.trl_grpo import (
+from sluice.benchmarks.trl_grpo import (
     POLICY_FOLDER,
     SluiceReward,
     grpo_config,
@@ -19,9 +19,9 @@ from benchmarks.trl_grpo import (
     read_result,
     sluice_optimizer,
 )
-from engines.policy import check_policy_folder
-from rl.config import load_config
-from tasks.environment import PromptStream, make_environment
+from sluice.engines.policy import check_policy_folder
+from sluice.rl.config import load_config
+from sluice.tasks.environment import PromptStream, make_environment
 
 ROOT = Path(__file__).parents[3]
 
@@ -100,7 +100,7 @@ def test_two_real_trl_steps_record_every_step_and_save_a_policy_sluice_loads(tmp
         "rollout.max_new_tokens=8",
         "eval.prompts=8",
     ]
-    command = [sys.executable, "-m", "benchmarks.trl_grpo", "configs/default.yaml"]
+    command = [sys.executable, "-m", "sluice.benchmarks.trl_grpo", "configs/default.yaml"]
     command += ["--steps=2", "--eval-every=1", "--threads=1", f"--out={out}"]
     command += [arg for s in settings for arg in ("--set", s)]
     done = subprocess.run(

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engines.cluster import CLIENT_CONNECT_ATTEMPTS, _join, check_address, summed
-from flows.cli import app
+from sluice.engines.cluster import CLIENT_CONNECT_ATTEMPTS, _join, check_address, summed
+from sluice.flows.cli import app
 
 ROOT = Path(__file__).parents[3]
 

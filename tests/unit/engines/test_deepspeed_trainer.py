@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from engines.deepspeed_trainer import DeepSpeedTrainer, deepspeed_config
-from engines.protocols import TrainEngine
-from engines.torch_trainer import TorchTrainer
-from engines.trainer_core import Optimisation
-from rl.batching import Sample
-from storage.checkpoints import CheckpointStore
+from sluice.engines.deepspeed_trainer import DeepSpeedTrainer, deepspeed_config
+from sluice.engines.protocols import TrainEngine
+from sluice.engines.torch_trainer import TorchTrainer
+from sluice.engines.trainer_core import Optimisation
+from sluice.rl.batching import Sample
+from sluice.storage.checkpoints import CheckpointStore
 
 # Both engines run in float32, but DeepSpeed sums gradients and their norm over flat buffers,
 # in another order than torch: they agree to rounding, not to the bit. Measured after three

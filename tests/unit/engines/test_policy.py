@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engines.policy import (
+from sluice.engines.policy import (
     BOS_ID,
     EOS_ID,
     build_model,
@@ -13,8 +13,8 @@ from engines.policy import (
     prepare_policy,
     save_policy,
 )
-from envs import ALPHABET, AdditionEnv
-from rl.config import PolicyConfig
+from sluice.envs import ALPHABET, AdditionEnv
+from sluice.rl.config import PolicyConfig
 
 TINY = PolicyConfig(layers=1, hidden=32, heads=1, intermediate=64, warmstart_max_steps=0)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engines.preemption import (
+from sluice.engines.preemption import (
     DrainError,
     ImdsClient,
     ImdsError,

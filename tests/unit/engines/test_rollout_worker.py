@@ -1,10 +1,10 @@
 """A worker's finished groups become one trajectory block: rows, rewards, advantages, versions."""
 
-from engines.protocols import Completion
-from engines.rollout_worker import _as_reported, _Group, _Sample, scored_block
-from rl.config import EnvConfig
-from storage.schema import validate_batch
-from tasks.environment import make_environment
+from sluice.engines.protocols import Completion
+from sluice.engines.rollout_worker import _as_reported, _Group, _Sample, scored_block
+from sluice.rl.config import EnvConfig
+from sluice.storage.schema import validate_batch
+from sluice.tasks.environment import make_environment
 
 
 def test_groups_become_contiguous_scored_rows_with_token_versions():

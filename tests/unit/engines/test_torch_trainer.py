@@ -5,12 +5,12 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from engines.policy import build_model, build_tokenizer, save_policy
-from engines.protocols import TrainEngine
-from engines.torch_trainer import TorchTrainer
-from engines.vllm_rollout import VLLMRolloutEngine
-from rl.batching import Sample
-from rl.config import PolicyConfig
+from sluice.engines.policy import build_model, build_tokenizer, save_policy
+from sluice.engines.protocols import TrainEngine
+from sluice.engines.torch_trainer import TorchTrainer
+from sluice.engines.vllm_rollout import VLLMRolloutEngine
+from sluice.rl.batching import Sample
+from sluice.rl.config import PolicyConfig
 
 
 def _trainer(folder, **overrides):

@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from envs import ALPHABET, Problem, score
-from envs.addition import AdditionEnv, parse_prompt, scratch_answer, scratch_work
-from envs.base import split_of
+from sluice.envs import ALPHABET, Problem, score
+from sluice.envs.addition import AdditionEnv, parse_prompt, scratch_answer, scratch_work
+from sluice.envs.base import split_of
 
 
 def _problem(prompt: str, answer: str = "") -> Problem:

@@ -8,7 +8,7 @@ import string
 
 import pytest
 
-from envs import (
+from sluice.envs import (
     ALPHABET,
     ENV_NAMES,
     AdditionEnv,
@@ -18,7 +18,7 @@ from envs import (
     make_env,
     score,
 )
-from envs.base import heavy_tail_extra, parse_nonneg_int, split_of
+from sluice.envs.base import heavy_tail_extra, parse_nonneg_int, split_of
 
 PROBLEM = Problem(prompt_id="fake/train/0/3", env="fake", prompt="q:", answer="a", split="train")
 
@@ -64,7 +64,7 @@ BAD_OUTCOMES = [
 def test_score_turns_failures_into_zero(
     outcome: object, needle: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="envs.base"):
+    with caplog.at_level(logging.WARNING, logger="sluice.envs.base"):
         result = score(FakeEnv(outcome), PROBLEM, "anything")
     assert result.reward == 0.0
     assert result.correct is False
@@ -80,7 +80,7 @@ def test_score_turns_failures_into_zero(
 
 def test_score_passes_valid_results_through(caplog: pytest.LogCaptureFixture) -> None:
     for outcome in (RewardResult(1.0, True), RewardResult(0.0, False), RewardResult(0.5, False)):
-        with caplog.at_level(logging.WARNING, logger="envs.base"):
+        with caplog.at_level(logging.WARNING, logger="sluice.envs.base"):
             assert score(FakeEnv(outcome), PROBLEM, "x") == outcome
     assert not caplog.records
 

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from envs import ALPHABET, Problem, score
-from envs.base import split_of
-from envs.countdown import (
+from sluice.envs import ALPHABET, Problem, score
+from sluice.envs.base import split_of
+from sluice.envs.countdown import (
     MAX_ABS_VALUE,
     CountdownEnv,
     ExpressionError,

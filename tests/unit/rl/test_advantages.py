@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rl.advantages import STD_EPS, group_advantages
+from sluice.rl.advantages import STD_EPS, group_advantages
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rl.batching import Sample, collate, micro_batches
+from sluice.rl.batching import Sample, collate, micro_batches
 
 
 def test_collate_aligns_response_mask_with_targets():

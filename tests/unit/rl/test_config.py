@@ -3,8 +3,8 @@ from typing import get_args
 
 import pytest
 
-from rl.config import ConfigError, RunConfig, TrainConfig, load_config
-from rl.losses import LOSS_NAMES
+from sluice.rl.config import ConfigError, RunConfig, TrainConfig, load_config
+from sluice.rl.losses import LOSS_NAMES
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 
@@ -129,9 +129,9 @@ def test_placement_resources_errors_name_the_field(override, expected):
     [
         ([], 4),  # async, max_staleness 2: the configured 4 batches hold the 3 in flight
         (["max_staleness=4"], 5),  # 5 batches may be started and not trained yet
-        (["max_staleness=4", "storage.capacity_batches=8"], 8),
+        (["max_staleness=4", "store.capacity_batches=8"], 8),
         (["mode=sync", "max_staleness=8"], 4),  # the bound is async's only
-        (["mode=one_step", "storage.capacity_batches=2"], 2),
+        (["mode=one_step", "store.capacity_batches=2"], 2),
     ],
 )
 def test_async_store_holds_everything_admission_lets_start(overrides, batches):

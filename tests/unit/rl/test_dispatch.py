@@ -1,6 +1,6 @@
 import pytest
 
-from rl.dispatch import (
+from sluice.rl.dispatch import (
     GroupRequest,
     InFlight,
     LengthPredictor,

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from rl.losses import (
+from sluice.rl.losses import (
     LOSS_NAMES,
     decoupled_ppo_loss,
     entropy_from_logits,

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sim.calibrate import (
+from sluice.sim.calibrate import (
     CalibrationError,
     derive_costs,
     load_profile,
@@ -22,7 +22,7 @@ from sim.calibrate import (
     predict,
     train_overlap,
 )
-from storage.schema import batch_from_rows
+from sluice.storage.schema import batch_from_rows
 
 PROFILE = load_profile("cpu2core")
 BASELINE = next(iter(PROFILE.variants))

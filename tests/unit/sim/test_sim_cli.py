@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from sluice.flows.cli import app
 
 ROOT = Path(__file__).parents[3]
 SMALL = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.hardware import (
+from sluice.sim.hardware import (
     H100,
     HBM_EFFICIENCY,
     QWEN_7B,
@@ -14,7 +14,7 @@ from sim.hardware import (
     engine_concurrency,
     split,
 )
-from sim.scale import POLICIES, report, run_grid, scenario
+from sluice.sim.scale import POLICIES, report, run_grid, scenario
 
 
 def test_7b_decode_step_reads_the_weights_once():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.modes import VARIANTS
-from benchmarks.sim_profile import modes_table, variants
+from sluice.benchmarks.modes import VARIANTS
+from sluice.benchmarks.sim_profile import modes_table, variants
 
 ROOT = Path(__file__).parents[3]
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from sim.engine import simulate
-from sim.scenario import Scenario, build_scenario
+from sluice.sim.engine import simulate
+from sluice.sim.scenario import Scenario, build_scenario
 
 
 def longtail(

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sim.command import parse_policy
-from sim.engine import simulate
-from sim.lengths import LengthError, draw_lengths, replay_groups
-from sim.scenario import LengthSpec, ScenarioError, build_scenario, load_scenario
-from storage.schema import batch_from_rows
+from sluice.sim.command import parse_policy
+from sluice.sim.engine import simulate
+from sluice.sim.lengths import LengthError, draw_lengths, replay_groups
+from sluice.sim.scenario import LengthSpec, ScenarioError, build_scenario, load_scenario
+from sluice.storage.schema import batch_from_rows
 
 
 @pytest.mark.parametrize(

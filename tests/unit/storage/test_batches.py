@@ -4,8 +4,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from rl.batching import Sample, collate
-from storage.batches import to_train_batch
+from sluice.rl.batching import Sample, collate
+from sluice.storage.batches import to_train_batch
 
 SAMPLES = [
     Sample([1, 5, 6], [7, 8], [-0.5, -0.25], 1.5),

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from storage.block_builder import decode_block, encode_block, trajectory_block
-from storage.schema import SchemaError, batch_from_rows, validate_batch
+from sluice.storage.block_builder import decode_block, encode_block, trajectory_block
+from sluice.storage.schema import SchemaError, batch_from_rows, validate_batch
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

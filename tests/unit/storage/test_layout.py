@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from storage.layout import MAX_RAY_TEMP_CHARS, RunLayout
+from sluice.storage.layout import MAX_RAY_TEMP_CHARS, RunLayout
 
 
 def test_everything_lives_under_the_run_its_root_or_the_cache(tmp_path):

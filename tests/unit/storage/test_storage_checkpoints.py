@@ -3,7 +3,7 @@ import logging
 
 import pytest
 
-from storage.checkpoints import MANIFEST, CheckpointStore, folder_name
+from sluice.storage.checkpoints import MANIFEST, CheckpointStore, folder_name
 
 
 def files_for(step: int) -> dict[str, bytes]:
@@ -62,7 +62,7 @@ def test_a_corrupt_newest_falls_back_to_the_previous_with_a_warning(store, tmp_p
     data = bytearray(victim.read_bytes())
     data[10] ^= 0xFF
     victim.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="storage.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="sluice.storage.checkpoints"):
         loaded = store.load_latest()
     assert loaded is not None
     assert (loaded.step, loaded.meta) == (1, {"n": 1})
@@ -82,7 +82,7 @@ def test_every_kind_of_damage_is_named(store, tmp_path, caplog, damage, reason):
     store.save(1, files_for(1), {})
     store.save(2, files_for(2), {})
     damage(folder(tmp_path, 2))
-    with caplog.at_level(logging.WARNING, logger="storage.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="sluice.storage.checkpoints"):
         loaded = store.load_latest()
     assert loaded is not None
     assert loaded.step == 1
@@ -92,7 +92,7 @@ def test_every_kind_of_damage_is_named(store, tmp_path, caplog, damage, reason):
 def test_nothing_valid_loads_as_none(store, tmp_path, caplog):
     store.save(1, files_for(1), {})
     (folder(tmp_path, 1) / MANIFEST).unlink()
-    with caplog.at_level(logging.WARNING, logger="storage.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="sluice.storage.checkpoints"):
         assert store.load_latest() is None
 
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage.ledger import (
+from sluice.storage.ledger import (
     LEDGER_SCHEMA,
     VERSION_KEY,
     Ledger,

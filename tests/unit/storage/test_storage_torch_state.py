@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from storage.checkpoints import CheckpointStore
-from storage.torch_state import (
+from sluice.storage.checkpoints import CheckpointStore
+from sluice.storage.torch_state import (
     bytes_to_tensors,
     load_optimizer,
     optimizer_to_files,

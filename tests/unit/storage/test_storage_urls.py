@@ -1,7 +1,7 @@
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from storage.urls import ALLOWED_FORMS, open_url, redact
+from sluice.storage.urls import ALLOWED_FORMS, open_url, redact
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 import pytest
 
-from storage.ledger import LedgerEvent
-from storage.trajectory_index import LeaseError, SampleMeta, TrajectoryIndex
+from sluice.storage.ledger import LedgerEvent
+from sluice.storage.trajectory_index import LeaseError, SampleMeta, TrajectoryIndex
 
 
 class Clock:

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage.schema import (
+from sluice.storage.schema import (
     SCHEMA,
     SCHEMA_VERSION,
     VERSION_KEY,

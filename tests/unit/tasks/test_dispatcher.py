@@ -4,11 +4,11 @@ import time
 
 import pytest
 
-from engines.rollout_worker import GroupDone, Handoff, _Group, _Sample
-from rl.config import EnvConfig
-from rl.dispatch import InFlight
-from tasks.dispatcher import GroupDispatcher
-from tasks.environment import PromptStream, make_environment
+from sluice.engines.rollout_worker import GroupDone, Handoff, _Group, _Sample
+from sluice.rl.config import EnvConfig
+from sluice.rl.dispatch import InFlight
+from sluice.tasks.dispatcher import GroupDispatcher
+from sluice.tasks.environment import PromptStream, make_environment
 
 B, N = 2, 4  # groups per step, samples per group
 

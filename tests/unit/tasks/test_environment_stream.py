@@ -1,7 +1,7 @@
 import pytest
 
-from rl.config import EnvConfig
-from tasks.environment import PromptStream, make_environment
+from sluice.rl.config import EnvConfig
+from sluice.tasks.environment import PromptStream, make_environment
 
 
 @pytest.mark.parametrize(

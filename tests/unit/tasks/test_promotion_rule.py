@@ -2,7 +2,7 @@
 
 import pytest
 
-from tasks import registry
+from sluice.tasks import registry
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 import sqlite3
 
-from tasks.tracking import MlflowLogger, flatten
+from sluice.tasks.tracking import MlflowLogger, flatten
 
 
 def test_flatten_nested_config():

@@ -106,7 +106,7 @@ resource "aws_s3_bucket_server_side_encryption_configuration" "data" {
   }
 }
 
-# Sluice keeps the newest `storage.keep_checkpoints` checkpoints and deletes older ones; with
+# Sluice keeps the newest `checkpoint.keep` checkpoints and deletes older ones; with
 # versioning on, the deleted ones live on as noncurrent versions, and this rule ends them
 # after a recovery window. Uploads cut short by a lost spot worker are cleaned up too.
 resource "aws_s3_bucket_lifecycle_configuration" "data" {

@@ -1,4 +1,4 @@
-"""Writing a benchmark's table into its own section of BENCHMARKS.md."""
+"""Writing a table into its own section of BENCHMARKS.md (the benchmarks and the simulator)."""
 
 from __future__ import annotations
 

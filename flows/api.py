@@ -1,0 +1,44 @@
+"""``sluice.run``: one RL job from Python, as ``sluice run`` runs it from the shell.
+
+Process settings (Prefect's home, caches) must be in place before Prefect is imported, so
+the flow module is imported inside :func:`run`, after
+:func:`sluice.flows.runtime.configure_process`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sluice.flows.runtime import configure_process
+from sluice.rl.config import RunConfig, apply_override, build_config, load_config
+from sluice.storage.layout import RunLayout
+
+if TYPE_CHECKING:
+    from sluice.flows.rl_job import RunSummary
+
+__all__ = ["RunSummary", "run"]
+
+
+def run(
+    config: RunConfig | dict[str, Any] | str | Path | None = None,
+    overrides: list[str] | None = None,
+    resume: bool = False,
+) -> RunSummary:
+    """Train a policy as the config says; ``config`` is a RunConfig, a config tree, a YAML
+    file, or None for the defaults. ``overrides`` are ``--set`` assignments
+    (``["train.steps=50"]``). ``resume``: continue the run from its newest checkpoint."""
+    if isinstance(config, RunConfig | dict):
+        tree = config.model_dump() if isinstance(config, RunConfig) else copy.deepcopy(config)
+        for assignment in overrides or []:
+            apply_override(tree, assignment)
+        cfg = build_config(tree)
+    else:
+        cfg = load_config(config, overrides or [])
+    configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
+    from sluice.flows.rl_job import RunSummary, rl_job
+
+    logging.getLogger("sluice").info("run %s: writing to %s", cfg.name, cfg.run_dir)
+    return RunSummary(**rl_job(cfg.model_dump(), resume=resume))

@@ -1,0 +1,43 @@
+"""Sluice: asynchronous, streaming RL post-training for language models.
+
+The one import name of an installed Sluice. Its parts are the repository's top-level
+folders, mapped into this namespace by ``pyproject.toml``: ``sluice.flows`` (the Prefect
+flows and the CLI), ``sluice.tasks`` (the Prefect tasks they compose), ``sluice.engines``
+(rollout and training engines and the Ray actors that host them), ``sluice.storage`` (the
+data planes and records), ``sluice.rl`` (pure algorithm code), ``sluice.envs``
+(environments), ``sluice.sim`` (the simulator) and ``sluice.benchmarks``.
+
+What a user's own code is written against is re-exported here: the environment types, the
+config tree and its loader, and :func:`run`, which runs one RL job as the ``sluice run``
+command does. Importing ``sluice`` imports neither Ray, Prefect nor torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sluice.envs import Environment, Problem, RewardResult, make_env, score
+from sluice.rl.config import ConfigError, RunConfig, build_config, load_config
+
+if TYPE_CHECKING:
+    from sluice.flows.api import RunSummary
+
+__all__ = [
+    "ConfigError",
+    "Environment",
+    "Problem",
+    "RewardResult",
+    "RunConfig",
+    "build_config",
+    "load_config",
+    "make_env",
+    "run",
+    "score",
+]
+
+
+def run(config: Any = None, overrides: list[str] | None = None, resume: bool = False) -> RunSummary:
+    """Run one RL job and return its summary; see :func:`sluice.flows.api.run`."""
+    from sluice.flows.api import run as run_job  # Prefect must be configured before import
+
+    return run_job(config, overrides, resume=resume)

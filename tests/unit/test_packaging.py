@@ -1,0 +1,48 @@
+"""An installed Sluice adds one import name, ``sluice``, and works from outside the checkout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_wheel_holds_only_the_sluice_package(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("sluice-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"sluice"}
+    top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
+    assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["sluice"]
+    # Every part of the house is in it, under its namespace name, and the package data.
+    for part in ("flows/cli.py", "storage/ledger.py", "rl/losses.py", "envs/base.py",
+                 "sim/profiles/cpu2core.json", "tasks/dispatcher.py", "engines/policy.py"):
+        assert f"sluice/{part}" in names
+    entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "sluice = sluice.flows.cli:app" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_import_sluice_from_outside_the_checkout(tmp_path: Path) -> None:
+    code = (
+        "import sys, sluice; "
+        "assert callable(sluice.run) and sluice.Environment and sluice.load_config; "
+        "print(sluice.__file__); "
+        # Importing sluice must not pull in the heavy stack.
+        "print(sorted(m for m in ('ray', 'prefect', 'torch', 'vllm') if m in sys.modules)); "
+        "from sluice.storage.ledger import Ledger"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    ).stdout.split("\n")
+    assert Path(out[0]).resolve() == ROOT / "sluice" / "__init__.py"
+    assert out[1] == "[]"
