@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines bench-micro-batch infra-check ui-check simulate sim-profile
+  bench-quick bench-engines bench-micro-batch infra-check ui-check simulate sim-profile docs
 
 setup:
 	@bash scripts/setup.sh
@@ -46,6 +46,10 @@ format: setup
 
 clean:
 	rm -rf runs .cache
+
+# docs/configuration-reference.md, generated from rl/config.py (a unit test fails when it is stale).
+docs: setup
+	$(PY) -m sluice.rl.config_reference --write
 
 # Each writes its own section of BENCHMARKS.md (and the peer comparison its plots in
 # docs/images): 34 minutes measured on the quiet 2-core machine (data planes 3, the nine
