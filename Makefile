@@ -1,4 +1,5 @@
-# The README's commands. `make run` and `make test` set up .venv first when needed.
+# The commands of README.md and docs/development.md. `make run` and `make test` set up .venv
+# first when needed.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -38,7 +39,10 @@ ui-check: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy rl envs engines/protocols.py storage tasks/tracking.py tasks/registry.py sim
+	bash scripts/typecheck.sh sluice/__init__.py sluice/rl sluice/envs sluice/storage sluice/sim \
+	  sluice/engines/protocols.py sluice/engines/messages.py sluice/engines/rollout_worker.py \
+	  sluice/engines/trainer_actor.py sluice/engines/dispatcher.py sluice/tasks \
+	  sluice/flows/rl_job.py sluice/flows/api.py
 
 format: setup
 	$(VENV)/bin/ruff check --fix .

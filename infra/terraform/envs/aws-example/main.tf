@@ -1,6 +1,6 @@
 # An example Sluice cluster on AWS: network, storage, IAM, the shared filesystem and the Ray
 # cluster, wired together.
-# `terraform apply` here, then follow ../../README.md ("After apply").
+# `terraform apply` here, then follow ../../README.md ("Use") and ../../../../docs/cluster.md.
 
 locals {
   wanted_azs = length(var.availability_zones) > 0 ? var.availability_zones : [for suffix in ["a", "b", "c"] : "${var.region}${suffix}"]
