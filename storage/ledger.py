@@ -1,7 +1,8 @@
 """The durable ledger: one event row per sample transition that matters, in Parquet files.
 
-Driven by the trajectory store (generated, scored, failed, dropped) and the trainer (trained).
-Events are buffered by ``append`` and written by ``flush`` as one small Parquet file under
+Written by the trajectory store: generated and scored when a sample arrives, dropped (with
+the reason) when it is dropped, trained when the lease holding it is acknowledged. Events
+are buffered by ``append`` and written by ``flush`` as one small Parquet file under
 ``<url>/ledger/``, named ``<seq:012d>-<random>.parquet``; on a local disk it is written under a
 temporary name and renamed into place, on S3 a single put is atomic. Readers answer
 "where did prompt X go", what a restarted store must re-offer, and whether every sample was
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 from sluice.storage import fsio
 from sluice.storage.urls import open_url, redact, url_of
 
-EVENTS = ("generated", "scored", "trained", "dropped", "failed")
+EVENTS = ("generated", "scored", "trained", "dropped")
 PENDING = ("generated", "scored")
 LEDGER_VERSION = 1
 VERSION_KEY = b"sluice.ledger_version"
@@ -206,10 +207,6 @@ class Ledger:
             self._next_seq = watermark + 1
             return attempt, url_of(self._fs, target), len(moved)
 
-    def state(self) -> dict[str, str]:
-        """The latest event per sample_id."""
-        return latest_events(self.read())
-
     def where(self, prompt_id: str) -> list[dict[str, Any]]:
         """Every event of one prompt, in time order: where did prompt X go."""
         table = self.read()
@@ -218,10 +215,6 @@ class Ledger:
     def summary(self) -> dict[str, Any]:
         """Counts per final status and the staleness histogram of trained samples."""
         return summarize(self.read())
-
-    def unconsumed(self) -> list[str]:
-        """Sample ids whose latest event is generated or scored (to re-offer after restart)."""
-        return [s for s, event in self.state().items() if event in PENDING]
 
 
 def latest_events(table: pa.Table) -> dict[str, str]:

@@ -1,14 +1,18 @@
-"""The trajectory schema: one Arrow row per sample, with its tokens, reward and life cycle.
+"""The trajectory schema: one Arrow row per sample, with its tokens, reward and status.
 
-Written by the trajectory store as samples move generated -> scored -> leased -> trained (or
-failed / dropped) and read back by the trainer and by offline analysis. The schema version
-lives in the schema metadata under ``sluice.schema_version``; ``validate_batch`` checks a
-batch before it is written and ``check_version`` refuses data written by another version.
+Rollout workers build rows as 'scored' (``storage.block_builder``); the trajectory store
+takes them, hands them to the trainer out of Ray's object store and writes them to
+``<url>/trajectories/`` as Parquet, read back by a restarted store and by offline analysis.
+A row is never rewritten: what became of its sample (leased, trained, dropped) is recorded
+in the ledger (``storage.ledger``), and the rollout workers leave ``version`` and
+``trained_at`` null. ``validate_batch`` accepts any of ``STATUSES``; the store takes only
+'scored' rows. The schema version lives in the schema metadata under
+``sluice.schema_version``; ``validate_batch`` checks a batch before it is written and
+``check_version`` refuses data written by another version.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -176,8 +180,3 @@ def batch_from_rows(rows: Iterable[Mapping[str, Any]]) -> pa.RecordBatch:
     batch = pa.RecordBatch.from_pylist([dict(r) for r in rows], schema=SCHEMA)
     validate_batch(batch)
     return batch
-
-
-def is_valid_reward(value: float | None) -> bool:
-    """Whether a single reward would pass ``validate_batch`` (None means not scored yet)."""
-    return value is None or (math.isfinite(value) and 0.0 <= value <= 1.0)

@@ -3,13 +3,15 @@
 Pure logic, no Ray: the store actor (``storage.trajectory_store``) owns one index and
 calls it from its event loop; unit tests drive it directly with a fake clock. The index
 never sees sample data, only where each row lives (an opaque block handle and a row
-number), its status and the scalar columns later stages fill in (reward, advantage).
+number), its status and its scalar columns (reward, advantage).
 
-Life of a sample: ``generated`` (tokens stored) -> ``scored`` (reward and advantage
-known) -> leased to a consumer -> ``trained`` when the consumer acknowledges the lease.
-A lease that is not acknowledged in time goes back to the ready pool. Samples too stale
-to use are ``dropped`` with the reason, verifier failures are ``failed``. Every transition
-that matters goes to the ledger.
+Life of a sample: producers add it scored (reward and advantage known); its group becomes
+ready once every sample of the group has arrived; it is leased to a consumer, and
+``trained`` when the consumer acknowledges the lease. A lease that is not acknowledged in
+time goes back to the ready pool. Samples too stale to use, and whatever is left when the
+run ends, are ``dropped`` with the reason. A verifier error does not stop a sample: it
+trains with its reward, the error kept as its ``reason``. Every transition that matters
+goes to the ledger, including ``generated`` and ``scored`` when a sample is added.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sluice.storage.ledger import LedgerEvent
 
-TERMINAL = frozenset({"trained", "dropped", "failed"})
+TERMINAL = frozenset({"trained", "dropped"})
 
 
 class EventSink(Protocol):
@@ -106,7 +108,7 @@ class TrajectoryIndex:
         self._blocks: dict[int, Any] = {}
         self._live_rows: dict[int, int] = {}
         self._next_block = 0
-        self.counts = {"trained": 0, "dropped": 0, "failed": 0, "expired_leases": 0}
+        self.counts = {"trained": 0, "dropped": 0, "expired_leases": 0}
 
     # -- producers -------------------------------------------------------------------------
 
@@ -117,38 +119,42 @@ class TrajectoryIndex:
         group_size: int | None = None,
         record: bool = True,
     ) -> None:
-        """Register the rows of one stored block (row i is ``metas[i]``).
+        """Register the rows of one stored block (row i is ``metas[i]``), all of them scored.
 
         ``group_size`` is how many samples each group will have; ``None`` means the groups in
-        this block are complete. ``record=False`` re-registers samples the ledger already
-        knows (a restart). Raises ``ValueError`` and changes nothing on bad input.
+        this block are complete. A group becomes ready once all its samples have arrived.
+        ``record=False`` re-registers samples the ledger already knows (a restart). Raises
+        ``ValueError`` and changes nothing on bad input.
         """
         self._check_new(metas, group_size)
         block_id = self._next_block
         self._next_block += 1
         self._blocks[block_id] = block
         self._live_rows[block_id] = len(metas)
-        events = []
         sizes = _group_sizes(metas) if group_size is None else {}
         for row, meta in enumerate(metas):
             self._seen.add(meta.sample_id)
-            self._entries[meta.sample_id] = _Entry(meta, block_id, row, "generated")
+            self._entries[meta.sample_id] = _Entry(meta, block_id, row, "scored")
             group = self._groups.setdefault(
                 meta.group_id, _Group(group_size or sizes[meta.group_id])
             )
             group.samples.append(meta.sample_id)
-            events.append(LedgerEvent(meta.sample_id, meta.prompt_id, "generated", meta.version))
         if record:
-            self._log(events)
-        scored = [(m.sample_id, m.reward, m.advantage, m.reason) for m in metas if m.is_scored]
-        if scored:
-            self.score(scored, record=record)
+            self._log(
+                [LedgerEvent(m.sample_id, m.prompt_id, "generated", m.version) for m in metas]
+                + [LedgerEvent(m.sample_id, m.prompt_id, "scored", reason=m.reason) for m in metas]
+            )
+        for group_id in dict.fromkeys(m.group_id for m in metas):
+            self._maybe_ready(group_id)
 
     def _check_new(self, metas: list[SampleMeta], group_size: int | None) -> None:
         if not metas:
             raise ValueError("a block needs at least one row")
         if group_size is not None and group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        unscored = next((m.sample_id for m in metas if not m.is_scored), None)
+        if unscored is not None:
+            raise ValueError(f"sample {unscored!r} needs both a reward and an advantage")
         ids = [m.sample_id for m in metas]
         dup = next((s for s in ids if s in self._seen), None) or _first_duplicate(ids)
         if dup is not None:
@@ -163,38 +169,6 @@ class TrajectoryIndex:
                 raise ValueError(
                     f"group {meta.group_id!r} was declared with size {group.size}, now {group_size}"
                 )
-
-    def score(
-        self,
-        updates: Iterable[tuple[str, float | None, float | None, str | None]],
-        record: bool = True,
-    ) -> None:
-        """Fill in ``(sample_id, reward, advantage, reason)``; complete groups become ready."""
-        events, touched = [], []
-        for sample_id, reward, advantage, reason in updates:
-            entry = self._entries.get(sample_id)
-            if entry is None or entry.status != "generated":
-                state = entry.status if entry else "unknown or finished"
-                raise ValueError(f"cannot score sample {sample_id!r}: it is {state}")
-            entry.meta.reward, entry.meta.advantage, entry.meta.reason = reward, advantage, reason
-            if not entry.meta.is_scored:
-                raise ValueError(f"sample {sample_id!r} needs both a reward and an advantage")
-            entry.status = "scored"
-            events.append(LedgerEvent(sample_id, entry.meta.prompt_id, "scored", reason=reason))
-            touched.append(entry.meta.group_id)
-        if record:
-            self._log(events)
-        for group_id in dict.fromkeys(touched):
-            self._maybe_ready(group_id)
-
-    def fail(self, sample_id: str, reason: str) -> None:
-        """A sample that cannot be trained on (its generation or scoring broke)."""
-        entry = self._entries.get(sample_id)
-        if entry is None or entry.status not in ("generated", "scored"):
-            raise ValueError(f"cannot fail sample {sample_id!r}: it is not waiting")
-        self._finish([sample_id], "failed", reason=reason)
-        if entry.meta.group_id in self._groups:
-            self._maybe_ready(entry.meta.group_id)
 
     def _maybe_ready(self, group_id: str) -> None:
         group = self._groups[group_id]
@@ -347,7 +321,7 @@ class TrajectoryIndex:
             self._ledger.append(events)
 
     def held(self) -> int:
-        """Samples in the store that are not trained, dropped or failed yet."""
+        """Samples in the store that are not trained or dropped yet."""
         return len(self._entries)
 
     def stats(self) -> dict[str, int]:

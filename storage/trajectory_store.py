@@ -14,7 +14,7 @@ Components:
   consumer leases rows and reads them zero-copy out of the object store as an Arrow table.
 
 Restart: a store created with ``restore=True`` reads the ledger and the trajectory files and
-re-offers every stored sample that was not trained, dropped or failed; a sample the ledger
+re-offers every stored sample that was not trained or dropped; a sample the ledger
 knows but whose rows are gone is dropped with that reason, never silently lost. Rows the
 ledger does not know (written just before a crash) are re-offered too, unless the run
 resumes from a checkpoint (``restore="checkpoint"``, after ``Ledger.roll_back``): then they
@@ -68,11 +68,18 @@ def _metas(batch: pa.RecordBatch) -> list[SampleMeta]:
             "response tokens; a trajectory needs at least one"
         )
     status = batch.column("status")
-    bad = pc.index(pc.is_in(status, pa.array(["generated", "scored"])), False).as_py()
+    bad = pc.index(pc.equal(status, "scored"), False).as_py()
     if bad >= 0:
         raise SchemaError(
-            f"row {bad} has status {status[bad].as_py()!r}; producers add rows as "
-            "'generated' or 'scored'"
+            f"row {bad} has status {status[bad].as_py()!r}; producers add rows as 'scored', "
+            "with their reward and advantage"
+        )
+    unscored = pc.or_(pc.is_null(batch.column("reward")), pc.is_null(batch.column("advantage")))
+    bad = pc.index(unscored, True).as_py()
+    if bad >= 0:
+        raise SchemaError(
+            f"row {bad} (sample_id={batch.column('sample_id')[bad].as_py()!r}) is 'scored' "
+            "but lacks its reward or advantage"
         )
     # Each row's oldest token version, vectorised (a Python loop over tokens cost more
     # than the rest of a put for long responses).
@@ -223,10 +230,6 @@ class TrajectoryStore:
             changed.notify_all()
         return True
 
-    async def score(self, updates: list[tuple[str, float, float, str | None]]) -> None:
-        self._index.score(updates)
-        await self._notify()
-
     # -- consumers -------------------------------------------------------------------------
 
     async def lease(
@@ -286,7 +289,7 @@ class TrajectoryStore:
 
 
 def _pending_rows(url: str, latest: dict[str, str]) -> pa.Table | None:
-    """Stored rows not yet trained, dropped or failed, groups contiguous, first copy wins."""
+    """Stored rows not yet trained or dropped, groups contiguous, first copy wins."""
     fs, root = open_url(url)
     folder = fsio.join(root, TRAJECTORIES)
     tables = []
@@ -446,9 +449,6 @@ class StoreClient:
             fs, fsio.join(root, TRAJECTORIES, name), sink.getvalue().to_pybytes(), atomic=True
         )
         self._unwritten.clear()
-
-    def score(self, updates: list[tuple[str, float, float, str | None]]) -> None:
-        ray.get(self.handle.score.remote(updates))
 
     # -- consumers -------------------------------------------------------------------------
 

@@ -174,6 +174,12 @@ def test_bad_rows_are_refused_and_nothing_stored_is_lost(client):
         client.put(old)
     with pytest.raises(ValueError, match="'good/0' is already in the store"):
         client.put(block("good"))
+    unscored = [{**r, "status": "generated", "reward": None, "advantage": None} for r in rows("u")]
+    with pytest.raises(SchemaError, match="status 'generated'; producers add rows as 'scored'"):
+        client.put(batch_from_rows(unscored), group_size=GROUP)
+    no_reward = [{**r, "reward": None} for r in rows("blank")]
+    with pytest.raises(SchemaError, match=r"'blank/0'\) is 'scored' but lacks its reward"):
+        client.put(batch_from_rows(no_reward))
     fs, root = open_url(client.url)
     assert len(fs.ls(f"{root}/trajectories")) == 1  # the refused block left no file behind
     lease = client.lease(4, 0, 0)
@@ -249,17 +255,3 @@ def test_pipelined_puts_all_arrive_and_refusals_surface(ray_local, tmp_path):
     assert sorted(lease.sample_ids) == [f"{g}/{j}" for g in "abc" for j in range(GROUP)]
     assert client.stats()["held"] == 12  # the duplicate block was not added
     ray.kill(client.handle)
-
-
-def test_a_later_stage_scores_rows_and_makes_them_ready(client):
-    """Rows put as generated (no reward yet) become leasable once a scorer fills them in."""
-    unscored = [
-        {**r, "status": "generated", "reward": None, "advantage": None} for r in rows("late")
-    ]
-    client.put(batch_from_rows(unscored), group_size=GROUP)
-    with pytest.raises(TimeoutError, match="no 4 ready samples"):
-        client.lease(4, 0, 0, timeout_s=1)
-    client.score([(f"late/{j}", 1.0, float(j), None) for j in range(GROUP)])
-    lease = client.lease(4, 0, 0)
-    assert lease.table.column("advantage").to_pylist() == [0.0, 1.0, 2.0, 3.0]
-    client.ack(lease, 1)

@@ -15,6 +15,7 @@ from sluice.storage.ledger import (
     _events_table,
     check_exactly_once,
     check_versions,
+    latest_events,
 )
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -29,7 +30,7 @@ def ev(sample, prompt, event, t, **kw):
 
 
 # Two prompts, seven samples. Final states (hand-computed):
-#   s1 trained (staleness 1), s2 dropped, s3 failed, s4 generated, s5 scored,
+#   s1 trained (staleness 1), s2 dropped, s3 dropped, s4 generated, s5 scored,
 #   s6 trained (staleness 0), s7 trained (staleness 1).
 FIRST = [
     ev("s1", "p1", "generated", 0),
@@ -39,7 +40,7 @@ FIRST = [
     ev("s3", "p2", "generated", 1),
     ev("s5", "p2", "generated", 1),
     ev("s2", "p1", "scored", 2),
-    ev("s3", "p2", "failed", 2, reason="env error"),
+    ev("s3", "p2", "dropped", 2, reason="the run ended"),
 ]
 SECOND = [
     ev("s2", "p1", "dropped", 3, reason="too stale"),
@@ -92,12 +93,12 @@ def test_read_returns_every_event_in_time_order(ledger):
     assert table.column("sample_id").to_pylist()[:3] == ["s1", "s2", "s6"]
 
 
-def test_state_is_the_latest_event_per_sample(ledger):
-    assert ledger.state() == {
+def test_latest_events_are_the_last_event_of_each_sample(ledger):
+    assert latest_events(ledger.read()) == {
         "s1": "trained",
         "s2": "dropped",
         "s6": "trained",
-        "s3": "failed",
+        "s3": "dropped",
         "s5": "scored",
         "s4": "generated",
         "s7": "trained",
@@ -122,13 +123,9 @@ def test_summary_counts_final_states_and_staleness(ledger):
     assert ledger.summary() == {
         "events": 15,
         "samples": 7,
-        "final": {"dropped": 1, "failed": 1, "generated": 1, "scored": 1, "trained": 3},
+        "final": {"dropped": 2, "generated": 1, "scored": 1, "trained": 3},
         "staleness": {0: 1, 1: 2},
     }
-
-
-def test_unconsumed_is_what_a_restarted_store_must_reoffer(ledger):
-    assert sorted(ledger.unconsumed()) == ["s4", "s5"]
 
 
 def test_a_reopened_ledger_sees_everything_and_continues_the_sequence(ledger, tmp_path):
@@ -137,7 +134,7 @@ def test_a_reopened_ledger_sees_everything_and_continues_the_sequence(ledger, tm
     again.append([ev("s4", "p2", "scored", 8)])
     assert again.flush() == 1
     assert again.watermark() == 3
-    assert ledger.unconsumed() == ["s5", "s4"]
+    assert latest_events(ledger.read())["s4"] == "scored"  # the first sees it too
 
 
 def test_temp_and_foreign_files_are_ignored(ledger, tmp_path):

@@ -72,18 +72,18 @@ def test_not_enough_ready_leases_nothing(parts):
     assert index.stats()["ready"] == 4 and index.stats()["leases"] == 0
 
 
-def test_group_becomes_ready_only_when_every_sample_arrived_and_scored(parts):
+def test_group_becomes_ready_only_when_every_sample_arrived(parts):
     index, sink, _ = parts
-    first, second = group("g", scored=False)[:2], group("g", scored=False)[2:]
+    first, second = group("g")[:2], group("g")[2:]
+    second[1].reward, second[1].reason = 0.0, "verifier raised ValueError"
     index.add("b1", first, group_size=4)  # samples arrive one block at a time
-    index.add("b2", second, group_size=4)
-    index.score([(m.sample_id, 1.0, 0.5, None) for m in first + second[:1]])
     assert index.take(1, 0, 0, 60) is None
-    index.score([(second[1].sample_id, 0.0, -1.5, "verifier raised ValueError")])
+    index.add("b2", second, group_size=4)
     grant = index.take(4, 0, 0, 60)
     assert grant.runs == [(0, 0, 2), (1, 0, 2)]  # two blocks, one run each
-    assert grant.rewards == [1.0, 1.0, 1.0, 0.0]
-    assert [e.reason for e in sink.of("scored")][-1] == "verifier raised ValueError"
+    assert grant.rewards == [0.5, 0.5, 0.5, 0.0]
+    assert len(sink.of("generated")) == len(sink.of("scored")) == 4  # the ledger has both
+    assert sink.of("scored")[-1].reason == "verifier raised ValueError"
 
 
 def test_stale_groups_are_dropped_with_the_reason(parts):
@@ -119,25 +119,15 @@ def test_bad_input_changes_nothing(parts):
         index.add("dup", group("a"))
     with pytest.raises(ValueError, match="'x/0' is already in the store"):
         index.add("dup", group("x", size=1) + group("x", size=1))
-    with pytest.raises(ValueError, match="cannot score sample 'nope'"):
-        index.score([("nope", 1.0, 0.0, None)])
+    with pytest.raises(ValueError, match="'u/0' needs both a reward and an advantage"):
+        index.add("unscored", group("u", scored=False))
     assert index.stats() == before and len(sink.events) == events
-
-
-def test_failed_samples_leave_their_group(parts):
-    index, sink, _ = parts
-    index.add("blk", group("a", scored=False))
-    index.fail("a/3", "generation crashed")
-    index.score([(f"a/{j}", 1.0, 0.0, None) for j in range(3)])
-    grant = index.take(3, 0, 0, 60)
-    assert grant.sample_ids == ["a/0", "a/1", "a/2"]
-    assert sink.of("failed")[0].reason == "generation crashed"
 
 
 def test_drop_all_accounts_for_every_sample_left(parts):
     index, sink, _ = parts
     index.add("b1", group("a") + group("b"))
-    index.add("b2", group("c", scored=False))
+    index.add("b2", group("c"), group_size=5)  # c still waits for a sample
     index.take(4, 0, 0, 60)  # a is leased when the run ends
     assert index.drop_all("the run ended") == 12
     assert {e.sample_id for e in sink.of("dropped")} == {
