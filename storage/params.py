@@ -24,8 +24,9 @@ A ``Relay`` actor holds the newest version it has taken and nothing older: it fe
 offered version to its own node and re-puts it as objects it owns, so the version outlives
 the trainer process, then drops its references to the previous version so Ray frees it.
 Relays form a chain (relay 0 forwards every version it takes to relay 1, and so on)
-spread over the nodes, so a far node pulls from a relay next to it. Rollout workers call
-:meth:`ParameterService.pull` when they choose ("anything newer than version 6?"); the
+spread over the nodes, so a far node pulls from a relay next to it. Rollout workers ask
+when they choose ("anything newer than version 6?": :meth:`ParameterService.ask`, then
+:meth:`ParameterService.collect`, or :meth:`ParameterService.pull_blobs` for both); the
 trainer never waits for them. ``ParameterService`` is a picklable handle on the relays,
 handed to the trainer and the rollout workers by whoever creates it; the staging buffers
 and the threads stay in the process that publishes.
@@ -194,16 +195,6 @@ class _Snapshot:
     def parts(self) -> list[Parts]:
         """The buckets as they travel; the arrays are views of the buffers, not copies."""
         return [[h, b.numpy()] for h, b in zip(self.headers, self.buffers, strict=True)]
-
-
-def to_buckets(state: Mapping[str, torch.Tensor], bucket_bytes: int) -> list[bytes]:
-    """A state dict as safetensors blobs of at most ~bucket_bytes each, in sorted name order.
-
-    A tensor larger than ``bucket_bytes`` gets a bucket of its own.
-    """
-    snapshot = _Snapshot(state, bucket_bytes)
-    snapshot.fill(state)
-    return [b"".join(parts) for parts in snapshot.parts()]
 
 
 def from_buckets(blobs: Iterable[bytes]) -> dict[str, torch.Tensor]:
@@ -384,16 +375,12 @@ class ParameterService:
         cls,
         relays: int = 1,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        name_prefix: str | None = None,
-        fetch_timeout: float = FETCH_TIMEOUT_S,
         first_at: Any = None,
     ) -> ParameterService:
         """Start a chain of ``relays`` relay actors (0 CPUs each), spread over the nodes.
 
-        ``name_prefix`` names them ``<prefix>-relay-<i>`` (for ``ray.get_actor``);
-        ``fetch_timeout`` bounds a relay's fetch of one version and a hand-over's wait for
-        relay 0; ``first_at``: a Ray scheduling strategy for relay 0 (the flow pins it to
-        its own node, so losing a worker node never takes the published version with it).
+        ``first_at``: a Ray scheduling strategy for relay 0 (the flow pins it to its own
+        node, so losing a worker node never takes the published version with it).
         """
         if relays < 1:
             raise ValueError(f"relays must be at least 1, got {relays}")
@@ -402,11 +389,9 @@ class ParameterService:
         handles: list[ActorHandle] = []
         downstream: ActorHandle | None = None
         for index in reversed(range(relays)):
-            name = None if name_prefix is None else f"{name_prefix}-relay-{index}"
             downstream = Relay.options(
-                name=name,
                 scheduling_strategy=first_at if index == 0 and first_at else "SPREAD",
-            ).remote(index, downstream, fetch_timeout)
+            ).remote(index, downstream, FETCH_TIMEOUT_S)
             handles.insert(0, downstream)
         try:
             node_ids: list[str] = _get([h.node_id.remote() for h in handles], START_TIMEOUT_S)
@@ -416,7 +401,7 @@ class ParameterService:
             raise ParameterError(
                 f"{relays} parameter relay(s) did not start within {START_TIMEOUT_S:g} s: {err}"
             ) from err
-        return cls(handles, node_ids, bucket_bytes, fetch_timeout)
+        return cls(handles, node_ids, bucket_bytes)
 
     # -- trainer side ----------------------------------------------------------------------
 
@@ -498,10 +483,6 @@ class ParameterService:
                 )
             self._settle(slot)
 
-    def in_flight(self) -> list[int]:
-        """Published versions still being snapshotted or handed over to relay 0, oldest first."""
-        return [slot.version for slot, handover in self._busy() if not handover.done()]
-
     def _busy(self) -> list[tuple[_Slot, Future[None]]]:
         """Slots with an unsettled hand-over, and the hand-over, oldest version first."""
         busy = [(slot, slot.handover) for slot in self._slots if slot.handover is not None]
@@ -570,27 +551,20 @@ class ParameterService:
             raise _ray_failure(err, "asking for the latest version", 0, timeout) from err
         return version
 
-    def _pick(self, relay: int | None) -> int:
-        if relay is not None:
-            if not 0 <= relay < len(self.relays):
-                raise ValueError(f"relay must be in [0, {len(self.relays)}), got {relay}")
-            return relay
+    def _nearest(self) -> int:
+        """A relay on this node if there is one, else relay 0."""
         here = ray.get_runtime_context().get_node_id()
         return self.node_ids.index(here) if here in self.node_ids else 0
 
-    def pull_blobs(
-        self, after: int, timeout: float = 30.0, relay: int | None = None
-    ) -> tuple[int, list[bytes]] | None:
-        """The newest version if newer than ``after``, as safetensors blobs; else None.
+    def pull_blobs(self, after: int, timeout: float = 30.0) -> tuple[int, list[bytes]] | None:
+        """The newest version if newer than ``after``, as safetensors blobs; else None."""
+        return self.collect(self.ask(after), timeout)
 
-        ``relay`` None means a relay on this node if there is one, else relay 0.
-        """
-        return self.collect(self.ask(after, relay), timeout)
-
-    def ask(self, after: int, relay: int | None = None) -> PendingPull:
-        """Ask a relay for a version newer than ``after`` without waiting for its answer:
-        a puller that has other work checks ``PendingPull.answered`` and then ``collect``s."""
-        index = self._pick(relay)
+    def ask(self, after: int) -> PendingPull:
+        """Ask the nearest relay (on this node, else relay 0) for a version newer than
+        ``after`` without waiting for its answer: a puller that has other work checks
+        ``PendingPull.answered`` and then ``collect``s."""
+        index = self._nearest()
         return PendingPull(index, after, self.relays[index].latest.remote(after))
 
     def collect(self, asked: PendingPull, timeout: float = 30.0) -> tuple[int, list[bytes]] | None:
@@ -608,16 +582,6 @@ class ParameterService:
         except (GetTimeoutError, RayActorError, ObjectLostError) as err:
             raise _ray_failure(err, what, asked.relay, timeout) from err
         return version, [b"".join(parts) for parts in buckets]
-
-    def pull(
-        self, after: int, timeout: float = 30.0, relay: int | None = None
-    ) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The newest version if newer than ``after``, as tensors; else None."""
-        found = self.pull_blobs(after, timeout, relay)
-        if found is None:
-            return None
-        version, blobs = found
-        return version, from_buckets(blobs)
 
     def shutdown(self) -> None:
         """Kill the relays; their versions are freed with them, and pending hand-overs fail."""

@@ -18,7 +18,6 @@ from sluice.storage.params import (
     ParameterError,
     ParameterService,
     from_buckets,
-    to_buckets,
 )
 
 pytestmark = pytest.mark.integration
@@ -71,9 +70,10 @@ class _Worker:
     """Pulls from its own process, as a rollout worker does."""
 
     def pull(
-        self, service: ParameterService, after: int, timeout: float, relay: int | None = None
+        self, service: ParameterService, after: int, timeout: float
     ) -> tuple[int, dict[str, torch.Tensor]] | None:
-        return service.pull(after, timeout=timeout, relay=relay)
+        found = service.pull_blobs(after, timeout=timeout)
+        return None if found is None else (found[0], from_buckets(found[1]))
 
 
 @pytest.fixture(scope="module")
@@ -93,29 +93,41 @@ def service(ray_local) -> Iterator[ParameterService]:
 # -- buckets -------------------------------------------------------------------------------
 
 
-def test_buckets_round_trip_exactly():
+def _blobs(service: ParameterService, version: int, state: dict[str, torch.Tensor]) -> list[bytes]:
+    """``state`` as a puller receives it: published as ``version``, then pulled as blobs."""
+    service.publish(version, state)
+    service.flush(timeout=30)
+    found = service.pull_blobs(version - 1, timeout=10)
+    assert found is not None and found[0] == version
+    return found[1]
+
+
+def test_buckets_round_trip_exactly(service):
     state = _state(0)
-    blobs = to_buckets(state, bucket_bytes=MB)
+    blobs = _blobs(service, 1, state)
     _assert_same(from_buckets(blobs), state)
-    assert to_buckets(state, bucket_bytes=MB) == blobs  # deterministic
+    assert _blobs(service, 2, state) == blobs  # deterministic
 
 
-def test_buckets_respect_the_size_and_the_name_order():
+def test_buckets_respect_the_size_and_the_name_order(service):
     state = {f"t{i:02d}": torch.zeros(64 * 1024) for i in range(10)}  # 256 KB each
-    blobs = to_buckets(state, bucket_bytes=MB)
-    names = [sorted(from_buckets([blob])) for blob in blobs]
+    names = [sorted(from_buckets([blob])) for blob in _blobs(service, 1, state)]
     assert [len(n) for n in names] == [4, 4, 2]  # 4 x 256 KB fill 1 MB exactly
     assert [name for bucket in names for name in bucket] == sorted(state)
 
 
-def test_a_tensor_larger_than_a_bucket_gets_its_own():
+def test_a_tensor_larger_than_a_bucket_gets_its_own(ray_local):
     state = {"a": torch.zeros(10), "big": torch.zeros(3 * MB // 4), "c": torch.zeros(10)}
-    blobs = to_buckets(state, bucket_bytes=MB // 2)
+    service = ParameterService.create(relays=1, bucket_bytes=MB // 2)
+    try:
+        blobs = _blobs(service, 1, state)
+    finally:
+        service.shutdown()
     assert [sorted(from_buckets([blob])) for blob in blobs] == [["a"], ["big"], ["c"]]
 
 
-def test_a_name_in_two_buckets_is_an_error():
-    blob = to_buckets({"w": torch.zeros(3)}, bucket_bytes=MB)[0]
+def test_a_name_in_two_buckets_is_an_error(service):
+    blob = _blobs(service, 1, {"w": torch.zeros(3)})[0]
     with pytest.raises(ParameterError, match="'w' appears twice"):
         from_buckets([blob, blob])
 
@@ -181,10 +193,10 @@ def test_old_versions_are_released(service):
     _wait_until(lambda: service.latest_version() == 19, "relay 0 taking version 19")
     # 20 versions were published; the relay holds one, the rest are freed (asynchronously).
     _wait_until(lambda: _plasma_bytes() - before < 2 * size, "old versions being freed")
-    assert service.pull(18) is not None
+    assert service.pull_blobs(18) is not None
 
 
-def test_a_chained_relay_serves_the_version_on_its_own(ray_local, worker):
+def test_a_chained_relay_serves_the_version_on_its_own(ray_local):
     chained = ParameterService.create(relays=2, bucket_bytes=MB)
     try:
         chained.publish(5, _state(5))
@@ -194,9 +206,10 @@ def test_a_chained_relay_serves_the_version_on_its_own(ray_local, worker):
         )
         # Relay 1 re-put the buckets itself: it serves them with relay 0 gone.
         ray.kill(chained.relays[0])
-        version, state = ray.get(worker.pull.remote(chained, 4, 10.0, 1), timeout=30)
+        version, refs = ray.get(relay_1.latest.remote(4), timeout=30)
         assert version == 5
-        _assert_same(state, _state(5))
+        blobs = [b"".join(parts) for parts in ray.get(refs, timeout=30)]
+        _assert_same(from_buckets(blobs), _state(5))
     finally:
         chained.shutdown()
 
@@ -219,7 +232,6 @@ def test_the_handle_a_worker_gets_carries_no_staging_buffers(service):
     service.publish(1, _state(1))
     copy = ray.cloudpickle.loads(ray.cloudpickle.dumps(service))
     assert len(ray.cloudpickle.dumps(service)) < 64 << 10  # the state is 2 MB
-    assert copy.in_flight() == []
     # Nothing published through the copy: nothing to wait for.
     assert copy.wait_snapshot(timeout=0) == 0.0
     copy.flush(timeout=0)
@@ -276,13 +288,11 @@ def test_publish_returns_before_relay_0_has_the_version_and_flush_waits(fake_ser
     relay = _RecordingRelay.remote(gated=True)  # type: ignore[attr-defined]
     service = fake_service(relay, fetch_timeout=30)
     service.publish(1, _state(1))
-    assert service.in_flight() == [1]
     assert service.latest_version() == -1
     with pytest.raises(ParameterError, match=r"relay 0 has not taken version 1 within .* 0.2 s"):
         service.flush(timeout=0.2)
     ray.get(relay.open.remote(), timeout=10)
     service.flush(timeout=30)
-    assert service.in_flight() == []
     assert service.latest_version() == 1
 
 
@@ -338,7 +348,6 @@ def held() -> Iterator[torch.Tensor]:
 def test_publish_returns_before_the_snapshot_and_wait_snapshot_waits(service, held, worker):
     state = {**_state(1), "held": held}
     service.publish(1, state)  # returns with the copy still held
-    assert service.in_flight() == [1]
     with pytest.raises(
         ParameterError, match=r"snapshot of version 1 is still being copied after 0.1 s"
     ):
@@ -393,8 +402,7 @@ def test_a_failed_snapshot_is_raised_once_by_wait_snapshot(service):
     ):
         service.wait_snapshot(timeout=30)
     assert service.wait_snapshot(timeout=0) == 0.0
-    assert service.in_flight() == []
-    service.flush(timeout=0)
+    service.flush(timeout=0)  # nothing left in flight
     service.publish(2, _state(2))
     service.flush(timeout=30)
     assert service.latest_version() == 2
@@ -435,7 +443,7 @@ def test_pulling_from_a_killed_relay_fails_fast_and_says_why(service):
     with pytest.raises(
         ParameterError, match="newer than -1 from relay 0 failed: the relay is dead"
     ):
-        service.pull(-1, timeout=5.0)
+        service.pull_blobs(-1, timeout=5.0)
     assert time.monotonic() - start < 2.0
     with pytest.raises(ParameterError, match="relay 0 failed: the relay is dead"):
         service.latest_version(timeout=5.0)
@@ -476,18 +484,29 @@ def test_publish_does_not_wait_for_the_relay_until_too_far_behind(fake_service):
         service.publish(MAX_IN_FLIGHT, state)
 
 
-def test_a_failed_hand_over_is_raised_by_the_next_publish_and_by_flush(fake_service):
+def test_a_failed_hand_over_is_raised_by_a_later_publish_and_by_flush(fake_service):
+    # Every offer fails at once.
     service = fake_service(_FakeRelay.remote(hang=False))  # type: ignore[attr-defined]
     service.publish(1, _state(1))
-    _wait_until(lambda: service.in_flight() == [], "the hand-over of version 1 failing")
+    # Version 1's failure comes out of the first publish after it happened, at the latest
+    # out of the one that needs its staging buffer back (that one waits for it). The
+    # publish that raises it publishes nothing.
+    published = [1]
     with pytest.raises(
         ParameterError, match=r"(?s)relay 0 did not take version 1: .*cannot fetch version 1"
     ):
-        service.publish(2, _state(2))
-    # That publish published nothing; the retry does, and its failure reaches flush.
-    service.publish(2, _state(2))
+        for version in range(2, 2 + MAX_IN_FLIGHT):
+            service.publish(version, _state(version))
+            published.append(version)
+    for version in published[1:]:  # published in between, failed too: flush raises each
+        with pytest.raises(ParameterError, match=rf"did not take version {version}: "):
+            service.flush(timeout=10)
+    # The retry of the publish that raised does publish, and its failure reaches flush.
+    retry = published[-1] + 1
+    service.publish(retry, _state(retry))
     with pytest.raises(
-        ParameterError, match=r"(?s)relay 0 did not take version 2: .*cannot fetch version 2"
+        ParameterError,
+        match=rf"(?s)relay 0 did not take version {retry}: .*cannot fetch version {retry}",
     ):
         service.flush(timeout=10)
     service.flush(timeout=0)  # each failure is raised once
@@ -497,7 +516,7 @@ def test_a_pull_from_an_unresponsive_relay_times_out(fake_service):
     service = fake_service(_FakeRelay.remote(hang=False))  # type: ignore[attr-defined]
     start = time.monotonic()
     with pytest.raises(ParameterError, match=r"relay 0 timed out after 0.5 s; is the relay alive"):
-        service.pull(-1, timeout=0.5)
+        service.pull_blobs(-1, timeout=0.5)
     assert time.monotonic() - start < 3.0
 
     asked = service.ask(-1)
