@@ -54,7 +54,6 @@ ANSWER_DELIMITER = "|"
 COLUMN_SEPARATOR = ","
 WORK_SHARE = 0.5
 """Share of a scratch-mode reward earned by the column work (the rest: the final sum)."""
-"""Reward for a right sum with wrong or malformed scratch work."""
 LONG_TAIL_DIGITS = 8
 """With ``long_tail > 0`` an operand gets up to ``round(LONG_TAIL_DIGITS * long_tail)`` extra
 digits."""
@@ -150,11 +149,6 @@ class AdditionEnv:
         self.long_tail = check_long_tail(long_tail)
         self.scratch = bool(scratch) or self.long_tail > 0
         self.max_extra_digits = round(LONG_TAIL_DIGITS * self.long_tail)
-
-    @property
-    def max_digits(self) -> int:
-        """The most digits an operand can have."""
-        return self.digits + self.max_extra_digits
 
     def _operand_digits(self, rng: random.Random) -> int:
         base = rng.randint(1, self.digits)

@@ -1,4 +1,5 @@
-"""Pure algorithm code: the config schema, advantages and policy losses.
+"""Pure algorithm code: the config schema, advantages, policy losses, padded training
+batches and skew-aware dispatch.
 
 Nothing here imports Ray, Prefect, vLLM or MLflow, so every function can be tested on its
 own against closed forms.

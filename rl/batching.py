@@ -51,12 +51,6 @@ class TrainBatch:
             self.advantages[index],
         )
 
-    def slice(self, start: int, stop: int) -> TrainBatch:
-        return TrainBatch(
-            *(t[start:stop] for t in (self.input_ids, self.attention_mask, self.targets)),
-            *(t[start:stop] for t in (self.mask, self.old_logprobs, self.advantages)),
-        )
-
 
 def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
     """Pad samples to one [B, T] batch with response masks aligned to next-token targets."""

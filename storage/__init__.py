@@ -1,2 +1,2 @@
-"""Data planes and records: the run folder layout, and (next) the trajectory store,
-parameter service, checkpoints and ledger. Never imports ``engines``, ``tasks`` or ``flows``."""
+"""Data planes and records: the run folder layout, the trajectory store, the parameter
+service, checkpoints and the ledger. Never imports ``engines``, ``tasks`` or ``flows``."""

@@ -1,10 +1,10 @@
-"""Named fault points, for the tests of the failure model (DESIGN.md section 6).
+"""Named fault points, for the tests of the failure model (``tests/integration/test_faults.py``).
 
 Production code calls ``fault_point("name")`` where a real failure can strike (half way
 through a checkpoint write, for one). Nothing happens unless the ``SLUICE_FAULTS``
 environment variable arms that point: ``SLUICE_FAULTS="checkpoint.write=1"`` makes the
-first call in each process raise ``InjectedFault``; ``=2`` the first two. The flow passes the
-variable on to its Ray actors, so a fault armed for a run fires where the work happens.
+first call in each process raise ``InjectedFault``; ``=2`` the first two. The variable is
+passed on to the run's Ray actors, so a fault armed for a run fires where the work happens.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
+import ray
 import torch
+from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
-from sluice.storage import object_store
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
 from sluice.storage.params import ParameterService
 from sluice.storage.schema import batch_from_rows
@@ -42,16 +43,23 @@ def block(step: int):
     )
 
 
+def usage() -> tuple[int, int]:
+    """``(bytes, objects)`` held in the object store of every node of the connected cluster."""
+    address = ray.get_runtime_context().gcs_address
+    stats = get_memory_info_reply(get_state_from_address(address)).store_stats
+    return int(stats.object_store_bytes_used), int(stats.num_local_objects)
+
+
 def settled(
     expected: tuple[int, int] | None = None, slack: int = 0, timeout_s: float = 20.0
 ) -> tuple[int, int]:
     """Usage once freeing (asynchronous in Ray) has caught up: ``expected`` (same object
     count, bytes within ``slack``), or without one, two reads half a second apart that agree."""
     deadline = time.monotonic() + timeout_s
-    last = object_store.usage()
+    last = usage()
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        now = object_store.usage()
+        now = usage()
         if expected is None and now == last:
             return now
         if expected and now[1] == expected[1] and abs(now[0] - expected[0]) <= slack:

@@ -38,13 +38,6 @@ def test_collate_rejects_bad_samples(samples, match):
         collate(samples, pad_id=0)
 
 
-def test_batch_slice():
-    samples = [Sample([1], [i], [-1.0], float(i)) for i in range(5)]
-    part = collate(samples, pad_id=0).slice(1, 3)
-    assert len(part) == 2
-    assert part.advantages.tolist() == [1.0, 2.0]
-
-
 def _ragged_batch():
     samples = [Sample([1, 2], [3] * n, [-0.5] * n, float(n)) for n in (1, 9, 2, 8, 3, 7)]
     return samples, collate(samples, pad_id=0)
