@@ -457,11 +457,11 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
 
 # Keys that moved when the grab-bag `storage` section was split by what each configures.
 MOVED = {
-    "store.capacity_batches": "store.capacity_batches",
+    "storage.capacity_batches": "store.capacity_batches",
     "storage.lease_timeout_s": "store.lease_timeout_s",
-    "checkpoint.every": "checkpoint.every",
-    "checkpoint.segment_retries": "checkpoint.segment_retries",
-    "checkpoint.keep": "checkpoint.keep",
+    "storage.checkpoint_every": "checkpoint.every",
+    "storage.segment_retries": "checkpoint.segment_retries",
+    "storage.keep_checkpoints": "checkpoint.keep",
     "storage.param_relays": "weights.relays",
     "storage.bucket_mib": "weights.bucket_mib",
     "storage.weight_pull_timeout_s": "weights.pull_timeout_s",

@@ -1,9 +1,10 @@
+import re
 from pathlib import Path
 from typing import get_args
 
 import pytest
 
-from sluice.rl.config import ConfigError, RunConfig, TrainConfig, load_config
+from sluice.rl.config import MOVED, ConfigError, RunConfig, TrainConfig, load_config
 from sluice.rl.losses import LOSS_NAMES
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
@@ -41,6 +42,7 @@ def test_defaults_and_overrides():
         (["train.zero_stage=5"], r"train\.zero_stage: Input should be 1, 2 or 3 \(got 5\)"),
         (["train.engine=fsdp"], r"train\.engine: .*'torch' or 'deepspeed'.*'fsdp'"),
         (["train.betas=[0.9, 1.5]"], r"train\.betas \[0\.9, 1\.5\] must each lie in \[0, 1\)"),
+        (["store.capacity_batches=1"], r"store\.capacity_batches: .*greater than or equal to 2"),
     ],
     ids=[
         "typo",
@@ -55,11 +57,19 @@ def test_defaults_and_overrides():
         "zero-stage-5",
         "unknown-engine",
         "beta-over-one",
+        "new-place-out-of-range",
     ],
 )
 def test_config_errors_name_the_field(overrides, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(MOVED.items()), ids=sorted(MOVED))
+def test_a_moved_key_names_its_new_place(old, new):
+    with pytest.raises(ConfigError, match=rf"{re.escape(old)}: moved; write {re.escape(new)}$"):
+        load_config(None, [f"{old}=2"])
+    load_config(None, [f"{new}=2"])  # and the new place takes the value
 
 
 def test_missing_and_malformed_files(tmp_path):
