@@ -45,8 +45,8 @@ import ray
 from ray.util.queue import Queue
 
 from sluice.benchmarks import params as params_bench
-from sluice.sim.report import write_section
 from sluice.rl.batching import Sample, collate
+from sluice.sim.report import write_section
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
 from sluice.storage.block_builder import trajectory_block
 from sluice.storage.trajectory_store import StoreClient, create_store

@@ -30,13 +30,13 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from sluice.sim.report import write_section
 from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.engines.trainer_core import PolicyTrainer
 from sluice.rl.batching import Sample, TrainBatch, collate
 from sluice.rl.config import PolicyConfig, TrainConfig
+from sluice.sim.report import write_section
 
 # (label, policy shape): the default config's policy, and one 6x larger, where the
 # engines' fixed costs per step weigh less against the arithmetic.

@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 
 from sluice.benchmarks.engines import fixed_batch, step_times
-from sluice.sim.report import write_section
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.engines.trainer_core import NO_TOKEN_LIMIT
 from sluice.rl.batching import TrainBatch
 from sluice.rl.config import PolicyConfig, TrainConfig
+from sluice.sim.report import write_section
 
 SETTINGS: list[tuple[str, int]] = [
     ("512", 512),

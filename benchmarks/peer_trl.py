@@ -36,9 +36,9 @@ from pathlib import Path
 
 from sluice.benchmarks import figures
 from sluice.benchmarks.cpu_meter import CpuMeter
-from sluice.sim.report import write_section
 from sluice.benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
 from sluice.benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
+from sluice.sim.report import write_section
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -189,7 +189,8 @@ def pick_trl_threads(root: Path) -> tuple[int, dict[int, float | None]]:
         one = timings.get(1)
         limit = None if one is None else PROBE_START_S + PROBE_PATIENCE * PROBE_REPEATS * one
         try:
-            _python(["sluice.benchmarks.trl_grpo", CONFIG, "--probe", f"--threads={threads}"], log, limit)
+            probe = ["sluice.benchmarks.trl_grpo", CONFIG, "--probe", f"--threads={threads}"]
+            _python(probe, log, limit)
         except subprocess.TimeoutExpired:
             timings[threads] = None
             continue
@@ -370,7 +371,8 @@ def main() -> None:
     body = "\n".join(
         [
             machine_line(steps, every, threads, probes),
-            "Command: `make bench-quick` (`.venv/bin/python -m sluice.benchmarks.peer_trl --quick`)."
+            "Command: `make bench-quick` "
+            "(`.venv/bin/python -m sluice.benchmarks.peer_trl --quick`)."
             if args.quick
             else "Command: `make bench-peer` (`.venv/bin/python -m sluice.benchmarks.peer_trl "
             f"--steps {steps}`).",

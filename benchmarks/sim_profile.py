@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from sluice.benchmarks.modes import CONFIG, VARIANTS
-from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT, StreamSettings
+from sluice.engines.messages import StreamSettings
+from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.sim.calibrate import (
     Profile,
     RunMeasurements,

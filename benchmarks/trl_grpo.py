@@ -54,8 +54,9 @@ from transformers import (
 
 from sluice.engines.policy import greedy_accuracy, prepare_policy, save_policy
 from sluice.envs import Environment, Problem, score
+from sluice.envs.prompts import PromptStream
 from sluice.rl.config import RunConfig, load_config
-from sluice.tasks.environment import PromptStream, make_environment
+from sluice.tasks.environment import make_environment
 
 log = logging.getLogger("sluice.peer")
 

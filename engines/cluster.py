@@ -1,6 +1,6 @@
 """Where a run's Ray comes from: an existing cluster (``RAY_ADDRESS``) or a local one.
 
-Driven by the flows' start-up (``flows/rl_job.py: start_ray``, ``flows/evaluate.py``). With
+Driven by the flows' start-up (``tasks/job.py: start_ray``, ``flows/evaluate.py``). With
 ``RAY_ADDRESS`` set (``sluice run --address`` sets it) the driver joins that cluster as it
 is: no temp dir, CPU count or resources of its own; the nodes decide those. The actors'
 code is imported on the nodes from their own install (on a cluster built by
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 log = logging.getLogger("sluice")
 
@@ -101,3 +102,39 @@ def _join(address: str, init: Callable[..., Any] = ray.init) -> None:
             if attempt == attempts:
                 raise
             log.warning("Ray client connection to %s failed (%s); connecting again", address, error)
+
+
+def child_env() -> dict[str, str]:
+    """Variables Ray actors need (they do not inherit this process's later changes)."""
+    keys = (
+        "VLLM_CACHE_ROOT",
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_DO_NOT_TRACK",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HOME",
+        "TOKENIZERS_PARALLELISM",
+        "PYTHONPATH",
+        "SLUICE_FAULTS",  # storage/faults.py: fault points armed by the failure tests
+    )
+    # Storage credentials are not among them: they travel as constructor arguments
+    # (storage.urls.Credentials), since Ray logs runtime environments.
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+def thread_env(threads: int, extra: dict[str, str]) -> dict[str, Any]:
+    """An actor's runtime environment: ``threads`` BLAS/OpenMP threads (Ray sets
+    OMP_NUM_THREADS=1 in actors; the actor sets torch's to match), plus ``extra``."""
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **extra}
+    return {"env_vars": env}
+
+
+def on_driver_node() -> NodeAffinitySchedulingStrategy:
+    """Where the control-plane actors go: the driver's node, and nowhere else.
+
+    They hold the run's state (queued groups, stored trajectories, the published weights).
+    On a cluster the driver runs on the head (on-demand capacity), which the run cannot
+    lose and go on anyway; on a spot worker node they would share its fate.
+    """
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

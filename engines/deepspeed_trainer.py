@@ -1,7 +1,7 @@
 """DeepSpeed training engine: the torch engine's step, with ZeRO partitioning the optimiser
 state (stage 1), the gradients too (stage 2) and the weights too (stage 3) across ranks.
 
-Runs as one process in a Ray actor (``engines.pools``: a world of one on 127.0.0.1) or as
+Held by the trainer actor (``engines/trainer_actor.py``: a world of one on 127.0.0.1) or as
 one process per rank under ``torchrun`` (``scripts/deepspeed_ranks.py``). On CPU it uses the
 gloo backend and torch's AdamW (``torch_adam``). ``deepspeed_config`` builds DeepSpeed's
 config from Sluice's (``train`` in the config): there is no JSON for a user to keep in sync.

@@ -1,9 +1,11 @@
-"""The seams between the driver and the compute engines.
+"""The seams between the actors and the compute engines they hold.
 
 A rollout engine turns prompts into completions with per-token log-probs and accepts new
-weights; a train engine takes a policy-gradient step and hands out its weights. vLLM
-implements the first; torch and DeepSpeed (ZeRO) the second. Other generators and trainers
-plug in behind the same methods.
+weights; a streaming one also runs one request per sample, stepped by its caller (the
+rollout worker's ``stream``). A train engine takes a policy-gradient step and hands out its
+weights. vLLM implements the first two (``engines/vllm_rollout.py``); torch and DeepSpeed
+(ZeRO) the third. The rollout worker and the trainer actor hold an engine through these
+Protocols, so other generators and trainers plug in behind the same methods.
 """
 
 from __future__ import annotations
@@ -43,6 +45,49 @@ class RolloutEngine(Protocol):
 
     def version(self) -> int:
         """The policy version of the weights now loaded (0 = the starting policy)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one engine step added to one streaming request."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+    finish_reason: str | None
+
+
+@runtime_checkable
+class StreamingRolloutEngine(RolloutEngine, Protocol):
+    """A rollout engine whose caller runs one request per sample and steps the engine."""
+
+    def start(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+    ) -> None:
+        """Queue one sample of a tokenized prompt; the next ``step`` takes it in."""
+        ...
+
+    def step(self) -> list[Delta]:
+        """One engine step: the tokens running samples gained, and which finished."""
+        ...
+
+    def generated(self, request_id: str) -> int | None:
+        """Tokens generated so far for a running request (None: not running here)."""
+        ...
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop running requests."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of a completion's tokens, special tokens left out."""
         ...
 
 

@@ -1,6 +1,8 @@
-"""The rollout worker: a Ray actor with a vLLM engine, the verifier, and a store producer.
+"""The rollout worker: a Ray actor holding a rollout engine (vLLM), the environment's
+verifier, a trajectory-store producer and a parameter-service puller.
 
-Driven by ``tasks/rollout.py``, in one of two ways:
+The flow's rollouts (``tasks/rollouts.py``) drive it through ``RolloutWorkerClient``, in one
+of two ways:
 - ``rollout`` (modes ``sync`` and ``one_step``): generate n completions for each prompt of
   a batch with the weights it holds, score them with the environment's verifier, compute
   group-relative advantages and put the groups into the trajectory store as one Arrow
@@ -21,19 +23,33 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 import torch
+from ray import ObjectRef
 
-from sluice.engines.protocols import Completion
-from sluice.engines.vllm_rollout import Delta, VLLMRolloutEngine
+from sluice.engines.cluster import thread_env
+from sluice.engines.messages import (
+    BatchShard,
+    GroupDone,
+    Handoff,
+    PartialGroup,
+    PartialSample,
+    RolloutStats,
+    StreamSettings,
+)
+from sluice.engines.protocols import Completion, Delta, StreamingRolloutEngine
+from sluice.engines.vllm_rollout import VLLMRolloutEngine
 from sluice.envs import Environment, Problem, score
 from sluice.rl.advantages import group_advantages
+from sluice.rl.config import RolloutConfig
 from sluice.rl.dispatch import InFlight
 from sluice.storage.block_builder import VersionRuns, trajectory_block
 from sluice.storage.params import ParameterError, ParameterService, PendingPull
@@ -53,32 +69,15 @@ PUT_EVERY_S = 0.25
 REFILL_AT = 0.25
 
 
-@dataclass(frozen=True)
-class RolloutStats:
-    """What one ``rollout`` call produced, in counts (the samples went to the store)."""
-
-    samples: int
-    groups: int
-    tokens: int
-    reward_sum: float
-    correct: int
-    truncated: int
-    reward_errors: int
-    behaviour_version: int
-
-
-@dataclass(frozen=True)
-class GroupDone:
-    """A finished group as a streaming worker reports it to its source."""
-
-    group_id: str
-    prompt_id: str
-    prompt_len: int
-    lengths: list[int]
-    reward_sum: float
-    correct: int
-    truncated: int
-    reward_errors: int
+def _as_reported(group: PartialGroup) -> PartialGroup:
+    """``group`` cut back to the tokens ``step`` has reported: a version mark taken from
+    ``generated`` may lie past them, and the worker that continues the group regenerates
+    the rest."""
+    samples = [
+        replace(s, marks=[(min(first, len(s.token_ids)), v) for first, v in s.marks])
+        for s in group.samples
+    ]
+    return replace(group, samples=samples)
 
 
 def scored_block(
@@ -137,54 +136,71 @@ def scored_block(
     return block, stats
 
 
-class RolloutWorkerBase(VLLMRolloutEngine):
-    """The engine plus the environment, a store producer and a parameter-service puller."""
+class RolloutWorker:
+    """A rollout engine held together with the environment, a store producer and a
+    parameter-service puller; ``RolloutWorkerActor`` is the same class as a Ray actor.
+
+    ``make_engine`` builds the engine once the process is set up (threads, credentials): in
+    a run, vLLM (``engines/vllm_rollout.py``); in tests, any ``StreamingRolloutEngine``.
+    Without a store and parameter service a worker only ``generate``s (``sluice eval``).
+    """
 
     def __init__(
         self,
-        threads: int,
-        env: Environment | None = None,
-        store: StoreClient | None = None,
-        params: ParameterService | None = None,
+        make_engine: Callable[[], StreamingRolloutEngine],
+        env: Environment,
+        store: StoreClient | None,
+        params: ParameterService | None,
+        threads: int = 1,
         credentials: Credentials | None = None,
-        **engine_args: Any,
     ) -> None:
         if credentials:
             credentials.apply()  # trajectory files under an s3:// url
         torch.set_num_threads(threads)
-        super().__init__(**engine_args)
-        self._env, self._store, self._params = env, store, params
+        self.engine = make_engine()
+        self.env, self._store, self._params = env, store, params
+        # Running totals kept on the worker, so they survive a pause of the stream.
         self.stream_counters = {"busy_s": 0.0, "idle_s": 0.0, "pull_s": 0.0, "weight_loads": 0.0}
 
-    def rollout(
-        self,
-        problems: list[Problem],
-        n: int,
-        max_new_tokens: int,
-        temperature: float,
-        seed: int,
-        tag: str,
-        scale_by_std: bool,
-    ) -> RolloutStats:
-        if self._env is None or self._store is None:
-            raise RuntimeError("this rollout worker was started without an environment and store")
-        prompts = [p.prompt for p in problems]
-        groups = self.generate(prompts, n, max_new_tokens, temperature, seed)
-        version = self.version()
-        block, stats = scored_block(
-            self._env,
-            problems,
-            self.prompt_ids(prompts),
-            groups,
-            [[[(0, version)] for _ in group] for group in groups],
-            [f"{p.prompt_id}@{tag}" for p in problems],
-            scale_by_std,
-        )
-        self._store.put(block)
-        return stats
+    @property
+    def store(self) -> StoreClient:
+        if self._store is None:
+            raise RuntimeError("this rollout worker was started without a trajectory store")
+        return self._store
+
+    @property
+    def params(self) -> ParameterService:
+        if self._params is None:
+            raise RuntimeError("this rollout worker was started without a parameter service")
+        return self._params
 
     def pid(self) -> int:
         return os.getpid()
+
+    def generate(
+        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> list[list[Completion]]:
+        """Completions that come back to the caller (held-out evaluation), not to the store."""
+        return self.engine.generate(prompts, n, max_new_tokens, temperature, seed)
+
+    def rollout(self, problems: list[Problem], shard: BatchShard) -> RolloutStats:
+        """Generate, score and put one shard of a batch (``sync``, ``one_step``)."""
+        prompts = [p.prompt for p in problems]
+        groups = self.engine.generate(
+            prompts, shard.n, shard.max_new_tokens, shard.temperature, shard.seed
+        )
+        version = self.engine.version()
+        block, stats = scored_block(
+            self.env,
+            problems,
+            self.engine.prompt_ids(prompts),
+            groups,
+            [[[(0, version)] for _ in group] for group in groups],
+            [f"{p.prompt_id}@{shard.tag}" for p in problems],
+            shard.scale_by_std,
+        )
+        self.store.put(block)
+        return stats
 
     def sync_weights(self, at_least: int = 0, timeout_s: float = 60.0) -> int:
         """Load the newest published version; returns the version now loaded.
@@ -193,126 +209,70 @@ class RolloutWorkerBase(VLLMRolloutEngine):
         publish returns before the relay has taken the version, so a pull right behind it
         can still find the previous one.
         """
-        if self._params is None:
-            raise RuntimeError("this rollout worker was started without a parameter service")
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
-            found = self._params.pull_blobs(after=self.version(), timeout=max(left, 0.001))
+            found = self.params.pull_blobs(after=self.engine.version(), timeout=max(left, 0.001))
             if found is not None:
                 version, blobs = found
-                self.load_weights(blobs, version)
-            if self.version() >= at_least:
-                return self.version()
+                self.engine.load_weights(blobs, version)
+            if self.engine.version() >= at_least:
+                return self.engine.version()
             if left <= 0:
                 raise ParameterError(
                     f"weight version {at_least} did not reach the parameter relay within "
-                    f"{timeout_s:g} s (this worker holds version {self.version()}); is the "
-                    "trainer alive?"
+                    f"{timeout_s:g} s (this worker holds version {self.engine.version()}); is "
+                    "the trainer alive?"
                 )
             time.sleep(RELAY_POLL_S)
-
-    # -- streaming (async mode) ------------------------------------------------------------
 
     def stream(self, source: GroupSource, settings: StreamSettings) -> dict[str, float]:
         """Generate continuously until ``source`` says stop; returns this worker's totals.
 
-        Keeps up to ``settings.concurrency`` samples in vLLM's running batch, one request
-        per sample, refilled from ``source`` as samples finish. A finished group is scored
-        and gets its advantages; finished groups go to the store together, at the latest
-        ``PUT_EVERY_S`` after the first of them finished. Between engine steps the worker
-        checks the parameter service and loads a newer version when there is one: with
-        ``partial_rollout`` the samples in flight continue under the new weights and their
-        later tokens carry the new version; without it the worker stops taking new work
-        until its running samples finish, then loads.
+        Keeps up to ``settings.concurrency`` samples in the engine's running batch, one
+        request per sample, refilled from ``source`` as samples finish. A finished group is
+        scored and gets its advantages; finished groups go to the store together, at the
+        latest ``PUT_EVERY_S`` after the first of them finished. Between engine steps the
+        worker checks the parameter service and loads a newer version when there is one:
+        with ``partial_rollout`` the samples in flight continue under the new weights and
+        their later tokens carry the new version; without it the worker stops taking new
+        work until its running samples finish, then loads.
         """
-        if self._env is None or self._store is None or self._params is None:
-            raise RuntimeError("streaming needs an environment, a store and a parameter service")
-        run = _Stream(self, source, settings)
-        return run.loop()
+        return _Stream(self, source, settings).loop()
+
+
+RolloutWorkerActor = ray.remote(RolloutWorker)
 
 
 class GroupSource(Protocol):
-    """Where a streaming worker gets work (``tasks.dispatcher.Dispatcher``, a Ray actor):
-    ``take`` returns a ``tasks.dispatcher.Work`` (or None: stop), ``report`` takes finished
-    groups and counters, ``hand_over`` takes a repacked worker's groups."""
+    """Where a streaming worker gets work: the dispatcher's actor handle
+    (``engines/dispatcher.py``). ``take`` answers a ``messages.Work`` (or None: stop),
+    ``report`` takes finished groups and counters, ``hand_over`` a repacked worker's groups."""
 
     take: Any
     report: Any
     hand_over: Any
 
 
-@dataclass(frozen=True)
-class StreamSettings:
-    worker: int
-    samples_per_prompt: int
-    max_new_tokens: int
-    temperature: float
-    scale_by_std: bool
-    concurrency: int  # samples in flight at most: vLLM's running batch
-    partial_rollout: bool = True
-    weight_check_s: float = 0.1
-    report_every_s: float = 0.5
-    pull_timeout_s: float = 120.0
-    # Repack: send the running samples with each ask once at most this many are left
-    # (0: never).
-    repack_max_stragglers: int = 0
-
-
-@dataclass
-class _Sample:
-    group: str
-    index: int
-    predicted: float
-    started_at: float = 0.0  # time.time() when it first started, on whichever worker
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    marks: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
-    done: Completion | None = None
-
-
-@dataclass
-class _Group:
-    problem: Problem
-    prompt_ids: list[int]
-    samples: list[_Sample]
-    seed: int
-
-
-def _as_reported(group: _Group) -> _Group:
-    """``group`` cut back to the tokens ``step`` has reported: a version mark taken from
-    ``generated`` may lie past them, and the worker that continues the group regenerates
-    the rest."""
-    samples = [
-        replace(s, marks=[(min(first, len(s.token_ids)), v) for first, v in s.marks])
-        for s in group.samples
-    ]
-    return replace(group, samples=samples)
-
-
-@dataclass(frozen=True)
-class Handoff:
-    """An unfinished group moved to another worker by repack: its samples as they stood
-    (finished ones with their completion, the others with the tokens generated so far)."""
-
-    group_id: str
-    group: _Group
-
-
 class _Stream:
     """The state of one ``stream`` call; a class so the loop reads as its steps."""
 
     def __init__(
-        self, worker: RolloutWorkerBase, source: GroupSource, settings: StreamSettings
+        self, worker: RolloutWorker, source: GroupSource, settings: StreamSettings
     ) -> None:
-        self.w, self.source, self.s = worker, source, settings
-        self.running: dict[str, _Sample] = {}
-        self.groups: dict[str, _Group] = {}
+        self.engine, self.env, self.store, self.params = (
+            worker.engine,
+            worker.env,
+            worker.store,
+            worker.params,
+        )
+        self.source, self.s = source, settings
+        self.counters = worker.stream_counters
+        self.running: dict[str, PartialSample] = {}
+        self.groups: dict[str, PartialGroup] = {}
         self.reports: list[GroupDone] = []
         self.unsent: list[pa.RecordBatch] = []  # finished groups not yet in the store
         self.unsent_since = 0.0
-        # Running totals kept on the worker, so they survive a pause of the stream.
-        self.counters = worker.stream_counters
         self.stopping = False
         self.newer: tuple[int, list[bytes]] | None = None
         self.next_check = self.next_report = 0.0
@@ -335,7 +295,7 @@ class _Stream:
                 time.sleep(RELAY_POLL_S)  # admission holds us back: idle
                 self.counters["idle_s"] += time.monotonic() - now
             else:
-                for delta in self.w.step():
+                for delta in self.engine.step():
                     self.advance(delta)
                 self.counters["busy_s"] += time.monotonic() - now
             if self.unsent and (
@@ -346,7 +306,7 @@ class _Stream:
                 self.report()
         self.send()
         self.report()
-        self.w._store.flush()  # type: ignore[union-attr]
+        self.store.flush()
         return dict(self.counters)
 
     def check_weights(self) -> None:
@@ -357,13 +317,13 @@ class _Stream:
         """
         started = time.monotonic()
         if self.weights_asked is None:
-            after = max(self.w.version(), self.newer[0] if self.newer else -1)
-            self.weights_asked = self.w._params.ask(after)  # type: ignore[union-attr]
+            after = max(self.engine.version(), self.newer[0] if self.newer else -1)
+            self.weights_asked = self.params.ask(after)
             self.next_check = started + self.s.weight_check_s
         if self.running and not self.weights_asked.answered():
             return
         asked, self.weights_asked = self.weights_asked, None
-        found = self.w._params.collect(asked, timeout=self.s.pull_timeout_s)  # type: ignore[union-attr]
+        found = self.params.collect(asked, timeout=self.s.pull_timeout_s)
         self.counters["pull_s"] += time.monotonic() - started
         if found is not None:
             self.newer = found
@@ -373,11 +333,11 @@ class _Stream:
     def load_newer(self) -> None:
         assert self.newer is not None
         version, blobs = self.newer
-        self.w.load_weights(blobs, version)
+        self.engine.load_weights(blobs, version)
         self.newer = None
         self.counters["weight_loads"] += 1
         for request, sample in self.running.items():  # tokens from here on: `version`
-            generated = self.w.generated(request)
+            generated = self.engine.generated(request)
             sample.marks.append(
                 (len(sample.token_ids) if generated is None else generated, version)
             )
@@ -401,7 +361,9 @@ class _Stream:
                     InFlight(request, s.group, s.started_at, len(s.token_ids), s.predicted)
                     for request, s in self.running.items()
                 ]
-            self.asked = self.source.take.remote(self.s.worker, room, self.w.version(), stragglers)
+            self.asked = self.source.take.remote(
+                self.s.worker, room, self.engine.version(), stragglers
+            )
         if self.running and not ray.wait([self.asked], timeout=0)[0]:
             return  # not answered yet: keep generating
         work, self.asked = ray.get(self.asked), None
@@ -416,22 +378,22 @@ class _Stream:
                 if sample.done is None:
                     self.begin(handoff.group_id, handoff.group, sample)
         for a in work.assignments:
-            ids = self.w.prompt_ids([a.problem.prompt])[0]
+            ids = self.engine.prompt_ids([a.problem.prompt])[0]
             started = time.time()
-            samples = [_Sample(a.group_id, j, a.predicted, started) for j in range(n)]
-            group = _Group(a.problem, ids, samples, a.seed)
+            samples = [PartialSample(a.group_id, j, a.predicted, started) for j in range(n)]
+            group = PartialGroup(a.problem, ids, samples, a.seed)
             self.groups[a.group_id] = group
             for sample in group.samples:
                 self.begin(a.group_id, group, sample)
 
-    def begin(self, group_id: str, group: _Group, sample: _Sample) -> None:
+    def begin(self, group_id: str, group: PartialGroup, sample: PartialSample) -> None:
         """Start ``sample`` in vLLM, or continue it from the tokens it has (a repacked one)."""
         request, done = f"{group_id}/{sample.index}", len(sample.token_ids)
-        version = self.w.version()
+        version = self.engine.version()
         if not sample.marks or sample.marks[-1][1] != version:
             sample.marks.append((done, version))
         self.running[request] = sample
-        self.w.start(
+        self.engine.start(
             request,
             group.prompt_ids + sample.token_ids,
             self.s.max_new_tokens - done,
@@ -447,7 +409,7 @@ class _Stream:
         ]
         if not ray.get(self.source.hand_over.remote(self.s.worker, target, handoffs)):
             return  # the dispatcher stopped or the target is gone: keep them
-        self.w.abort(list(self.running))
+        self.engine.abort(list(self.running))
         self.running.clear()
         self.groups.clear()
 
@@ -463,20 +425,20 @@ class _Stream:
         sample.done = Completion(
             sample.token_ids,
             sample.logprobs,
-            self.w.decode(sample.token_ids),
+            self.engine.decode(sample.token_ids),
             delta.finish_reason == "stop",
         )
         group = self.groups[sample.group]
         if all(s.done is not None for s in group.samples):
             self.finish(sample.group, group)
 
-    def finish(self, group_id: str, group: _Group) -> None:
+    def finish(self, group_id: str, group: PartialGroup) -> None:
         del self.groups[group_id]
         if not self.unsent:
             self.unsent_since = time.monotonic()
         completions = [s.done for s in group.samples if s.done is not None]
         block, stats = scored_block(
-            self.w._env,  # type: ignore[arg-type]
+            self.env,
             [group.problem],
             [group.prompt_ids],
             [completions],
@@ -501,14 +463,14 @@ class _Stream:
     def send(self) -> None:
         """Put the finished groups into the store as one block."""
         if self.unsent:
-            self.w._store.put(pa.concat_batches(self.unsent))  # type: ignore[union-attr]
+            self.store.put(pa.concat_batches(self.unsent))
             self.unsent = []
 
     def report(self) -> None:
         in_flight = sum(max(0.0, s.predicted - len(s.token_ids)) for s in self.running.values())
         counters = {
             **self.counters,
-            "version": float(self.w.version()),
+            "version": float(self.engine.version()),
             "pid": float(os.getpid()),  # the flow notices a restarted worker by it
             "in_flight_tokens": float(in_flight),
             "free_groups": float(
@@ -518,3 +480,71 @@ class _Stream:
         self.source.report.remote(self.s.worker, self.reports, counters)
         self.reports = []
         self.next_report = time.monotonic() + self.s.report_every_s
+
+
+class RolloutWorkerClient:
+    """A rollout worker's actor handle, typed: each call starts the work and returns its
+    Ray ref at once (the flow waits on several together, restarting dead workers)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def pid(self) -> ObjectRef[int]:
+        return self.handle.pid.remote()
+
+    def generate(
+        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> ObjectRef[list[list[Completion]]]:
+        return self.handle.generate.remote(prompts, n, max_new_tokens, temperature, seed)
+
+    def rollout(self, problems: list[Problem], shard: BatchShard) -> ObjectRef[RolloutStats]:
+        return self.handle.rollout.remote(problems, shard)
+
+    def sync_weights(self, at_least: int, timeout_s: float) -> ObjectRef[int]:
+        return self.handle.sync_weights.remote(at_least, timeout_s)
+
+    def stream(self, source: GroupSource, settings: StreamSettings) -> ObjectRef[dict[str, float]]:
+        return self.handle.stream.remote(source, settings)
+
+
+def launch_rollout_workers(
+    r: RolloutConfig,
+    model_dir: str,
+    max_model_len: int | None,
+    seed: int,
+    env: Environment,
+    store: StoreClient | None,
+    params: ParameterService | None,
+    env_vars: dict[str, str],
+    count: int | None = None,
+) -> list[RolloutWorkerClient]:
+    """``count`` (default ``rollout.workers``) actors, each asking for
+    ``rollout.cpus_per_worker`` CPU slots and the custom Ray ``rollout.resources``, so it
+    lands only on a node that offers them; Ray restarts one whose process dies,
+    ``rollout.max_restarts`` times."""
+    extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
+    return [
+        RolloutWorkerClient(
+            RolloutWorkerActor.options(
+                num_cpus=r.cpus_per_worker,
+                resources=r.resources or None,
+                runtime_env=thread_env(r.threads_per_worker, extra),
+                max_restarts=r.max_restarts,
+            ).remote(
+                partial(
+                    VLLMRolloutEngine,
+                    model_dir=model_dir,
+                    seed=seed + i,
+                    kv_cache_gib=r.kv_cache_gib,
+                    enforce_eager=r.enforce_eager,
+                    max_model_len=max_model_len,
+                ),
+                env,
+                store,
+                params,
+                threads=r.threads_per_worker,
+                credentials=Credentials.here(),
+            )
+        )
+        for i in range(r.workers if count is None else count)
+    ]

@@ -1,9 +1,9 @@
 """torch training engine: one policy-gradient step per batch of scored samples.
 
-Runs in a Ray actor (``engines.pools``) or in-process in tests. Holds the policy, a plain
-torch AdamW and the version counter; hands out its weights as one safetensors blob. The
-loss, metrics and micro-batching are ``engines.trainer_core``'s, shared with the DeepSpeed
-engine.
+Held by the trainer actor (``engines/trainer_actor.py``) or run in-process in tests. Holds
+the policy, a plain torch AdamW and the version counter; hands out its weights as one
+safetensors blob. The loss, metrics and micro-batching are ``engines.trainer_core``'s,
+shared with the DeepSpeed engine.
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ class PolicyTrainer(ABC):
         is_cap: float = 2.0,
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
+        before_update: Callable[[], object] | None = None,
     ) -> None:
         if loss not in LOSS_NAMES:
             raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSS_NAMES)}")
@@ -125,8 +126,9 @@ class PolicyTrainer(ABC):
         self._micro_tokens = micro_batch_tokens
         # What the forward pass calls: the model, or an engine that wraps it.
         self._network: Callable[..., Any] = self.model
-        # Called right before the weights change in place (see storage.params.publish).
-        self.before_update: Callable[[], object] | None = None
+        # Called right before the weights change in place: a weight publish may still be
+        # copying them (storage.params: ParameterService.wait_snapshot).
+        self.before_update = before_update
         self._version = 0
         self._attach_optimizer()
 

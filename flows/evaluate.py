@@ -1,7 +1,7 @@
 """The eval flow: held-out accuracy of one policy, a folder or a registered model version.
 
 Starts Ray and one rollout worker (vLLM) on the policy, decodes the held-out set greedily
-(``tasks/rollout.py: evaluate``), and logs the accuracy to MLflow (and, for a registered
+(``tasks/rollouts.py: evaluate``), and logs the accuracy to MLflow (and, for a registered
 version, as a tag on it). Driven by ``sluice eval`` and the ``eval`` deployment.
 """
 
@@ -13,16 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from sluice.engines import cluster
-from sluice.engines.pools import child_env, launch_rollout_workers
-from sluice.rl.config import RunConfig, build_config
+from sluice.rl.config import build_config
 from sluice.storage.layout import RunLayout
 from sluice.tasks import registry
-from sluice.tasks.environment import make_environment
-from sluice.tasks.rollout import evaluate
+from sluice.tasks.evaluation import evaluate_policy
 from sluice.tasks.tracking import MlflowLogger, tracking_uri
 
 log = logging.getLogger("sluice")
@@ -48,30 +45,6 @@ def resolve_policy(client: Any, spec: str, into: Path) -> tuple[Path, str, str]:
     if version is None:
         raise ValueError(f"registered model {name!r} has no alias {ref!r}")
     return registry.download_policy(client, name, version, into), name, version
-
-
-@task(name="evaluate-policy", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
-    """Greedy held-out accuracy of ``policy_dir`` with one vLLM rollout worker."""
-    env, _ = make_environment(cfg.env)
-    heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
-    r = cfg.rollout
-    (worker,) = launch_rollout_workers(
-        1,
-        r.cpus_per_worker,
-        r.threads_per_worker,
-        child_env(),
-        resources=r.resources,
-        model_dir=policy_dir,
-        seed=cfg.seed,
-        kv_cache_gib=r.kv_cache_gib,
-        enforce_eager=r.enforce_eager,
-        max_model_len=cfg.policy.max_positions,
-    )
-    try:
-        return evaluate([worker], env, heldout, max(len(p.answer) for p in heldout) + 4)
-    finally:
-        ray.kill(worker)
 
 
 @flow(name="sluice-eval", log_prints=False)

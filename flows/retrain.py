@@ -18,8 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mlflow.tracking import MlflowClient
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from sluice.flows.rl_job import rl_job
 from sluice.rl.config import RunConfig, apply_override, build_config
@@ -42,25 +41,6 @@ def retrain_config(cfg: RunConfig, champion_dir: str | None, now: datetime) -> R
     return build_config(tree)
 
 
-@task(name="promote-or-keep", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
-def promote_or_keep(
-    client: MlflowClient,
-    model_name: str,
-    challenger: str,
-    champion_accuracy: float | None,
-    challenger_accuracy: float,
-    min_gain: float,
-) -> registry.Decision:
-    decision = registry.decide(champion_accuracy, challenger_accuracy, min_gain)
-    registry.apply(client, model_name, challenger, decision)
-    if decision.promote:
-        log.info("promoted %s version %s to champion: %s", model_name, challenger, decision.reason)
-    else:
-        kept = registry.alias_version(client, model_name, registry.CHAMPION)
-        log.info("kept %s version %s as champion: %s", model_name, kept, decision.reason)
-    return decision
-
-
 @flow(name="sluice-retrain", log_prints=False)
 def retrain(config: dict[str, Any], min_gain: float = 0.0) -> dict[str, Any]:
     """Train a challenger from the champion on fresh prompts; promote it only if better."""
@@ -79,7 +59,7 @@ def retrain(config: dict[str, Any], min_gain: float = 0.0) -> dict[str, Any]:
         log.info("no %s champion yet: retraining from the configured policy", name)
     run = retrain_config(cfg, champion_dir, now)
     result = rl_job(run.model_dump(), resume=False)
-    decision = promote_or_keep(
+    decision = registry.promote_or_keep(
         client,
         name,
         result["model_version"],

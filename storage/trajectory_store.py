@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
+from ray import ObjectRef
 
 from sluice.storage import fsio
 from sluice.storage.block_builder import decode_block, encode_block
@@ -495,7 +496,21 @@ class StoreClient:
                 ray.get(self.handle.stats.remote()),
             )
 
-    def ack(self, lease: Lease, version: int) -> int:
+    def request(
+        self,
+        count: int,
+        current_version: int,
+        max_staleness: int,
+        wait_s: float,
+        lease_s: float | None = None,
+    ) -> ObjectRef[LeaseGrant | None]:
+        """Ask for ``count`` ready samples (whole groups, none staler than the bound); the
+        answer is a ref to where they live, or to None after ``wait_s``. The flow asks, so
+        it can restart dead rollout workers while it waits; the trainer reads the rows."""
+        return self.handle.lease.remote(count, current_version, max_staleness, wait_s, lease_s)
+
+    def ack(self, lease: Lease | LeaseGrant, version: int) -> int:
+        """Mark a lease trained at ``version``; the ledger is flushed before this returns."""
         return int(ray.get(self.handle.ack.remote(lease.lease_id, version)))
 
     def stats(self) -> dict[str, int]:

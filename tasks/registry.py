@@ -10,11 +10,16 @@ the ``champion`` alias only when the challenger is better by at least ``min_gain
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+log = logging.getLogger("sluice")
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 POLICY_ARTIFACT = "policy"
@@ -79,3 +84,23 @@ def apply(client: MlflowClient, model_name: str, challenger: str, decision: Deci
     client.set_model_version_tag(model_name, challenger, "promotion", decision.reason)
     if decision.promote:
         client.set_registered_model_alias(model_name, CHAMPION, challenger)
+
+
+@task(name="promote-or-keep", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+def promote_or_keep(
+    client: MlflowClient,
+    model_name: str,
+    challenger: str,
+    champion_accuracy: float | None,
+    challenger_accuracy: float,
+    min_gain: float,
+) -> Decision:
+    """Promote ``challenger`` to champion if it beats the champion by ``min_gain``."""
+    decision = decide(champion_accuracy, challenger_accuracy, min_gain)
+    apply(client, model_name, challenger, decision)
+    if decision.promote:
+        log.info("promoted %s version %s to champion: %s", model_name, challenger, decision.reason)
+    else:
+        kept = alias_version(client, model_name, CHAMPION)
+        log.info("kept %s version %s as champion: %s", model_name, kept, decision.reason)
+    return decision

@@ -10,7 +10,7 @@ there): rollout workers ask for ``rollout``, the trainer for ``trainer``.
 
 The job asks for two rollout workers but starts when only one rollout node (rollout-a) is
 up: no node has room for worker 1, so the async run starts with worker 0 alone
-(``tasks/placement.py``), and gives worker 1 a stream once rollout-b joins and Ray places it
+(``engines/placement.py``), and gives worker 1 a stream once rollout-b joins and Ray places it
 there. Then the raylet of the node holding worker 0 is SIGKILLed: a lost machine. Its worker
 dies with it, its groups go back to the queue, and Ray cannot restart it (no other node
 offers a free ``rollout``): the pool shrinks to one worker and training goes on. A

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from sluice.tasks.placement import PlacementTimeout, wait_placed
+from sluice.engines.placement import PlacementTimeout, wait_placed
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ resources, and joining an existing two-node cluster (tests/support/ray_nodes.py)
 address and through its Ray client server (``ray://``). Each driver runs in a child process,
 so this test process's own Ray (other tests' ``ray.init``) stays out of it.
 
-In every case the control-plane actors' placement (``engines.pools.on_driver_node``) puts
+In every case the control-plane actors' placement (``engines.cluster.on_driver_node``) puts
 an actor on the driver's node: the head, for a driver that joined by address (Ray picks the
 head among nodes on the driver's machine), or the node of the client server (the head).
 """
@@ -28,7 +28,7 @@ import json, logging, sys
 from pathlib import Path
 import ray
 from sluice.engines import cluster
-from sluice.engines.pools import on_driver_node
+from sluice.engines.cluster import on_driver_node
 
 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
 

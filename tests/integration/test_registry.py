@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sluice.flows.retrain import promote_or_keep
 from sluice.tasks import registry
+from sluice.tasks.registry import promote_or_keep
 from sluice.tasks.tracking import MlflowLogger
 from tests.support.servers import Server, free_port
 

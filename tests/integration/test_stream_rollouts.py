@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from sluice.tasks.rollout import StreamRollouts
+from sluice.engines.dispatcher import DispatcherClient
+from sluice.engines.rollout_worker import RolloutWorkerClient
+from sluice.rl.config import build_config
+from sluice.tasks.rollouts import StreamRollouts
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +50,6 @@ def test_a_worker_dying_while_the_streams_stop_is_counted_once(ray_local) -> Non
             return os.getpid()
 
     queue, worker = Queue.remote(), Worker.remote()
-    rollouts = StreamRollouts([worker], queue, [None], max_restarts=1)  # type: ignore[list-item]
 
     def wait(ref: Any, what: str) -> Any:
         """As the session's waiter can: its periodic check runs after the stream ended."""
@@ -55,9 +57,12 @@ def test_a_worker_dying_while_the_streams_stop_is_counted_once(ray_local) -> Non
         rollouts.check()
         return ray.get(ref)
 
+    cfg = build_config({"mode": "async", "rollout": {"max_restarts": 1}})
+    rollouts = StreamRollouts(cfg, [RolloutWorkerClient(worker)], DispatcherClient(queue), wait)
+
     try:
         rollouts.start()
-        rollouts.stop(wait)  # one death: within max_restarts=1, so no RolloutFailure
+        rollouts.stop()  # one death: within max_restarts=1, so no RolloutFailure
         assert rollouts.restarts.counts == [1]
         assert rollouts.restarting == {0}
         assert ray.get(queue.calls.remote()) == [0]

@@ -31,7 +31,7 @@ def policy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(policy):
-    # In this process, as in the rollout actors (engines.pools): no engine-core subprocess.
+    # In this process, as in the rollout actors: no engine-core subprocess.
     patch = pytest.MonkeyPatch()
     patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # Room for a prompt that fills one KV block (128 tokens on CPU) and its answer.

@@ -1,12 +1,17 @@
-"""A weight push into a live vLLM engine makes its log-probs match the trainer's model."""
+"""Weights a trainer publishes, pulled by a live rollout worker (vLLM), make the worker's
+log-probs match the trainer's model: the parameter service path a run takes."""
 
 from __future__ import annotations
 
 import pytest
+from transformers import AutoTokenizer
 
-from sluice.engines.pools import launch_rollout_workers
+from sluice.engines.rollout_worker import launch_rollout_workers
 from sluice.engines.torch_trainer import TorchTrainer
+from sluice.envs import make_env
 from sluice.rl.batching import Sample
+from sluice.rl.config import RolloutConfig
+from sluice.storage.params import ParameterService
 
 pytestmark = pytest.mark.integration
 
@@ -31,22 +36,24 @@ def _max_gap(a: list[list[float]], b: list[list[float]]) -> float:
 
 def test_weight_push_matches_trainer_logprobs(ray_local, tiny_policy):
     ray = ray_local
+    params = ParameterService.create(relays=1, bucket_bytes=256 << 10)
     (worker,) = launch_rollout_workers(
-        1,
-        cpus=1,
-        threads=1,
-        env_vars={},
-        model_dir=str(tiny_policy),
-        seed=0,
-        kv_cache_gib=0.25,
-        enforce_eager=True,
+        RolloutConfig(kv_cache_gib=0.25),
+        str(tiny_policy),
         max_model_len=128,
+        seed=0,
+        env=make_env("addition"),
+        store=None,
+        params=params,
+        env_vars={},
+        count=1,
     )
     trainer = TorchTrainer(
         str(tiny_policy), lr=5e-2, clip_eps=0.2, grad_clip=10.0, micro_batch=64, threads=1, seed=0
     )
-    prompt_ids = ray.get(worker.prompt_ids.remote(PROMPTS))
-    groups = ray.get(worker.generate.remote(PROMPTS, 2, 8, 1.0, 0))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_policy))  # what vLLM's prompts encode to
+    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    groups = ray.get(worker.generate(PROMPTS, 2, 8, 1.0, 0))
     before = _samples(prompt_ids, groups, [1.0, -1.0, 1.0, -1.0])
     # The same weights on both sides: vLLM's behaviour log-probs equal the trainer's.
     assert _max_gap([s.behaviour_logprobs for s in before], trainer.logprobs(before)) < 1e-4
@@ -56,10 +63,11 @@ def test_weight_push_matches_trainer_logprobs(ray_local, tiny_policy):
     # The step moved the trainer's log-probs away from what vLLM still serves.
     assert _max_gap([s.behaviour_logprobs for s in before], trainer.logprobs(before)) > 1e-3
 
-    ray.get(worker.load_weights.remote([trainer.weights()], 1))
-    assert ray.get(worker.version.remote()) == 1
-    groups = ray.get(worker.generate.remote(PROMPTS, 2, 8, 1.0, 1))
+    params.publish(trainer.version(), trainer.state())
+    assert ray.get(worker.sync_weights(1, 60.0)) == 1
+    groups = ray.get(worker.generate(PROMPTS, 2, 8, 1.0, 1))
     after = _samples(prompt_ids, groups, [0.0] * 4)
     gap = _max_gap([s.behaviour_logprobs for s in after], trainer.logprobs(after))
     assert gap < 1e-4, f"vLLM and trainer log-probs differ by {gap:.2e} after the push"
-    ray.kill(worker)
+    ray.kill(worker.handle)
+    params.shutdown()

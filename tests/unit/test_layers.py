@@ -73,8 +73,7 @@ def _part(module: str) -> str | None:
 
 def _graph() -> dict[str, set[str]]:
     return {
-        name: {m for _, m in _imports(name, file) if m in MODULES}
-        for name, file in MODULES.items()
+        name: {m for _, m in _imports(name, file) if m in MODULES} for name, file in MODULES.items()
     }
 
 

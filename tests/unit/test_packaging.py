@@ -12,8 +12,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_wheel_holds_only_the_sluice_package(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
     )
@@ -24,8 +34,15 @@ def test_the_wheel_holds_only_the_sluice_package(tmp_path: Path) -> None:
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["sluice"]
     # Every part of the house is in it, under its namespace name, and the package data.
-    for part in ("flows/cli.py", "storage/ledger.py", "rl/losses.py", "envs/base.py",
-                 "sim/profiles/cpu2core.json", "tasks/dispatcher.py", "engines/policy.py"):
+    for part in (
+        "flows/cli.py",
+        "storage/ledger.py",
+        "rl/losses.py",
+        "envs/base.py",
+        "sim/profiles/cpu2core.json",
+        "engines/dispatcher.py",
+        "engines/policy.py",
+    ):
         assert f"sluice/{part}" in names
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "sluice = sluice.flows.cli:app" in zipfile.ZipFile(wheel).read(entry).decode()
@@ -41,7 +58,11 @@ def test_import_sluice_from_outside_the_checkout(tmp_path: Path) -> None:
         "from sluice.storage.ledger import Ledger"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, text=True,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        text=True,
         env={"PATH": "/usr/bin:/bin"},
     ).stdout.split("\n")
     assert Path(out[0]).resolve() == ROOT / "sluice" / "__init__.py"

@@ -20,8 +20,9 @@ from sluice.benchmarks.trl_grpo import (
     sluice_optimizer,
 )
 from sluice.engines.policy import check_policy_folder
+from sluice.envs.prompts import PromptStream
 from sluice.rl.config import load_config
-from sluice.tasks.environment import PromptStream, make_environment
+from sluice.tasks.environment import make_environment
 
 ROOT = Path(__file__).parents[3]
 

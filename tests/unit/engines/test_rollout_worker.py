@@ -1,7 +1,8 @@
 """A worker's finished groups become one trajectory block: rows, rewards, advantages, versions."""
 
+from sluice.engines.messages import PartialGroup, PartialSample
 from sluice.engines.protocols import Completion
-from sluice.engines.rollout_worker import _as_reported, _Group, _Sample, scored_block
+from sluice.engines.rollout_worker import _as_reported, scored_block
 from sluice.rl.config import EnvConfig
 from sluice.storage.schema import validate_batch
 from sluice.tasks.environment import make_environment
@@ -41,10 +42,10 @@ def test_a_handed_over_group_keeps_only_marks_within_its_reported_tokens():
     reported; the handoff cuts it back, and leaves the worker's own group untouched."""
     env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
     [problem] = env.problems("train", 1, seed=0)
-    running = _Sample("g", 0, 20.0, token_ids=[5, 6, 7], marks=[(0, 1), (2, 2), (5, 3)])
+    running = PartialSample("g", 0, 20.0, token_ids=[5, 6, 7], marks=[(0, 1), (2, 2), (5, 3)])
     finished = Completion([5], [-1.0], "", True)
-    done = _Sample("g", 1, 20.0, token_ids=[5], marks=[(0, 1)], done=finished)
-    group = _Group(problem, [1, 2], [running, done], seed=0)
+    done = PartialSample("g", 1, 20.0, token_ids=[5], marks=[(0, 1)], done=finished)
+    group = PartialGroup(problem, [1, 2], [running, done], seed=0)
     moved = _as_reported(group)
     assert [s.marks for s in moved.samples] == [[(0, 1), (2, 2), (3, 3)], [(0, 1)]]
     assert moved.samples[1].done == finished

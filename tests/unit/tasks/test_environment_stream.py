@@ -1,7 +1,8 @@
 import pytest
 
+from sluice.envs.prompts import PromptStream
 from sluice.rl.config import EnvConfig
-from sluice.tasks.environment import PromptStream, make_environment
+from sluice.tasks.environment import make_environment
 
 
 @pytest.mark.parametrize(

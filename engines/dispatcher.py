@@ -1,7 +1,9 @@
 """The dispatcher: hands prompt groups to streaming rollout workers, within the staleness bound.
 
-A zero-CPU Ray actor, created by the flow in ``async`` mode and asked by each rollout worker
-(``engines/rollout_worker.py: stream``) for more groups whenever the worker has room.
+A zero-CPU Ray actor, created by the flow's session in ``async`` mode and asked by each
+rollout worker (``engines/rollout_worker.py: stream``) for more groups whenever the worker
+has room; the flow reaches it through ``DispatcherClient``. The messages it exchanges are
+in ``engines/messages.py``.
 
 - Admission control (AReaL's rule, arXiv 2505.24298 section 5.1): group number g (in issue
   order) is trained at trainer version about g // B (B groups per step); a worker holding
@@ -31,52 +33,20 @@ A zero-CPU Ray actor, created by the flow in ``async`` mode and asked by each ro
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
-from sluice.engines.rollout_worker import GroupDone, Handoff
+from sluice.engines.cluster import on_driver_node
+from sluice.engines.messages import Assignment, GroupDone, Handoff, RolloutTotals, Work
 from sluice.envs import Problem
+from sluice.envs.prompts import PromptStream
+from sluice.rl.config import RunConfig
 from sluice.rl.dispatch import GroupRequest, InFlight, LengthPredictor, WorkerLoad, plan, stragglers
-from sluice.tasks.environment import PromptStream
 
 # Groups kept ready for ordering: enough for a couple of steps, so "longest first" has
 # something to choose from without running far ahead of the prompt stream.
 LOOKAHEAD_STEPS = 2
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """One prompt group for a worker: n samples of ``problem``, seeds from ``seed``."""
-
-    problem: Problem
-    group_id: str
-    seed: int
-    predicted: float
-
-
-@dataclass(frozen=True)
-class Work:
-    """A ``take``'s answer: fresh groups, groups repacked onto this worker, and whether it
-    should hand its own unfinished groups to another worker (``give_to``)."""
-
-    assignments: list[Assignment]
-    handoffs: list[Handoff] = field(default_factory=list)
-    give_to: int | None = None
-
-
-@dataclass
-class _Totals:
-    groups: int = 0
-    samples: int = 0
-    tokens: int = 0
-    reward_sum: float = 0.0
-    correct: int = 0
-    truncated: int = 0
-    reward_errors: int = 0
-    repacked: int = 0  # groups moved between workers by repack
-    lengths: list[int] = field(default_factory=list)
 
 
 class GroupDispatcher:
@@ -112,7 +82,7 @@ class GroupDispatcher:
         self._held: dict[int, dict[str, Problem]] = {}  # worker -> its unfinished groups
         self._stopped = False
         self._workers: dict[int, dict[str, float]] = {}
-        self._totals = _Totals()
+        self._totals = RolloutTotals()
         self._repack = (repack_max_stragglers, repack_min_age_s)  # max 0: off
         # worker -> (its version, its running samples) as of its last take, while draining
         self._stragglers: dict[int, tuple[int, list[InFlight]]] = {}
@@ -260,7 +230,7 @@ class GroupDispatcher:
 
     def drain(self) -> dict[str, Any]:
         """Rollout totals since the last call, and each worker's latest counters."""
-        totals, self._totals = self._totals, _Totals()
+        totals, self._totals = self._totals, RolloutTotals()
         return {"totals": totals, "workers": dict(self._workers), "issued": self._issued}
 
     def stop(self) -> None:
@@ -275,3 +245,52 @@ class GroupDispatcher:
 
 
 Dispatcher = ray.remote(num_cpus=0)(GroupDispatcher)
+
+
+class DispatcherClient:
+    """The dispatcher's actor handle, typed, for the flow; rollout workers hold ``handle``."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def resume(self) -> None:
+        ray.get(self.handle.resume.remote())
+
+    def stop(self) -> None:
+        ray.get(self.handle.stop.remote())
+
+    def requeue(self, worker: int) -> int:
+        return int(ray.get(self.handle.requeue.remote(worker)))
+
+    def credit(self, groups: int) -> None:
+        self.handle.credit.remote(groups)  # no answer needed: the next drain is behind it
+
+    def drain(self) -> dict[str, Any]:
+        return dict(ray.get(self.handle.drain.remote()))
+
+    def cursor(self) -> dict[str, Any]:
+        return dict(ray.get(self.handle.cursor.remote()))
+
+    def restart_at(self, cursor: dict[str, Any], admitted: int, tag: str) -> None:
+        ray.get(self.handle.restart_at.remote(cursor, admitted, tag))
+
+
+def launch_dispatcher(cfg: RunConfig, prompts: PromptStream, env: str) -> DispatcherClient:
+    """The dispatcher of an ``async`` run, on the driver's node (it holds the run's queue)."""
+    r = cfg.rollout
+    handle = Dispatcher.options(
+        scheduling_strategy=on_driver_node()
+    ).remote(
+        prompts,
+        env,
+        r.prompts_per_step,
+        r.samples_per_prompt,
+        cfg.max_staleness,
+        cfg.seed,
+        long_first=r.long_first,
+        balance=r.balance,
+        prior_length=float(r.max_new_tokens),
+        repack_max_stragglers=r.repack_max_stragglers if r.repack else 0,
+        repack_min_age_s=r.repack_min_age_s,
+    )
+    return DispatcherClient(handle)

@@ -1,13 +1,13 @@
-"""How rollouts are driven in each mode, and held-out evaluation.
+"""How rollouts are driven in each mode (the ``Rollouts`` Protocol), and held-out evaluation.
 
 ``BatchRollouts`` (``sync``, ``one_step``): a batch is submitted (the workers start
 generating at once) and collected later, so the flow can train on one batch while the
 next one generates. ``StreamRollouts`` (``async``): every worker streams from the
-dispatcher (``tasks/dispatcher.py``) until told to stop. Either way the workers score
+dispatcher (``engines/dispatcher.py``) until told to stop. Either way the workers score
 their samples and put them into the trajectory store themselves
 (``engines/rollout_worker.py``); what comes back here is counts for the metrics. The flow
-drives both through the same calls: start, before_train, after_train, drain, stop, and
-``check`` while it waits.
+drives both through the same calls (``Rollouts``); ``schedule`` is the one place that reads
+the config's ``mode``.
 
 A rollout worker whose process dies is restarted by Ray; the call it was running fails
 here, and its work is handed out again: a batch shard is resubmitted under a new tag, a
@@ -17,7 +17,7 @@ Training goes on. ``RolloutFailure`` ends the run once a worker has died more of
 
 A worker whose node was lost stays restarting until a node with its resources joins,
 which may take minutes or never happen; so does a worker no node had room for when the
-run started (``tasks/placement.py``). ``async`` goes on with the pool it has: held-out
+run started (``engines/placement.py``). ``async`` goes on with the pool it has: held-out
 evaluation and the end of the run use the live workers only (``live``), and the worker
 gets a stream again whenever Ray has it back. The batch modes wait for it: each batch is
 split over every worker.
@@ -29,18 +29,22 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from sluice.engines.rollout_worker import RolloutStats, StreamSettings
+from sluice.engines.dispatcher import DispatcherClient
+from sluice.engines.messages import BatchShard, RolloutStats, StreamSettings
+from sluice.engines.rollout_worker import RolloutWorkerClient
 from sluice.envs import Environment, Problem, score
-from sluice.tasks.environment import PromptStream
+from sluice.envs.prompts import PromptStream
+from sluice.rl.config import RunConfig
 
 log = logging.getLogger("sluice")
 
-# Waits for Ray refs with progress lines (the flow's ``_wait``, bound to its store).
+# Waits for Ray refs, restarting dead rollout workers and logging progress meanwhile
+# (``Session.wait``).
 Waiter = Callable[[Any, str], Any]
 
 
@@ -59,7 +63,7 @@ class Restarts:
     probes it without blocking, ``wait_back`` blocks until it answers.
     """
 
-    def __init__(self, workers: list[Any], limit: int) -> None:
+    def __init__(self, workers: list[RolloutWorkerClient], limit: int) -> None:
         self.workers = workers
         self.counts = [0] * len(workers)
         self.limit = limit
@@ -69,7 +73,7 @@ class Restarts:
         """True once the restarted ``worker`` answers; raises if it is dead for good."""
         probe = self._probes.get(worker)
         if probe is None:
-            self._probes[worker] = self.workers[worker].pid.remote()
+            self._probes[worker] = self.workers[worker].pid()
             return False
         if not ray.wait([probe], timeout=0)[0]:
             return False
@@ -111,18 +115,80 @@ class Restarts:
         )
 
 
+class Rollouts(Protocol):
+    """How the flow drives generation, whatever the mode."""
+
+    def start(self) -> None:
+        """Start generating (after the pools opened, and the step-0 checkpoint)."""
+
+    def check(self) -> None:
+        """Restart dead workers' work; raise a worker's error (called while the flow waits)."""
+
+    def before_train(self, step: int) -> None:
+        """Return once the groups step ``step`` may train on can be in the store."""
+
+    def after_train(self, step: int) -> None:
+        """The trainer published version ``step``: whatever the mode does about it."""
+
+    def drain(self, step: int, dropped_groups: int) -> dict[str, float]:
+        """Rollout metrics since the last step; ``dropped_groups`` the store dropped."""
+
+    def live(self) -> list[RolloutWorkerClient]:
+        """The workers that answer now (held-out evaluation runs on them)."""
+
+    def pause(self) -> None:
+        """Hand vLLM back (held-out evaluation), until ``resume``."""
+
+    def resume(self) -> None: ...
+
+    def stop(self) -> None:
+        """Finish: no more work is given out; running work ends."""
+
+    def placed(self, waiting: set[int]) -> None:
+        """The workers in ``waiting`` are not placed yet (``async`` starts without them)."""
+
+    def cursor(self) -> dict[str, Any]:
+        """Where the prompt stream stands, for a checkpoint."""
+
+    def restore(self, cursor: dict[str, Any], step: int, held_groups: int) -> None:
+        """Continue from a checkpoint's ``cursor`` at ``step``; the restored store re-offers
+        ``held_groups`` groups."""
+
+
 @dataclass(frozen=True)
-class BatchSettings:
-    steps: int
-    prompts_per_step: int
-    samples_per_prompt: int
-    max_new_tokens: int
-    temperature: float
-    seed: int
-    scale_by_std: bool
-    weight_pull_timeout_s: float
-    max_restarts: int = 0
-    tag: str = ""  # prefixes sample ids: a resumed run's differ from the rolled-back run's
+class Schedule:
+    """What the mode decides, read from the config in one place (``schedule``)."""
+
+    max_staleness: int  # versions a trained sample may lag the trainer
+    streaming: bool  # async: workers stream; else one batch per step
+    min_workers: int  # rollout workers a run waits for before it starts (async: 1)
+
+    def rollouts(
+        self,
+        cfg: RunConfig,
+        workers: list[RolloutWorkerClient],
+        prompts: PromptStream,
+        wait: Waiter,
+        tag: str,
+        dispatcher: DispatcherClient | None,
+    ) -> Rollouts:
+        """The mode's ``Rollouts``; streaming needs the ``dispatcher``."""
+        if not self.streaming:
+            return BatchRollouts(cfg, workers, prompts, wait, tag)
+        assert dispatcher is not None
+        return StreamRollouts(cfg, workers, dispatcher, wait, tag)
+
+
+def schedule(cfg: RunConfig) -> Schedule:
+    """The one place that reads ``mode``: ``sync`` trains each batch on the weights that
+    generated it; ``one_step`` generates one version ahead; ``async`` streams within
+    ``max_staleness``."""
+    workers = cfg.rollout.workers
+    return {
+        "sync": Schedule(0, False, workers),
+        "one_step": Schedule(1, False, workers),
+        "async": Schedule(cfg.max_staleness, True, 1),
+    }[cfg.mode]
 
 
 @dataclass(frozen=True)
@@ -143,15 +209,13 @@ class ShardCall:
 
     worker: int
     problems: list[Problem]
-    args: tuple[Any, ...]  # n, max_new_tokens, temperature, seed
-    tag: str
-    scale_by_std: bool
+    shard: BatchShard
 
-    def submit(self, workers: list[Any], retry: int = 0) -> Any:
-        tag = f"{self.tag}x{retry}" if retry else self.tag
-        return workers[self.worker].rollout.remote(
-            self.problems, *self.args, tag, self.scale_by_std
-        )
+    def submit(self, workers: list[RolloutWorkerClient], retry: int = 0) -> Any:
+        shard = self.shard
+        if retry:
+            shard = BatchShard(**{**shard.__dict__, "tag": f"{shard.tag}x{retry}"})
+        return workers[self.worker].rollout(self.problems, shard)
 
 
 @dataclass(frozen=True)
@@ -165,7 +229,7 @@ def _shards(problems: list[Problem], workers: int) -> list[list[int]]:
 
 
 def submit(
-    workers: list[Any],
+    workers: list[RolloutWorkerClient],
     problems: list[Problem],
     n: int,
     max_new_tokens: int,
@@ -178,15 +242,10 @@ def submit(
 
     ``seed`` also tags the sample ids, so a prompt that comes round again gets new ones.
     """
+    shard = BatchShard(n, max_new_tokens, temperature, seed, f"{tag}r{seed}", scale_by_std)
     calls = [
-        ShardCall(
-            w,
-            [problems[i] for i in shard],
-            (n, max_new_tokens, temperature, seed),
-            f"{tag}r{seed}",
-            scale_by_std,
-        )
-        for w, shard in enumerate(_shards(problems, len(workers)))
+        ShardCall(w, [problems[i] for i in part], shard)
+        for w, part in enumerate(_shards(problems, len(workers)))
     ]
     return PendingRollout([c.submit(workers) for c in calls], calls)
 
@@ -208,13 +267,16 @@ def summed(parts: list[RolloutStats]) -> RolloutResult:
 
 
 def evaluate(
-    workers: list[Any], env: Environment, problems: list[Problem], max_new_tokens: int
+    workers: list[RolloutWorkerClient],
+    env: Environment,
+    problems: list[Problem],
+    max_new_tokens: int,
 ) -> float:
     """Held-out accuracy with greedy decoding (completions come back here, not to the store)."""
     shards = _shards(problems, len(workers))
     outputs = ray.get(
         [
-            w.generate.remote([problems[i].prompt for i in shard], 1, max_new_tokens, 0.0, 0)
+            w.generate([problems[i].prompt for i in shard], 1, max_new_tokens, 0.0, 0)
             for w, shard in zip(workers, shards, strict=False)
         ]
     )
@@ -245,27 +307,30 @@ class BatchRollouts:
 
     def __init__(
         self,
-        workers: list[Any],
+        cfg: RunConfig,
+        workers: list[RolloutWorkerClient],
         prompts: PromptStream,
-        settings: BatchSettings,
-        overlap: bool,
+        wait: Waiter,
+        tag: str = "",
     ) -> None:
-        self.workers, self.prompts, self.s, self.overlap = workers, prompts, settings, overlap
+        self.cfg, self.r = cfg, cfg.rollout
+        self.workers, self.prompts, self.wait, self.tag = workers, prompts, wait, tag
+        self.overlap = cfg.mode == "one_step"
         self.pending: PendingRollout | None = None
         self.result: RolloutResult | None = None
-        self.restarts = Restarts(workers, settings.max_restarts)
+        self.restarts = Restarts(workers, cfg.rollout.max_restarts)
         self.step = 0  # the trainer's version when ``start`` is called
 
     def _submit(self, step: int) -> None:
         self.pending = submit(
             self.workers,
-            self.prompts.take(self.s.prompts_per_step),
-            self.s.samples_per_prompt,
-            self.s.max_new_tokens,
-            self.s.temperature,
-            seed=self.s.seed * 1_000_003 + step,
-            scale_by_std=self.s.scale_by_std,
-            tag=self.s.tag,
+            self.prompts.take(self.r.prompts_per_step),
+            self.r.samples_per_prompt,
+            self.r.max_new_tokens,
+            self.r.temperature,
+            seed=self.cfg.seed * 1_000_003 + step,
+            scale_by_std=self.cfg.train.scale_adv_by_std,
+            tag=self.tag,
         )
 
     def start(self) -> None:
@@ -274,14 +339,14 @@ class BatchRollouts:
     def check(self) -> None:
         """Failures surface from the calls ``before_train`` and ``after_train`` wait for."""
 
-    def _each(self, refs: list[Any], again: Callable[[int, int], Any], what: str, wait: Waiter):
+    def _each(self, refs: list[Any], again: Callable[[int, int], Any], what: str) -> list[Any]:
         """Wait for one call per worker; a worker that died gets ``again(worker, retry)``."""
         out = []
         for w, ref in enumerate(refs):
             retry = 0
             while True:
                 try:
-                    out.append(wait(ref, what))
+                    out.append(self.wait(ref, what))
                     break
                 except RayActorError as error:
                     retry += 1
@@ -290,7 +355,7 @@ class BatchRollouts:
                     ref = again(w, retry)
         return out
 
-    def before_train(self, step: int, wait: Waiter) -> None:
+    def before_train(self, step: int) -> None:
         pending = self.pending
         assert pending is not None
         # This step's groups are scored and in the store once every shard came back.
@@ -299,41 +364,47 @@ class BatchRollouts:
                 pending.refs,
                 lambda w, retry: pending.calls[w].submit(self.workers, retry),
                 "rollouts",
-                wait,
             )
         )
-        if self.overlap and step < self.s.steps:
+        if self.overlap and step < self.cfg.train.steps:
             self._submit(step + 1)  # generates with the previous weights while we train
 
-    def after_train(self, step: int, wait: Waiter) -> None:
-        timeout = self.s.weight_pull_timeout_s
+    def after_train(self, step: int) -> None:
+        timeout = self.cfg.weights.pull_timeout_s
 
         def pull(w: int, retry: int = 0) -> Any:
-            return self.workers[w].sync_weights.remote(step, timeout)
+            return self.workers[w].sync_weights(step, timeout)
 
         # Queued behind each worker's generation: `one_step` keeps its overlap.
-        self._each([pull(w) for w in range(len(self.workers))], pull, "weights", wait)
-        if not self.overlap and step < self.s.steps:
+        self._each([pull(w) for w in range(len(self.workers))], pull, "weights")
+        if not self.overlap and step < self.cfg.train.steps:
             self._submit(step + 1)
 
     def drain(self, step: int, dropped_groups: int = 0) -> dict[str, float]:
         return rollout_metrics(self.result) if self.result else {}
 
-    def live(self) -> list[Any]:
+    def live(self) -> list[RolloutWorkerClient]:
         """The workers that evaluate: all of them (a dead one was waited for)."""
         return self.workers
 
-    def pause(self, wait: Waiter) -> None:
+    def pause(self) -> None:
         """Nothing runs between steps except what ``one_step`` submitted: let it be."""
 
     def resume(self) -> None:
         """Nothing was paused."""
 
-    def stop(self, wait: Waiter) -> None:
+    def stop(self) -> None:
         """Every submitted batch was collected by the last step."""
+
+    def placed(self, waiting: set[int]) -> None:
+        """The batch modes start with every worker placed: nothing waits here."""
 
     def cursor(self) -> dict[str, Any]:
         return {"prompts": self.prompts.cursor()}
+
+    def restore(self, cursor: dict[str, Any], step: int, held_groups: int) -> None:
+        self.prompts.restore(cursor["prompts"])
+        self.step = step
 
 
 class StreamRollouts:
@@ -341,27 +412,28 @@ class StreamRollouts:
 
     def __init__(
         self,
-        workers: list[Any],
-        dispatcher: Any,
-        settings: list[StreamSettings],
-        max_restarts: int = 0,
+        cfg: RunConfig,
+        workers: list[RolloutWorkerClient],
+        dispatcher: DispatcherClient,
+        wait: Waiter,
         tag: str = "",
     ) -> None:
-        self.workers, self.dispatcher, self.settings = workers, dispatcher, settings
+        self.cfg, self.workers, self.dispatcher, self.wait = cfg, workers, dispatcher, wait
+        self.settings = [stream_settings(cfg, i) for i in range(len(workers))]
         self.tag = tag  # group ids of a resumed run (the dispatcher applies it)
         self.refs: list[Any] = []  # one stream per worker while streaming (None: restarting)
         self.last: dict[int, dict[str, float]] = {}  # each worker's counters at the last drain
-        self.restarts = Restarts(workers, max_restarts)
+        self.restarts = Restarts(workers, cfg.rollout.max_restarts)
         self.restarting: set[int] = set()  # died; its stream resumes once Ray has it back
 
     def start(self) -> None:
-        ray.get(self.dispatcher.resume.remote())
+        self.dispatcher.resume()
         self.refs = [
-            None if i in self.restarting else w.stream.remote(self.dispatcher, s)
+            None if i in self.restarting else w.stream(self.dispatcher.handle, s)
             for i, (w, s) in enumerate(zip(self.workers, self.settings, strict=True))
         ]
 
-    def live(self) -> list[Any]:
+    def live(self) -> list[RolloutWorkerClient]:
         """The workers that answer now; with none left, waits for the first one back."""
         if len(self.restarting) == len(self.workers):
             first = min(self.restarting)
@@ -375,7 +447,7 @@ class StreamRollouts:
             if self.restarts.back(i):  # it pulls the newest weights before generating
                 self.restarting.discard(i)
                 if self.refs:  # streaming; between stop and start, start gives it one
-                    self.refs[i] = self.workers[i].stream.remote(self.dispatcher, self.settings[i])
+                    self.refs[i] = self.workers[i].stream(self.dispatcher.handle, self.settings[i])
         live = [r for i, r in enumerate(self.refs) if i not in self.restarting]
         done, _ = ray.wait(live, num_returns=len(live), timeout=0)
         for ref in done:
@@ -391,14 +463,14 @@ class StreamRollouts:
         ``handed_back`` may name ``{lost}``, the number of groups requeued."""
         if i in self.restarting:
             return
-        lost = ray.get(self.dispatcher.requeue.remote(i))
+        lost = self.dispatcher.requeue(i)
         self.restarts.died(i, error, handed_back.format(lost=lost))
         self.restarting.add(i)
 
-    def before_train(self, step: int, wait: Waiter) -> None:
+    def before_train(self, step: int) -> None:
         self.check()
 
-    def after_train(self, step: int, wait: Waiter) -> None:
+    def after_train(self, step: int) -> None:
         """Workers pull new weights on their own schedule: nothing to do."""
 
     def drain(self, step: int, dropped_groups: int = 0) -> dict[str, float]:
@@ -408,8 +480,8 @@ class StreamRollouts:
         places go back to the dispatcher.
         """
         if dropped_groups:
-            self.dispatcher.credit.remote(dropped_groups)
-        state = ray.get(self.dispatcher.drain.remote())
+            self.dispatcher.credit(dropped_groups)
+        state = self.dispatcher.drain()
         t = state["totals"]
         metrics: dict[str, float] = {}
         if t.samples:
@@ -439,23 +511,47 @@ class StreamRollouts:
             self.last[w] = c
         return metrics
 
-    def pause(self, wait: Waiter) -> None:
+    def pause(self) -> None:
         """Let every worker finish what it holds and return (held-out eval needs vLLM)."""
-        self.stop(wait)
+        self.stop()
 
     def resume(self) -> None:
         self.start()
 
-    def stop(self, wait: Waiter) -> None:
-        ray.get(self.dispatcher.stop.remote())
+    def stop(self) -> None:
+        self.dispatcher.stop()
         for i, ref in enumerate(self.refs):
             if i in self.restarting:
                 continue  # `check` or the next `start` gives it a stream once it is back
             try:
-                wait(ref, "rollout workers to finish their running samples")
+                self.wait(ref, "rollout workers to finish their running samples")
             except RayActorError as error:  # nothing to hand back: no more work is given out
                 self._lost(i, error, "no new work was being handed out")
         self.refs = []
 
+    def placed(self, waiting: set[int]) -> None:
+        """Workers no node has room for yet join like restarted ones once Ray places them."""
+        self.restarting |= waiting
+
     def cursor(self) -> dict[str, Any]:
-        return dict(ray.get(self.dispatcher.cursor.remote()))
+        return self.dispatcher.cursor()
+
+    def restore(self, cursor: dict[str, Any], step: int, held_groups: int) -> None:
+        admitted = step * self.cfg.rollout.prompts_per_step + held_groups
+        self.dispatcher.restart_at(cursor, admitted, self.tag)
+
+
+def stream_settings(cfg: RunConfig, worker: int) -> StreamSettings:
+    """What worker ``worker``'s stream is told, from the ``rollout`` section."""
+    r = cfg.rollout
+    return StreamSettings(
+        worker=worker,
+        samples_per_prompt=r.samples_per_prompt,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        scale_by_std=cfg.train.scale_adv_by_std,
+        concurrency=r.concurrency or r.prompts_per_step * r.samples_per_prompt,
+        partial_rollout=r.partial_rollout,
+        pull_timeout_s=cfg.weights.pull_timeout_s,
+        repack_max_stragglers=r.repack_max_stragglers if r.repack else 0,
+    )

@@ -4,11 +4,12 @@ import time
 
 import pytest
 
-from sluice.engines.rollout_worker import GroupDone, Handoff, _Group, _Sample
+from sluice.engines.dispatcher import GroupDispatcher
+from sluice.engines.messages import GroupDone, Handoff, PartialGroup, PartialSample
+from sluice.envs.prompts import PromptStream
 from sluice.rl.config import EnvConfig
 from sluice.rl.dispatch import InFlight
-from sluice.tasks.dispatcher import GroupDispatcher
-from sluice.tasks.environment import PromptStream, make_environment
+from sluice.tasks.environment import make_environment
 
 B, N = 2, 4  # groups per step, samples per group
 
@@ -123,8 +124,8 @@ def _straggling(dispatcher, worker, groups, version=0, age_s=5.0):
 
 
 def _handoff(a) -> Handoff:
-    samples = [_Sample(a.group_id, j, a.predicted, token_ids=[1, 2, 3]) for j in range(N)]
-    return Handoff(a.group_id, _Group(a.problem, [5, 6], samples, a.seed))
+    samples = [PartialSample(a.group_id, j, a.predicted, token_ids=[1, 2, 3]) for j in range(N)]
+    return Handoff(a.group_id, PartialGroup(a.problem, [5, 6], samples, a.seed))
 
 
 def _repacking() -> GroupDispatcher:

@@ -1,0 +1,141 @@
+"""The messages between rollout workers, the dispatcher and the flow, in one place.
+
+A streaming rollout worker (``engines/rollout_worker.py``) asks the dispatcher
+(``engines/dispatcher.py``) for work and gets a ``Work``: fresh ``Assignment``s, groups
+repacked onto it (``Handoff``, holding ``PartialGroup``s of ``PartialSample``s), and maybe an
+order to hand its own over. It reports finished groups as ``GroupDone``; the flow reads the
+dispatcher's ``RolloutTotals``. A batch-mode ``rollout`` call answers ``RolloutStats``.
+``StreamSettings`` is what one worker's stream is told when it starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sluice.engines.protocols import Completion
+from sluice.envs import Problem
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    """What one ``rollout`` call produced, in counts (the samples went to the store)."""
+
+    samples: int
+    groups: int
+    tokens: int
+    reward_sum: float
+    correct: int
+    truncated: int
+    reward_errors: int
+    behaviour_version: int
+
+
+@dataclass(frozen=True)
+class GroupDone:
+    """A finished group as a streaming worker reports it to its source."""
+
+    group_id: str
+    prompt_id: str
+    prompt_len: int
+    lengths: list[int]
+    reward_sum: float
+    correct: int
+    truncated: int
+    reward_errors: int
+
+
+@dataclass(frozen=True)
+class BatchShard:
+    """How a batch-mode ``rollout`` call generates its share of a batch."""
+
+    n: int  # samples per prompt
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    tag: str  # sample ids are <prompt id>@<tag>/<j>
+    scale_by_std: bool
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """What one worker's ``stream`` is told when it starts (``async``)."""
+
+    worker: int
+    samples_per_prompt: int
+    max_new_tokens: int
+    temperature: float
+    scale_by_std: bool
+    concurrency: int  # samples in flight at most: vLLM's running batch
+    partial_rollout: bool = True
+    weight_check_s: float = 0.1
+    report_every_s: float = 0.5
+    pull_timeout_s: float = 120.0
+    # Repack: send the running samples with each ask once at most this many are left
+    # (0: never).
+    repack_max_stragglers: int = 0
+
+
+@dataclass
+class PartialSample:
+    """One sample of a group as far as a streaming worker has generated it."""
+
+    group: str
+    index: int
+    predicted: float
+    started_at: float = 0.0  # time.time() when it first started, on whichever worker
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    marks: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
+    done: Completion | None = None
+
+
+@dataclass
+class PartialGroup:
+    """A group on a streaming worker: its problem, tokenized prompt and samples."""
+
+    problem: Problem
+    prompt_ids: list[int]
+    samples: list[PartialSample]
+    seed: int
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """An unfinished group moved to another worker by repack: its samples as they stood
+    (finished ones with their completion, the others with the tokens generated so far)."""
+
+    group_id: str
+    group: PartialGroup
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One prompt group for a worker: n samples of ``problem``, seeds from ``seed``."""
+
+    problem: Problem
+    group_id: str
+    seed: int
+    predicted: float
+
+
+@dataclass(frozen=True)
+class Work:
+    """A ``take``'s answer: fresh groups, groups repacked onto this worker, and whether it
+    should hand its own unfinished groups to another worker (``give_to``)."""
+
+    assignments: list[Assignment]
+    handoffs: list[Handoff] = field(default_factory=list)
+    give_to: int | None = None
+
+
+@dataclass
+class RolloutTotals:
+    groups: int = 0
+    samples: int = 0
+    tokens: int = 0
+    reward_sum: float = 0.0
+    correct: int = 0
+    truncated: int = 0
+    reward_errors: int = 0
+    repacked: int = 0  # groups moved between workers by repack
+    lengths: list[int] = field(default_factory=list)

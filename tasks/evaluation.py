@@ -1,0 +1,35 @@
+"""The Prefect task of the eval flow (``flows/evaluate.py``): held-out accuracy of a policy."""
+
+from __future__ import annotations
+
+import ray
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from sluice.engines.cluster import child_env
+from sluice.engines.rollout_worker import launch_rollout_workers
+from sluice.rl.config import RunConfig
+from sluice.tasks.environment import make_environment
+from sluice.tasks.rollouts import evaluate
+
+
+@task(name="evaluate-policy", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
+    """Greedy held-out accuracy of ``policy_dir`` with one vLLM rollout worker."""
+    env, _ = make_environment(cfg.env)
+    heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
+    (worker,) = launch_rollout_workers(
+        cfg.rollout,
+        policy_dir,
+        cfg.policy.max_positions,
+        cfg.seed,
+        env,
+        None,
+        None,
+        child_env(),
+        count=1,
+    )
+    try:
+        return evaluate([worker], env, heldout, max(len(p.answer) for p in heldout) + 4)
+    finally:
+        ray.kill(worker.handle)

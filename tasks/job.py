@@ -1,0 +1,222 @@
+"""The Prefect tasks an RL job's flow (``flows/rl_job.py``) composes, each with its retries.
+
+``prepare-policy`` builds or reuses the starting policy; ``start-ray`` joins or starts Ray;
+``train-segment`` takes the flow's step up to the next checkpoint (``Job`` keeps the live
+pools, ``tasks/session.py``, across a segment's retries, and opens new ones from the newest
+valid checkpoint after a failure); ``checkpoint`` writes one; ``finish-run`` stops the
+rollouts, saves the policy and writes the summary, plots and ledger check;
+``register-policy`` adds the policy to MLflow's model registry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from sluice.engines import cluster
+from sluice.engines.policy import prepare_policy
+from sluice.rl.config import RunConfig
+from sluice.storage.checkpoints import Checkpoint
+from sluice.storage.layout import RunLayout
+from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
+from sluice.storage.urls import redact
+from sluice.tasks import plots, registry
+from sluice.tasks.environment import make_environment
+from sluice.tasks.session import Session, latest_checkpoint
+from sluice.tasks.tracking import MetricLogger, MlflowLogger
+
+log = logging.getLogger("sluice")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_dir: str
+    storage_url: str
+    mode: str
+    steps: int
+    start_accuracy: float
+    end_accuracy: float
+    samples_per_s: float
+    tokens_per_s: float
+    wall_s: float
+    mlflow_uri: str
+    mlflow_run_id: str
+    policy: str
+    model_version: str | None = None
+    model_name: str | None = None
+
+    def lines(self) -> list[str]:
+        gain = 100 * (self.end_accuracy - self.start_accuracy)
+        return [
+            f"held-out accuracy {100 * self.start_accuracy:.1f}% -> "
+            f"{100 * self.end_accuracy:.1f}% ({gain:+.1f} points) in {self.steps} "
+            f"{self.mode} steps",
+            f"throughput {self.samples_per_s:.1f} samples/s, {self.tokens_per_s:.0f} tokens/s; "
+            f"wall {self.wall_s:.0f} s",
+            f"trained policy: {self.policy}",
+            f"ledger: sluice ledger {self.storage_url}",
+            f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri {self.mlflow_uri} "
+            "--host 127.0.0.1",
+            *(
+                [f"registered as {self.model_name} version {self.model_version} (challenger)"]
+                if self.model_version
+                else []
+            ),
+        ]
+
+
+class JobError(RuntimeError):
+    """The job cannot start as asked (resume without a checkpoint, a run name already used)."""
+
+
+@dataclass
+class Job:
+    """What the tasks of one flow run share: the config, the tracker and the live pools."""
+
+    cfg: RunConfig
+    layout: RunLayout
+    policy_dir: str
+    tracker: MlflowLogger
+    resume_from: Checkpoint | None
+    session: Session | None = None
+    opened: bool = False  # a session was opened before: a new one starts from a checkpoint
+
+    def ensure_session(self) -> Session:
+        """The live pools; new ones (from the newest checkpoint after a failure) if needed."""
+        if self.session is None:
+            start = self.resume_from if not self.opened else latest_checkpoint(self.cfg)
+            if self.opened and start is None:
+                raise JobError(
+                    f"no valid checkpoint under {redact(self.cfg.storage_url)} to retry from "
+                    "(the step-0 checkpoint never completed); start the run again"
+                )
+            self.opened = True
+            session = Session(self.cfg, self.policy_dir, self.tracker)
+            self.session = session
+            try:
+                session.open(start)
+                if start is None:
+                    checkpoint(session)  # step 0: a failure before step N resumes from here
+                session.start()
+            except BaseException:
+                self.drop_session()
+                raise
+        return self.session
+
+    def drop_session(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+@task(name="prepare-policy", cache_policy=NO_CACHE)
+def prepare_policy_task(cfg: RunConfig) -> str:
+    env, signature = make_environment(cfg.env)
+    return str(prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir))
+
+
+@task(name="start-ray", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+def start_ray(cfg: RunConfig, layout: RunLayout) -> None:
+    """Join the cluster at ``RAY_ADDRESS`` if set, else start a local Ray sized for the pools
+    (``engines/cluster.py``)."""
+    r, t = cfg.rollout, cfg.train
+    cluster.start(
+        r.workers * r.cpus_per_worker + t.cpus,
+        cluster.summed((r.workers, r.resources), (1, t.resources)),
+        layout.ray_temp,
+    )
+
+
+@task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5], cache_policy=NO_CACHE)
+def checkpoint(session: Session) -> str:
+    return session.checkpoint()
+
+
+@task(name="train-segment", cache_policy=NO_CACHE)
+def train_segment(job: Job, until: int, rl_step: Callable[[Session, MetricLogger], None]) -> int:
+    """Take ``rl_step`` (the flow's) up to step ``until`` and checkpoint. On failure the
+    pools go, and a retry (``checkpoint.segment_retries``) starts new ones from the newest
+    valid checkpoint."""
+    try:
+        session = job.ensure_session()
+        while session.step < until:
+            rl_step(session, job.tracker)
+        checkpoint(session)
+        return session.step
+    except BaseException:
+        job.drop_session()
+        raise
+
+
+@task(name="finish-run", cache_policy=NO_CACHE)
+def finish_run(job: Job, started: float) -> RunSummary:
+    """Stop the rollouts, save the policy, write the summary, plots and ledger check."""
+    session, layout, tracker = job.ensure_session(), job.layout, job.tracker
+    session.finish(str(layout.final_policy))
+    table = Ledger(job.cfg.storage_url).read()
+    problems = check_exactly_once(table, finished=True) + check_versions(table)
+    if problems:
+        log.warning("ledger check found %d problem(s): %s", len(problems), "; ".join(problems[:5]))
+    else:
+        log.info("ledger check: every sample trained exactly once or dropped with a reason")
+    totals = session.totals
+    summary = RunSummary(
+        run_dir=str(layout.run_dir),
+        storage_url=redact(job.cfg.storage_url),
+        mode=job.cfg.mode,
+        steps=session.step,
+        start_accuracy=float(session.start_accuracy or 0.0),
+        end_accuracy=float(session.end_accuracy or 0.0),
+        samples_per_s=totals.samples / totals.loop_s if totals.loop_s else 0.0,
+        tokens_per_s=totals.tokens / totals.loop_s if totals.loop_s else 0.0,
+        wall_s=time.monotonic() - started,
+        mlflow_uri=tracker.tracking_uri,
+        mlflow_run_id=tracker.run_id,
+        policy=str(layout.final_policy),
+    )
+    layout.summary.write_text(json.dumps(asdict(summary), indent=2))
+    tracker.log_artifact(str(layout.summary))
+    tracker.flush()
+    folder = layout.run_dir / "plots"
+    folder.mkdir(exist_ok=True)
+    plots.training_curves(tracker.client, tracker.run_id, folder / "reward_accuracy.png")
+    plots.staleness(tracker.client, tracker.run_id, folder / "staleness.png")
+    tracker.log_artifacts(str(folder), "plots")
+    return summary
+
+
+@task(name="register-policy", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+def register_policy(job: Job, summary: RunSummary) -> str:
+    version = registry.register_policy(
+        job.tracker.client,
+        job.cfg.tracking.model_name,
+        job.tracker.run_id,
+        Path(summary.policy),
+        summary.end_accuracy,
+    )
+    log.info("registered %s version %s (alias challenger)", job.cfg.tracking.model_name, version)
+    return version
+
+
+def check_start(cfg: RunConfig, resume: bool) -> Checkpoint | None:
+    """The checkpoint to resume from; an error when ``resume`` and the run's state disagree."""
+    found = latest_checkpoint(cfg)
+    if resume and found is None:
+        raise JobError(
+            f"run {cfg.name!r} has no valid checkpoint under {redact(cfg.storage_url)}; "
+            "start it with `sluice run`"
+        )
+    if not resume and found is not None:
+        raise JobError(
+            f"run {cfg.name!r} already has checkpoints under {redact(cfg.storage_url)}: "
+            f"continue it with `sluice resume {cfg.name}`, or start a new run with "
+            "--set name=<new name>"
+        )
+    return found

@@ -1,0 +1,159 @@
+"""The flow's step (``flows/rl_job.py: rl_step``) on small deterministic fakes: the order of
+a trajectory's life (lease, train and publish, acknowledge), what each mode's rollouts are
+told, what is logged, and when held-out evaluation runs. No Ray, no vLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sluice.flows.rl_job import rl_step
+from sluice.rl.config import RunConfig, build_config
+from sluice.tasks.step_log import StoreMetrics, Totals
+
+TRAINED = {
+    "samples": 16.0,
+    "tokens": 160.0,
+    "loss": 0.5,
+    "kl_behaviour": 1e-3,
+    "entropy": 1.2,
+    "staleness": 0.0,
+}
+
+
+class Calls:
+    """Every call the step makes on the pools, in order."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Any]] = []
+
+    def __call__(self, name: str, arg: Any = None) -> None:
+        self.log.append((name, arg))
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.log]
+
+
+class FakeRollouts:
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    def before_train(self, step: int) -> None:
+        self.calls("before_train", step)
+
+    def after_train(self, step: int) -> None:
+        self.calls("after_train", step)
+
+    def drain(self, step: int, dropped_groups: int) -> dict[str, float]:
+        self.calls("drain", (step, dropped_groups))
+        return {"rollout/reward": 0.25}
+
+
+class FakeStore:
+    def __init__(self, calls: Calls) -> None:
+        self.calls, self.dropped = calls, 0
+
+    def ack(self, lease: str, version: int) -> int:
+        self.calls("ack", (lease, version))
+        return 16
+
+    def stats(self) -> dict[str, int]:
+        return {"held": 0, "ready": 0, "leased": 0, "dropped": self.dropped, "expired_leases": 0}
+
+
+class FakeTrainer:
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    def train(self, lease: str) -> dict[str, float]:
+        self.calls("train", lease)  # the real trainer publishes before it answers
+        return dict(TRAINED)
+
+
+class FakeSession:
+    """What ``rl_step`` uses of ``tasks.session.Session``; refs are plain values here."""
+
+    def __init__(self, cfg: RunConfig, step: int = 0) -> None:
+        self.cfg, self.step, self.calls = cfg, step, Calls()
+        self.rollouts = FakeRollouts(self.calls)
+        self.store = FakeStore(self.calls)
+        self.trainer = FakeTrainer(self.calls)
+        self.totals, self.store_metrics = Totals(), StoreMetrics()
+        self.end_accuracy: float | None = None
+
+    def wait(self, ref: Any, what: str) -> Any:
+        return ref
+
+    def lease(self) -> str:
+        self.calls("lease", self.step)
+        return f"lease-{self.step + 1}"
+
+    def evaluate(self) -> float:
+        self.calls("evaluate", self.step)
+        return 0.5
+
+
+class FakeTracker:
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict[str, float]]] = []
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.logged.append((step, metrics))
+
+
+def _cfg(**eval_: int) -> RunConfig:
+    return build_config({"train": {"steps": 10}, "eval": eval_ or {"every": 5}})
+
+
+def test_a_step_leases_trains_then_acknowledges_at_the_new_version() -> None:
+    s, tracker = FakeSession(_cfg(), step=3), FakeTracker()
+    rl_step(s, tracker)  # type: ignore[arg-type]
+    assert s.calls.log == [
+        ("before_train", 4),
+        ("lease", 3),  # leased against the trainer's version before the step
+        ("train", "lease-4"),
+        ("ack", ("lease-4", 4)),  # acknowledged as trained at the published version
+        ("after_train", 4),
+        ("drain", (4, 0)),
+    ]
+    assert s.step == 4
+    ((step, metrics),) = tracker.logged
+    assert step == 4
+    assert metrics["train/loss"] == 0.5 and metrics["rollout/reward"] == 0.25
+    assert metrics["perf/samples_per_s"] == pytest.approx(16.0 / metrics["perf/step_s"])
+    assert "eval/accuracy" not in metrics
+
+
+@pytest.mark.parametrize(
+    ("step", "evaluates"),
+    [
+        pytest.param(4, True, id="every-5"),
+        pytest.param(6, False, id="between"),
+        pytest.param(9, True, id="last-step"),
+    ],
+)
+def test_held_out_evaluation_runs_every_n_steps_and_at_the_end(step: int, evaluates: bool) -> None:
+    s, tracker = FakeSession(_cfg(), step=step), FakeTracker()
+    rl_step(s, tracker)  # type: ignore[arg-type]
+    assert ("evaluate" in s.calls.names) == evaluates
+    logged = tracker.logged[0][1]
+    assert ("eval/accuracy" in logged) == evaluates
+    assert s.end_accuracy == (0.5 if evaluates else None)
+
+
+def test_groups_the_store_dropped_go_back_to_the_rollouts_as_groups() -> None:
+    s, tracker = FakeSession(_cfg(), step=0), FakeTracker()
+    s.store.dropped = 3 * s.cfg.rollout.samples_per_prompt  # three groups since the last step
+    rl_step(s, tracker)  # type: ignore[arg-type]
+    assert ("drain", (1, 3)) in s.calls.log
+    assert tracker.logged[0][1]["store/dropped"] == 3 * s.cfg.rollout.samples_per_prompt
+
+
+def test_throughput_totals_add_up_over_steps() -> None:
+    s, tracker = FakeSession(_cfg(), step=0), FakeTracker()
+    for _ in range(3):
+        rl_step(s, tracker)  # type: ignore[arg-type]
+    assert (s.totals.samples, s.totals.tokens) == (48, 480)
+    assert s.totals.loop_s > 0
