@@ -39,6 +39,9 @@ def run(
         cfg = load_config(config, overrides or [])
     configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
     from sluice.flows.rl_job import RunSummary, rl_job
+    from sluice.tasks.job import check_start
+
+    check_start(cfg, resume)  # before Prefect's server and Ray start; the flow checks again
 
     logging.getLogger("sluice").info("run %s: writing to %s", cfg.name, cfg.run_dir)
     return RunSummary(**rl_job(cfg.model_dump(), resume=resume))

@@ -8,6 +8,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.storage import fsio
+from sluice.storage.urls import open_url
+
+# What a run keeps under its storage URL (``storage/ledger.py``, ``trajectory_store.py``,
+# ``checkpoints.py``). A fresh run refuses a URL that holds any of them: it would append to
+# another run's ledger and prune its checkpoints.
+DURABLE_FOLDERS = ("ledger", "trajectories", "checkpoints")
+
 # Unix socket paths are limited to 107 bytes and Ray puts its sockets about 60 characters
 # deep under its temp dir, so a longer temp dir is moved to a short private path in /tmp.
 MAX_RAY_TEMP_CHARS = 45
@@ -66,3 +74,9 @@ class RunLayout:
         for folder in (self.run_dir, self.cache_dir, self.prefect_home, self.mlflow_artifacts):
             folder.mkdir(parents=True, exist_ok=True)
         return self
+
+
+def durable_state(url: str) -> list[str]:
+    """The durable folders under a run's storage ``url`` that hold anything."""
+    fs, root = open_url(url)
+    return [name for name in DURABLE_FOLDERS if fsio.list_names(fs, fsio.join(root, name))]

@@ -24,7 +24,7 @@ from sluice.engines import cluster
 from sluice.engines.policy import prepare_policy
 from sluice.rl.config import RunConfig
 from sluice.storage.checkpoints import Checkpoint
-from sluice.storage.layout import RunLayout
+from sluice.storage.layout import RunLayout, durable_state
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 from sluice.storage.urls import redact
 from sluice.tasks import plots, registry
@@ -206,17 +206,25 @@ def register_policy(job: Job, summary: RunSummary) -> str:
 
 
 def check_start(cfg: RunConfig, resume: bool) -> Checkpoint | None:
-    """The checkpoint to resume from; an error when ``resume`` and the run's state disagree."""
+    """The checkpoint to resume from; an error when ``resume`` and the run's state disagree.
+
+    A fresh run needs a storage location no run has written to (no ledger, trajectories or
+    checkpoint, valid or not): one run per location, so it never appends to another run's
+    ledger or prunes its checkpoints.
+    """
+    if not resume:
+        used = durable_state(cfg.storage_url)
+        if used:
+            raise JobError(
+                f"run {cfg.name!r} already has {', '.join(used)} under "
+                f"{redact(cfg.storage_url)}: continue it with `sluice resume {cfg.name}`, or "
+                "start a new run with --set name=<new name>"
+            )
+        return None
     found = latest_checkpoint(cfg)
-    if resume and found is None:
+    if found is None:
         raise JobError(
             f"run {cfg.name!r} has no valid checkpoint under {redact(cfg.storage_url)}; "
             "start it with `sluice run`"
-        )
-    if not resume and found is not None:
-        raise JobError(
-            f"run {cfg.name!r} already has checkpoints under {redact(cfg.storage_url)}: "
-            f"continue it with `sluice resume {cfg.name}`, or start a new run with "
-            "--set name=<new name>"
         )
     return found

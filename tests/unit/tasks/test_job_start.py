@@ -1,0 +1,49 @@
+"""A fresh run refuses a storage location another run has written to; a resume needs a
+valid checkpoint (``tasks/job.py: check_start``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sluice.rl.config import build_config
+from sluice.storage.checkpoints import CheckpointStore
+from sluice.tasks.job import JobError, check_start
+
+
+def _cfg(root: Path):
+    return build_config({"name": "r1", "root": str(root)})
+
+
+def test_a_fresh_run_on_an_unused_location_starts_from_nothing(tmp_path: Path) -> None:
+    (tmp_path / "r1" / "ledger").mkdir(parents=True)  # an empty folder is no run's state
+    assert check_start(_cfg(tmp_path), resume=False) is None
+
+
+@pytest.mark.parametrize(
+    "left",
+    [
+        pytest.param("ledger/000000000001-ab.parquet", id="a-ledger"),
+        pytest.param("trajectories/x.parquet", id="trajectories"),
+        pytest.param("checkpoints/step-00000010.tmp-1/model.safetensors", id="broken-checkpoint"),
+    ],
+)
+def test_a_fresh_run_refuses_a_location_that_holds_another_runs_state(
+    tmp_path: Path, left: str
+) -> None:
+    file = tmp_path / "r1" / left
+    file.parent.mkdir(parents=True)
+    file.write_bytes(b"not ours")
+    with pytest.raises(JobError, match=r"already has .*sluice resume r1.*--set name="):
+        check_start(_cfg(tmp_path), resume=False)
+    assert file.read_bytes() == b"not ours"  # nothing touched
+
+
+def test_a_resume_needs_a_valid_checkpoint(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    with pytest.raises(JobError, match="no valid checkpoint"):
+        check_start(cfg, resume=True)
+    CheckpointStore(cfg.storage_url, keep_last=2).save(4, {"a.bin": b"x"}, {"step": 4})
+    found = check_start(cfg, resume=True)
+    assert found is not None and found.step == 4
