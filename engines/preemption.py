@@ -18,7 +18,7 @@ Components, driven from ``watch()``:
 
 What the drain buys: from the notice on, Ray places no new tasks or actors on the node, the
 node shows up in ``GcsClient.get_draining_nodes()`` with its deadline (so Sluice's pools can
-re-queue the leases of the actors there before they die, DESIGN.md section 6), and once the
+re-queue the leases of the actors there before they die: docs/operating.md), and once the
 node is idle its raylet exits and the node is recorded dead with reason
 ``AUTOSCALER_DRAIN_PREEMPTED`` rather than as a crash. Ray 2.60 also drains a node when
 ``ray start --block`` gets SIGTERM, but that happens only at OS shutdown, when the two

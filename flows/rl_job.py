@@ -61,7 +61,7 @@ log = logging.getLogger("sluice")
 
 
 def rl_step(s: Session, tracker: MetricLogger) -> None:
-    """One RL step, as a trajectory's life goes (DESIGN.md section 4)."""
+    """One RL step: lease a batch, train on it and publish the new version, acknowledge."""
     cfg, step, t0 = s.cfg, s.step + 1, time.monotonic()
     s.rollouts.before_train(step)  # sync, one_step: this step's groups are in the store
     t1 = time.monotonic()

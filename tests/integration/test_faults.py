@@ -1,7 +1,7 @@
-"""Fault injection on the real components (DESIGN.md section 6): rollout workers killed with
-SIGKILL, the trainer killed, a checkpoint write that dies half way, and the whole job killed
-and resumed. After each run the ledger must show every sample trained exactly once or
-dropped with a reason, and trained versions 1..N without a gap.
+"""Fault injection on the real components (the failure table of docs/operating.md): rollout
+workers killed with SIGKILL, the trainer killed, a checkpoint write that dies half way, and
+the whole job killed and resumed. After each run the ledger must show every sample trained
+exactly once or dropped with a reason, and trained versions 1..N without a gap.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A real job on a Ray cluster of several nodes that grows, loses a node and regrows
-(DESIGN.md §6).
+(the failure model in docs/operating.md).
 
 The cluster runs on this machine (``tests/support/ray_nodes.py``), as infra/terraform's boot
 scripts start one: a head with no custom resources, rollout nodes advertising the Ray

@@ -1,4 +1,4 @@
-"""The house's import rules (DESIGN.md section 3), read from the source with ``ast``.
+"""The house's import rules, read from the source with ``ast``.
 
 Imports point one way, ``flows -> tasks -> engines/storage -> rl/envs``; ``rl`` and ``envs``
 import none of the other parts, ``storage`` never imports ``engines``; no part imports
