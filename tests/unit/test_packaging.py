@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("flows", "tasks", "engines", "storage", "rl", "envs", "sim", "benchmarks")
+
+
+def _source_copy(into: Path) -> Path:
+    """What an sdist holds, copied: a build writes its build/ folder into the source tree."""
+    source = into / "src"
+    for name in ("pyproject.toml", "README.md"):
+        source.mkdir(exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
+    for part in ("sluice", *PARTS):
+        shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+    return source
 
 
 def test_the_wheel_holds_only_the_sluice_package(tmp_path: Path) -> None:
@@ -22,7 +35,7 @@ def test_the_wheel_holds_only_the_sluice_package(tmp_path: Path) -> None:
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(_source_copy(tmp_path)),
         ],
         check=True,
         capture_output=True,
