@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice.flows.runtime import configure_process
-from sluice.rl.config import RunConfig, apply_override, build_config, load_config
+from sluice.rl.config import ConfigError, RunConfig, apply_override, build_config, load_config
 from sluice.storage.layout import RunLayout
+from sluice.tasks.environment import check_context
 
 if TYPE_CHECKING:
     from sluice.flows.rl_job import RunSummary
@@ -37,6 +38,7 @@ def run(
         cfg = build_config(tree)
     else:
         cfg = load_config(config, overrides or [])
+    check_run(cfg)
     configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))
     from sluice.flows.rl_job import RunSummary, rl_job
     from sluice.tasks.job import check_start
@@ -45,3 +47,17 @@ def run(
 
     logging.getLogger("sluice").info("run %s: writing to %s", cfg.name, cfg.run_dir)
     return RunSummary(**rl_job(cfg.model_dump(), resume=resume))
+
+
+def check_run(cfg: RunConfig) -> None:
+    """What a run needs that the config tree alone cannot say, checked before anything
+    starts: its folders can be made, and its prompts and responses fit the context."""
+    for what, folder in (("root", cfg.run_dir), ("cache", cfg.cache_dir)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(
+                f"{what}: cannot create {str(folder)!r} ({error.strerror}); set {what}= to a "
+                "folder you can write"
+            ) from None
+    check_context(cfg)

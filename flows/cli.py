@@ -83,6 +83,9 @@ def _train(cfg: RunConfig, resume: bool, debug: bool) -> None:
 
     try:
         summary = run(cfg, resume=resume)
+    except ConfigError as error:
+        _fail(f"{error}\nFix the config file or the --set value.", debug, error)
+        return
     except Exception as error:  # one readable line; the traceback is one --debug away
         _fail(
             f"the run failed: {type(error).__name__}: {error}\n(rerun with --debug for the "

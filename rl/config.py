@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Unknown keys are errors; so are inf and nan in any float field (an `lr: inf` would
+    # only show as NaN weights steps later).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # Custom Ray resource names as infra/terraform's worker groups advertise them (the same rule
@@ -36,6 +38,12 @@ def _check_resources(field: str, resources: dict[str, float]) -> dict[str, float
         if amount <= 0:
             raise ValueError(f"{field}: {name!r} needs a positive amount, got {amount}")
     return resources
+
+
+# Head sizes vLLM's attention kernels take (vLLM 0.32, v1/attention/backends/cpu_attn.py;
+# its GPU backends take these too). Any other shape of the tiny policy builds and trains,
+# then fails when the rollout workers start vLLM.
+VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 class PolicyConfig(_Section):
@@ -66,10 +74,17 @@ class PolicyConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _heads_divide_hidden(self) -> PolicyConfig:
+    def _a_shape_vllm_runs(self) -> PolicyConfig:
         if self.hidden % self.heads:
             raise ValueError(
                 f"policy.heads ({self.heads}) must divide policy.hidden ({self.hidden})"
+            )
+        head = self.hidden // self.heads
+        if self.path is None and head not in VLLM_HEAD_SIZES:
+            sizes = ", ".join(map(str, VLLM_HEAD_SIZES))
+            raise ValueError(
+                f"policy.hidden / policy.heads = {head} is a head size vLLM's attention does not "
+                f"run; choose hidden and heads so that it is one of {sizes}"
             )
         return self
 
@@ -369,7 +384,13 @@ class TrackingConfig(_Section):
 class RunConfig(_Section):
     """A whole run. Everything it writes lands under ``<root>/<name>/``."""
 
-    name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$", description="Run name.")
+    name: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        max_length=128,
+        description="Run name: letters, digits, '_', '.' and '-'; the run's folder under "
+        "root and its storage location are named after it.",
+    )
     root: str = Field("runs", description="Folder that holds one sub-folder per run.")
     cache: str = Field(".cache", description="Shared caches: built policies, vLLM, inductor.")
     seed: int = Field(0, ge=0, description="Seed for prompts, models and sampling.")
@@ -405,6 +426,22 @@ class RunConfig(_Section):
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="MLflow tracking and model registry."
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder(cls, name: str) -> str:
+        if set(name) == {"."}:
+            raise ValueError(f"{name!r} is not a folder name: the run would write outside root")
+        return name
+
+    @model_validator(mode="after")
+    def _responses_fit_the_context(self) -> RunConfig:
+        if self.policy.path is None and self.rollout.max_new_tokens >= self.policy.max_positions:
+            raise ValueError(
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for the "
+                f"prompt in policy.max_positions ({self.policy.max_positions}) tokens"
+            )
+        return self
 
     @property
     def run_dir(self) -> Path:
@@ -452,7 +489,13 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {assignment!r}: {part!r} is a value, not a section")
         node = child
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    try:
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as error:
+        raise ConfigError(
+            f"override {assignment!r}: the value is not valid YAML ({_first_line(error)}); "
+            "quote it, e.g. --set 'name=\"a b\"'"
+        ) from None
 
 
 # Keys that moved when the grab-bag `storage` section was split by what each configures.
@@ -468,6 +511,10 @@ MOVED = {
 }
 
 
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
 def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
@@ -478,6 +525,8 @@ def _describe(error: ValidationError) -> str:
             section = _section_for(item["loc"][:-1])
             allowed = ", ".join(sorted(section.model_fields)) if section else "?"
             lines.append(f"  {where}: unknown key; allowed here: {allowed}")
+        elif item["type"] == "value_error":  # a validator's own message names the fields
+            lines.append(f"  {where}: {item['ctx']['error']}")
         else:
             lines.append(f"  {where}: {item['msg']} (got {item.get('input')!r})")
     return "invalid config:\n" + "\n".join(lines)
@@ -512,7 +561,12 @@ def load_config(
         if not file.is_file():
             raise ConfigError(f"config file {str(file)!r} does not exist")
         try:
-            loaded = yaml.safe_load(file.read_text())
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as error:
+            raise ConfigError(
+                f"config file {str(file)!r} is not UTF-8 text (byte {error.start}); save it "
+                "as UTF-8"
+            ) from None
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {str(file)!r} is not valid YAML: {error}") from None
         if loaded is not None and not isinstance(loaded, dict):

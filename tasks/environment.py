@@ -1,11 +1,12 @@
-"""Build the configured environment (``env`` in the config)."""
+"""Build the configured environment (``env`` in the config), and check a run against it
+before anything starts."""
 
 from __future__ import annotations
 
 import json
 
 from sluice.envs import Environment, make_env
-from sluice.rl.config import EnvConfig
+from sluice.rl.config import ConfigError, EnvConfig, RunConfig
 
 
 def make_environment(cfg: EnvConfig) -> tuple[Environment, str]:
@@ -19,3 +20,29 @@ def make_environment(cfg: EnvConfig) -> tuple[Environment, str]:
         )
         knobs = {"count": cfg.count, "max_number": cfg.max_number, "long_tail": cfg.long_tail}
     return env, json.dumps({"name": cfg.name, **knobs}, sort_keys=True)
+
+
+def check_context(cfg: RunConfig) -> None:
+    """Every prompt the run draws, plus ``rollout.max_new_tokens``, fits the built-in
+    policy's context (``policy.max_positions``); a ConfigError naming the longest if not.
+
+    The built-in policy has one token per character and a BOS token. A model folder
+    (``policy.path``) is checked by vLLM when it starts.
+    """
+    if cfg.policy.path is not None:
+        return
+    env, _ = make_environment(cfg.env)
+    seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
+    prompts = [
+        *env.problems("train", cfg.env.train_prompts, seed),
+        *env.problems("heldout", cfg.eval.prompts, cfg.seed + 1),
+    ]
+    longest = max(prompts, key=lambda p: len(p.prompt))
+    need = len(longest.prompt) + 1 + cfg.rollout.max_new_tokens
+    if need > cfg.policy.max_positions:
+        raise ConfigError(
+            f"the longest prompt ({len(longest.prompt) + 1} tokens, {longest.prompt!r}) plus "
+            f"rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) is {need} tokens, more "
+            f"than policy.max_positions ({cfg.policy.max_positions}); raise max_positions or "
+            "lower max_new_tokens"
+        )

@@ -168,8 +168,10 @@ def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
             "storage.url=ftp://host/x",
             "storage.url: bad storage URL 'ftp://host/x': unsupported scheme 'ftp'",
         ),
+        ("name=[x", "override 'name=[x': the value is not valid YAML"),
+        ("rollout.max_new_tokens=250", "plus rollout.max_new_tokens (250) is 257 tokens"),
     ],
-    ids=["config", "storage-url"],
+    ids=["config", "storage-url", "yaml-in-set", "context"],
 )
 def test_bad_input_is_one_readable_message(setting, message):
     result = _run(["run", "configs/smoke.yaml", "--set", setting], timeout=120)

@@ -43,6 +43,14 @@ def test_defaults_and_overrides():
         (["train.engine=fsdp"], r"train\.engine: .*'torch' or 'deepspeed'.*'fsdp'"),
         (["train.betas=[0.9, 1.5]"], r"train\.betas \[0\.9, 1\.5\] must each lie in \[0, 1\)"),
         (["store.capacity_batches=1"], r"store\.capacity_batches: .*greater than or equal to 2"),
+        (["train.lr=inf"], r"train\.lr: Input should be a finite number"),
+        (["rollout.temperature=.nan"], r"rollout\.temperature: Input should be a finite number"),
+        (["name=.."], r"name: '\.\.' is not a folder name"),
+        (["name=."], r"name: '\.' is not a folder name"),
+        (["name=a/b"], r"name: String should match pattern"),
+        (["policy.hidden=128", "policy.heads=8"], r"= 16 is a head size vLLM's attention does not"),
+        (["rollout.max_new_tokens=256"], r"max_new_tokens \(256\) leaves no room for the prompt"),
+        (["name=[x"], r"override 'name=\[x': the value is not valid YAML"),
     ],
     ids=[
         "typo",
@@ -58,6 +66,14 @@ def test_defaults_and_overrides():
         "unknown-engine",
         "beta-over-one",
         "new-place-out-of-range",
+        "infinite",
+        "nan",
+        "name-dotdot",
+        "name-dot",
+        "name-separator",
+        "head-size-vllm-refuses",
+        "no-room-for-prompt",
+        "yaml-in-set",
     ],
 )
 def test_config_errors_name_the_field(overrides, expected):
@@ -79,6 +95,10 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("train: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_config(latin)
     listy = tmp_path / "list.yaml"
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
