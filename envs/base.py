@@ -27,11 +27,19 @@ import hashlib
 import logging
 import math
 import random
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 logger = logging.getLogger(__name__)
+
+# A built-in verifier parses a short answer in microseconds; one still running after this
+# long is stuck (model output can be adversarial), and its sample fails instead of the
+# rollout worker stalling.
+VERIFIER_TIMEOUT_S = 1.0
 
 ALPHABET: str = "".join(chr(code) for code in range(32, 127))
 """Every character any prompt or answer may contain: printable ASCII 32..126."""
@@ -254,16 +262,50 @@ def _failure(env: object, problem: object, detail: str) -> RewardResult:
     return RewardResult(reward=0.0, correct=False, error=message)
 
 
-def score(env: Environment, problem: Problem, completion: str) -> RewardResult:
+class VerifierTimeout(Exception):
+    """A verifier ran past its time budget."""
+
+
+@contextmanager
+def _time_budget(seconds: float) -> Iterator[None]:
+    """Raise ``VerifierTimeout`` in this thread after ``seconds`` of wall time.
+
+    A timer signal interrupts Python code wherever it loops; signals reach only the main
+    thread, which is where a rollout worker (a Ray actor) and the tests run verifiers. In
+    any other thread the verifier runs without a budget.
+    """
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise VerifierTimeout(f"the verifier ran past its {seconds:g} s time budget")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def score(
+    env: Environment, problem: Problem, completion: str, timeout_s: float = VERIFIER_TIMEOUT_S
+) -> RewardResult:
     """Score ``completion`` with ``env.reward``; never raises.
 
-    A verifier exception, or a result that is not a ``RewardResult`` with a float reward in
-    [0, 1] (NaN and infinities are rejected) and a bool ``correct``, becomes reward 0.0,
-    ``correct=False`` and ``error`` set to a one-line description naming the environment and
-    the prompt id; the failure is logged with ``logging.getLogger(__name__).warning``.
+    A verifier exception, a verifier that runs past ``timeout_s``, or a result that is not a
+    ``RewardResult`` with a float reward in [0, 1] (NaN and infinities are rejected) and a
+    bool ``correct``, becomes reward 0.0, ``correct=False`` and ``error`` set to a one-line
+    description naming the environment and the prompt id; the failure is logged with
+    ``logging.getLogger(__name__).warning``.
     """
     try:
-        result = env.reward(problem, completion)
+        with _time_budget(timeout_s):
+            result = env.reward(problem, completion)
+    except VerifierTimeout as exc:
+        return _failure(env, problem, str(exc))
     except Exception as exc:
         return _failure(env, problem, _describe_exception(exc))
     reason = _invalid_reason(result)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import string
+import time
 
 import pytest
 
@@ -183,3 +185,24 @@ def test_make_env_unknown_name() -> None:
 
 def test_env_names() -> None:
     assert ENV_NAMES == ("addition", "countdown")
+
+
+class HangingEnv(FakeEnv):
+    """A verifier stuck in a loop, as adversarial model output can make a parser."""
+
+    def reward(self, problem: Problem, completion: str) -> RewardResult:
+        while True:
+            pass
+
+
+def test_a_verifier_that_hangs_fails_its_sample_after_the_budget() -> None:
+    started = time.monotonic()
+    result = score(HangingEnv(None), PROBLEM, "x", timeout_s=0.2)
+    assert result.reward == 0.0 and result.correct is False
+    assert result.error is not None and "0.2 s time budget" in result.error
+    assert "fake/train/0/3" in result.error
+    assert time.monotonic() - started < 5.0  # cut at the budget, not left running
+    # The timer is off again and the previous SIGALRM handler is back.
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler)
+    assert score(FakeEnv(RewardResult(1.0, True)), PROBLEM, "x").reward == 1.0
