@@ -490,12 +490,15 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
             raise ConfigError(f"override {assignment!r}: {part!r} is a value, not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as error:
         raise ConfigError(
             f"override {assignment!r}: the value is not valid YAML ({_first_line(error)}); "
             "quote it, e.g. --set 'name=\"a b\"'"
         ) from None
+    if isinstance(value, str) and raw.strip()[:1] not in ("'", '"'):
+        value = raw.strip()  # a plain string as written: '#' in a path starts no comment
+    node[parts[-1]] = value
 
 
 # Keys that moved when the grab-bag `storage` section was split by what each configures.

@@ -4,6 +4,7 @@ artifacts, which every run under ``<root>`` shares; shared caches under ``<cache
 from __future__ import annotations
 
 import hashlib
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ DURABLE_FOLDERS = ("ledger", "trajectories", "checkpoints")
 # Unix socket paths are limited to 107 bytes and Ray puts its sockets about 60 characters
 # deep under its temp dir, so a longer temp dir is moved to a short private path in /tmp.
 MAX_RAY_TEMP_CHARS = 45
+_PLAIN_PATH = re.compile(r"^[A-Za-z0-9_./-]+$")
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,9 @@ class RunLayout:
     @property
     def ray_temp(self) -> Path:
         preferred = self.run_dir / "ray"
-        if len(str(preferred)) <= MAX_RAY_TEMP_CHARS:
+        # Ray encodes its socket paths as ASCII and passes them on command lines: a run
+        # folder with any other character gets the short private path too.
+        if _PLAIN_PATH.match(str(preferred)) and len(str(preferred)) <= MAX_RAY_TEMP_CHARS:
             return preferred
         digest = hashlib.sha256(str(self.run_dir).encode()).hexdigest()[:10]
         return Path(tempfile.gettempdir()) / f"sluice-ray-{digest}"

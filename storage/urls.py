@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -53,7 +53,9 @@ def _file_url(url: str, parts: SplitResult) -> tuple[fsspec.AbstractFileSystem, 
         raise _bad(url, "file URLs need an absolute path")
     if parts.query or parts.fragment:
         raise _bad(url, "file URLs take no query or fragment")
-    return _local(parts.path)
+    # A path's spaces, '#', '%' and non-ASCII characters are percent-encoded in its URL
+    # (Path.as_uri): decoded, the URL names the folder the path does.
+    return _local(unquote(parts.path))
 
 
 def _env_first(names: tuple[str, ...]) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -62,7 +63,8 @@ class RunSummary:
             f"wall {self.wall_s:.0f} s",
             f"trained policy: {self.policy}",
             f"ledger: sluice ledger {self.storage_url}",
-            f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri {self.mlflow_uri} "
+            f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri "
+            f"{shlex.quote(self.mlflow_uri)} "
             "--host 127.0.0.1",
             *(
                 [f"registered as {self.model_name} version {self.model_version} (challenger)"]

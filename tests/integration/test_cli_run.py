@@ -34,27 +34,40 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _smoke(tmp_path: Path, cache: Path, *settings: str) -> subprocess.CompletedProcess[str]:
-    """`sluice run configs/smoke.yaml` into ``tmp_path`` with ``--set`` for each setting."""
+def _smoke(
+    tmp_path: Path, cache: Path, *settings: str, runs: str = "runs"
+) -> subprocess.CompletedProcess[str]:
+    """`sluice run configs/smoke.yaml` into ``tmp_path/runs`` with ``--set`` for each setting."""
     args = ["run", "configs/smoke.yaml"]
-    for setting in (f"root={tmp_path / 'runs'}", f"cache={cache}", *settings):
+    for setting in (f"root={tmp_path / runs}", f"cache={cache}", *settings):
         args += ["--set", setting]
     return _run(args, timeout=600)
 
 
 @pytest.mark.parametrize(
-    ("mode", "staleness"), [("sync", [0, 0, 0, 0]), ("one_step", [0, 1, 1, 1])]
+    ("mode", "staleness", "runs"),
+    [
+        ("sync", [0, 0, 0, 0], "runs"),
+        # A root with a space, '#', '%' and non-ASCII: everything lands where it says.
+        ("one_step", [0, 1, 1, 1], "runs #1 100% é"),
+    ],
 )
-def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness):
+def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness, runs):
     steps = 4
     result = _smoke(
-        tmp_path, shared_cache, f"train.steps={steps}", f"mode={mode}", "checkpoint.every=3"
+        tmp_path,
+        shared_cache,
+        f"train.steps={steps}",
+        f"mode={mode}",
+        "checkpoint.every=3",
+        runs=runs,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "== summary ==" in result.stdout
     assert f"step    {steps}/{steps}" in result.stdout
 
-    run_dir = tmp_path / "runs" / "smoke"
+    assert [p.name for p in tmp_path.iterdir()] == [runs]
+    run_dir = tmp_path / runs / "smoke"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == steps
     assert 0.0 <= summary["end_accuracy"] <= 1.0

@@ -168,3 +168,22 @@ def test_async_store_holds_everything_admission_lets_start(overrides, batches):
     """A store smaller than what admission lets workers start hangs a pause: the workers'
     last puts wait for room that nothing consumes."""
     assert load_config(None, overrides).store_capacity_batches == batches
+
+
+@pytest.mark.parametrize(
+    ("assignment", "value"),
+    [
+        ("root=/data/runs #1 100% é", "/data/runs #1 100% é"),  # '#' starts no YAML comment
+        ("root=/data/a b", "/data/a b"),
+        ("root='/data/q'", "/data/q"),  # a quoted string loses its quotes
+        ("train.steps=7", 7),
+        ("rollout.enforce_eager=false", False),
+    ],
+    ids=["hash-percent-unicode", "space", "quoted", "int", "bool"],
+)
+def test_set_values_are_taken_as_written(assignment: str, value: object) -> None:
+    key, _, _ = assignment.partition("=")
+    section, _, field = key.rpartition(".")
+    cfg = load_config(None, [assignment])
+    got = getattr(getattr(cfg, section), field) if section else getattr(cfg, field)
+    assert got == value
