@@ -13,7 +13,7 @@ from typing import Any
 
 from sluice.sim.engine import simulate
 from sluice.sim.results import SimResult, format_table, staleness_line
-from sluice.sim.scenario import ScenarioError, load_scenario
+from sluice.sim.scenario import SKEW_HANDLING_OFF, ScenarioError, load_scenario
 
 DEFAULT_POLICIES = [
     "sync",
@@ -26,17 +26,23 @@ DEFAULT_POLICIES = [
 ]
 POLICY_HELP = (
     "sync | one_step | async, then options: k=<max staleness>, dispatch (longest first + "
-    "balance), repack, no-partial, credit (give dropped groups' admission back)"
+    "balance), repack (both off unless named), no-partial, credit (give dropped groups' "
+    "admission back)"
 )
 
 
 def parse_policy(text: str) -> dict[str, Any]:
-    """``async,k=2,dispatch`` -> PolicySpec fields; ScenarioError names what is wrong."""
+    """``async,k=2,dispatch`` -> PolicySpec fields; ScenarioError names what is wrong.
+
+    Dispatch and repack are on only when the policy names them, whatever the scenario says,
+    so ``async,k=2`` is plain async and each option is one step up from it; Sluice's
+    defaults (``rl/config.py``) are ``async,k=2,dispatch,repack``.
+    """
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts or parts[0] not in ("sync", "one_step", "async"):
         head = parts[0] if parts else text
         raise ScenarioError(f"unknown policy {head!r}; choose {POLICY_HELP}")
-    fields: dict[str, Any] = {"mode": parts[0]}
+    fields: dict[str, Any] = {"mode": parts[0], **SKEW_HANDLING_OFF}
     for option in parts[1:]:
         if option.startswith("k="):
             value = option[2:]

@@ -36,7 +36,7 @@ from sluice.sim.hardware import (
 )
 from sluice.sim.lengths import draw_lengths
 from sluice.sim.results import SimResult
-from sluice.sim.scenario import LengthSpec, Scenario, build_scenario
+from sluice.sim.scenario import SKEW_HANDLING_OFF, LengthSpec, Scenario, build_scenario
 
 SIZES = (64, 256, 1024)
 # One global batch at every size (strong scaling, as scaling experiments run a fixed
@@ -84,7 +84,8 @@ WORKLOADS = {
     ),
 }
 
-# (label, policy fields). "sync (colocated)" is the papers' baseline and comes first.
+# (label, policy fields), each over SKEW_HANDLING_OFF: a row names what it switches on.
+# "sync (colocated)" is the papers' baseline and comes first.
 POLICIES: list[tuple[str, dict[str, Any]]] = [
     ("sync (colocated)", {"mode": "sync"}),
     ("sync", {"mode": "sync"}),
@@ -186,7 +187,12 @@ def scenario(
             "max_concurrency": engine_concurrency(model, H100, context),
         },
         "costs": costs.model_dump(),
-        "policy": {"predictor_sigma": 0.5, "repack_max_stragglers": 8, **policy},
+        "policy": {
+            **SKEW_HANDLING_OFF,
+            "predictor_sigma": 0.5,
+            "repack_max_stragglers": 8,
+            **policy,
+        },
     }
     return build_scenario(tree)
 

@@ -2,22 +2,24 @@
 
 One pydantic tree, the same way ``rl/config.py`` holds a run: every field has a
 description, unknown keys are errors, and ``load_scenario`` turns validation errors into
-one ``ScenarioError`` that names each bad field. The policy fields mirror Sluice's own
-config (``rl/config.py``: ``mode``, ``max_staleness``, ``rollout.partial_rollout``,
-``rollout.long_first``, ``rollout.balance``); the costs are per accelerator and come from a
+one ``ScenarioError`` that names each bad field. The policy's settings that a Sluice run
+has are that run's own pydantic fields (``rl/config.py``: ``mode``, ``max_staleness``,
+``rollout.partial_rollout``, ``rollout.long_first``, ``rollout.balance``, ``rollout.repack*``),
+so a scenario defaults to what a run does; the costs are per accelerator and come from a
 calibration profile (``sim/calibrate.py``) or from stated public numbers (``sim/scale.py``).
 """
 
 from __future__ import annotations
 
 import json
+from copy import copy
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sluice.rl.config import apply_override
+from sluice.rl.config import RolloutConfig, RunConfig, apply_override
 
 # Calibration profiles shipped with the package (written by benchmarks/sim_profile.py).
 PROFILES = Path(__file__).parent / "profiles"
@@ -234,45 +236,53 @@ class CostSpec(_Section):
         return self.model_bytes / self.sync_bandwidth_bytes_per_s + self.sync_latency_s
 
 
-class PolicySpec(_Section):
-    """Which scheduling policy runs: Sluice's modes and switches (rl/config.py)."""
+# Sluice's skew handling (dispatch and repack) switched off, which a run has on by default:
+# the baseline that comparisons turn one option on from at a time.
+SKEW_HANDLING_OFF: dict[str, Any] = {"long_first": False, "balance": False, "repack": False}
 
-    mode: Literal["sync", "one_step", "async"] = Field(
-        "async",
-        description="sync: generate a batch, train, load weights, repeat. one_step: the next "
-        "batch generates while this one trains. async: engines stream within max_staleness.",
-    )
-    max_staleness: int = Field(
-        2, ge=0, le=64, description="async: versions a trained sample may lag the trainer (k)."
-    )
-    partial_rollout: bool = Field(
-        True,
-        description="async: requests in flight continue under new weights; off: an engine "
-        "stops taking work, finishes its requests, then loads.",
-    )
-    long_first: bool = Field(
-        False, description="Hand out the groups predicted longest first (StreamRL)."
-    )
-    balance: bool = Field(
-        False, description="Give each group to the engine with the least predicted tokens."
-    )
+
+def _run_setting(section: type[BaseModel], name: str) -> Any:
+    """The field ``name`` of a section of Sluice's run config (``rl/config.py``): its default,
+    bounds and description, so the scenario accepts and defaults to what a run does."""
+    return copy(section.model_fields[name])
+
+
+class PolicySpec(_Section):
+    """Which scheduling policy runs: Sluice's modes and switches, and how its worker behaves.
+
+    The settings a Sluice run has are its own fields: ``mode`` and ``max_staleness`` of
+    ``RunConfig``, the dispatch and repack switches of ``RolloutConfig`` (``rl/config.py``),
+    with their defaults, bounds and descriptions. Skew-aware dispatch is StreamRL's
+    (``long_first``, ``balance``; ``rl.dispatch.plan``), repack Laminar's
+    (``rl.dispatch.stragglers``). A run uses them in ``async`` only; the simulator applies
+    them in ``sync`` and ``one_step`` too, where Sluice submits round robin, so a batch-mode
+    comparison that should match Sluice turns them off (``SKEW_HANDLING_OFF``).
+
+    The other fields are the simulator's own: the real values are constants or settings of
+    the worker and dispatcher (``engines/``, which the simulator does not import) or
+    behaviour the simulator lets you switch.
+    """
+
+    mode: Literal["sync", "one_step", "async"] = _run_setting(RunConfig, "mode")
+    max_staleness: int = _run_setting(RunConfig, "max_staleness")
+    partial_rollout: bool = _run_setting(RolloutConfig, "partial_rollout")
+    long_first: bool = _run_setting(RolloutConfig, "long_first")
+    balance: bool = _run_setting(RolloutConfig, "balance")
+    repack: bool = _run_setting(RolloutConfig, "repack")
+    repack_max_stragglers: int = _run_setting(RolloutConfig, "repack_max_stragglers")
+    repack_min_age_s: float = _run_setting(RolloutConfig, "repack_min_age_s")
+
+    # Simulator only: Sluice's dispatcher learns lengths online (rl.dispatch.LengthPredictor);
+    # the simulator draws its error instead.
     predictor_sigma: float = Field(
         0.3,
         ge=0,
         description="Log-space error of the length predictor per group (0: it knows each "
         "group's mean length exactly).",
     )
-    repack: bool = Field(
-        False,
-        description="Move the last few long requests of draining engines onto one engine, "
-        "freeing the others (Laminar; rl.dispatch.stragglers).",
-    )
-    repack_max_stragglers: int = Field(
-        8, ge=1, description="An engine straggles when it runs at most this many requests."
-    )
-    repack_min_age_s: float = Field(
-        0.0, ge=0, description="Only requests running at least this long are moved."
-    )
+    # Simulator only, here and in the next two: constants and settings of Sluice's worker
+    # (engines/rollout_worker.py, engines/messages.py), not of a run's config. The defaults
+    # are an idealised worker; the cpu2core profile sets Sluice's values.
     refill_at: float = Field(
         0.0,
         ge=0,
@@ -293,14 +303,18 @@ class PolicySpec(_Section):
         "this many wait or the oldest has waited costs.group_ready_s (Sluice's worker: 8, "
         "PUT_GROUPS); 1: each group at once.",
     )
+    # Simulator only: a constant of Sluice's dispatcher (LOOKAHEAD_STEPS in
+    # engines/dispatcher.py), not a setting of a run.
     lookahead_steps: int = Field(
         2, ge=1, description="async dispatch: steps of upcoming groups the dispatcher orders."
     )
+    # Simulator only: Sluice's dispatcher always gives the slot back (engines/dispatcher.py,
+    # ``credit``); the switch shows what the rule without it costs.
     credit_drops: bool = Field(
         False,
-        description="async: a dropped group gives its admission slot back. Sluice's dispatcher "
-        "does not (it counts every group it handed out), which can stall training once "
-        "more than max_staleness batches were dropped.",
+        description="async: a dropped group gives its admission slot back, as Sluice's "
+        "dispatcher does. Off: every group handed out counts against admission, which can "
+        "stall training once more than max_staleness batches were dropped.",
     )
 
     @property
@@ -399,7 +413,9 @@ def build_scenario(tree: dict[str, Any]) -> Scenario:
         try:
             measured = CostSpec.model_validate(read_profile(Path(str(profile)))[1]["costs"])
         except (KeyError, ValueError) as error:
-            raise ScenarioError(f"profile {str(profile)!r} is not a valid profile: {error}") from None
+            raise ScenarioError(
+                f"profile {str(profile)!r} is not a valid profile: {error}"
+            ) from None
         tree["costs"] = {**measured.model_dump(), **(tree.get("costs") or {})}
     try:
         return Scenario.model_validate(tree)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sluice.sim.engine import simulate
-from sluice.sim.scenario import Scenario, build_scenario
+from sluice.sim.scenario import SKEW_HANDLING_OFF, Scenario, build_scenario
 
 
 def scenario(
@@ -54,7 +54,9 @@ def scenario(
                 "sync_latency_s": 0.0,
                 **(costs or {}),
             },
-            "policy": policy,
+            # Dispatch and repack (on in a run by default) only where a test turns them on,
+            # and then a straggler moves at any age.
+            "policy": {**SKEW_HANDLING_OFF, "repack_min_age_s": 0.0, **policy},
         }
     )
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from sluice.sim.engine import simulate
-from sluice.sim.scenario import Scenario, build_scenario
+from sluice.sim.scenario import SKEW_HANDLING_OFF, Scenario, build_scenario
 
 
 def longtail(
@@ -49,7 +49,8 @@ def longtail(
                 "sync_bandwidth_bytes_per_s": 1e10,
                 "sync_latency_s": 0.0,
             },
-            "policy": policy,
+            # each variant switches on its own part of dispatch and repack
+            "policy": {**SKEW_HANDLING_OFF, "repack_min_age_s": 0.0, **policy},
         }
     )
 
@@ -78,7 +79,7 @@ def test_trained_samples_are_never_staler_than_k(variant, seed):
 
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_without_credit_at_most_k_batches_are_ever_dropped(k):
-    # Sluice's dispatcher counts a dropped group as issued, so drops eat into the
+    # Without credit a dropped group counts as issued, so drops eat into the
     # (k + 1) * B window for good; once k * B groups are gone the trainer needs every
     # group in flight and none is bypassed (or dropped) again.
     result = simulate(longtail({"mode": "async", "max_staleness": k}, steps=60))

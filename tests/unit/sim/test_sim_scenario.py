@@ -10,10 +10,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from sluice.rl.config import RolloutConfig, RunConfig
 from sluice.sim.command import parse_policy
 from sluice.sim.engine import simulate
 from sluice.sim.lengths import LengthError, draw_lengths, replay_groups
-from sluice.sim.scenario import LengthSpec, ScenarioError, build_scenario, load_scenario
+from sluice.sim.scenario import (
+    LengthSpec,
+    PolicySpec,
+    ScenarioError,
+    build_scenario,
+    load_scenario,
+)
 from sluice.storage.schema import batch_from_rows
 
 
@@ -105,8 +112,21 @@ def test_profile_costs_fill_in_and_explicit_costs_win():
 @pytest.mark.parametrize(
     ("text", "fields"),
     [
-        ("sync", {"mode": "sync"}),
-        ("one_step,dispatch", {"mode": "one_step", "long_first": True, "balance": True}),
+        ("sync", {"mode": "sync", "long_first": False, "balance": False, "repack": False}),
+        (
+            "one_step,dispatch",
+            {"mode": "one_step", "long_first": True, "balance": True, "repack": False},
+        ),
+        (
+            "async,k=2,repack",
+            {
+                "mode": "async",
+                "max_staleness": 2,
+                "long_first": False,
+                "balance": False,
+                "repack": True,
+            },
+        ),
         (
             "async,k=4,dispatch,repack,no-partial,credit",
             {
@@ -123,6 +143,39 @@ def test_profile_costs_fill_in_and_explicit_costs_win():
 )
 def test_parse_policy(text, fields):
     assert parse_policy(text) == fields
+
+
+def test_policy_settings_a_run_has_are_the_run_configs_own_fields():
+    # Declared once, in rl/config.py: the same type, default, bounds and description, so a
+    # default changed there changes the simulator's too.
+    shared = set()
+    for name, field in PolicySpec.model_fields.items():
+        for section in (RunConfig, RolloutConfig):
+            real = section.model_fields.get(name)
+            if real is None:
+                continue
+            shared.add(name)
+            mine = (field.annotation, field.default, field.metadata, field.description)
+            assert mine == (real.annotation, real.default, real.metadata, real.description), name
+    assert shared == {
+        "mode",
+        "max_staleness",
+        "partial_rollout",
+        "long_first",
+        "balance",
+        "repack",
+        "repack_max_stragglers",
+        "repack_min_age_s",
+    }
+
+
+def test_a_scenario_without_a_policy_runs_sluices_default_policy():
+    policy, run = build_scenario({}).policy, RunConfig()
+    assert (policy.mode, policy.max_staleness) == (run.mode, run.max_staleness)
+    for name in ("partial_rollout", "long_first", "balance", "repack", "repack_min_age_s"):
+        assert getattr(policy, name) == getattr(run.rollout, name), name
+    with pytest.raises(ScenarioError, match=r"policy\.repack_max_stragglers"):
+        build_scenario({"policy": {"repack_max_stragglers": 0}})  # the run's bound, ge=1
 
 
 @pytest.mark.parametrize(
