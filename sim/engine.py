@@ -11,11 +11,11 @@ one heap (time, sequence) and hands each to the part it concerns:
   millions of samples run in seconds. Prefill, weight loads and repack migrations *stall*
   an engine (no decode) for their cost.
 - the trainer: one data-parallel step per batch, ``train_step_s + tokens * per_token / T``.
-- the policy, mirroring Sluice's flow (``flows/rl_job.py``, ``tasks/rollout.py``):
+- the policy, mirroring Sluice's flow (``flows/rl_job.py``, ``tasks/rollouts.py``):
   ``sync`` submits a batch, trains on it, loads weights everywhere, repeats; ``one_step``
   submits the next batch before training and each engine loads the new weights once its
   share of that batch is done (Ray runs an actor's calls in order); ``async`` is the
-  dispatcher of ``tasks/dispatcher.py`` (AReaL admission: an engine at version v may start
+  dispatcher of ``engines/dispatcher.py`` (AReaL admission: an engine at version v may start
   group g only while g < (v + k + 1) * B; the trainer leases B ready groups, oldest
   first, after dropping groups staler than k, as ``storage/trajectory_index.py`` does)
   with the worker of ``engines/rollout_worker.py`` (refill, weight polling, partial
@@ -263,8 +263,8 @@ class _Run:
             f"{self.trainer.version} of {self.steps} waits for {self.B} ready groups, has "
             f"{len(self.ready)}; {in_flight} samples in flight; dispatcher issued "
             f"{self.issued} groups, admission allows {limit}; {self.dropped // self.G} groups "
-            "were dropped as stale and never re-admitted (Sluice's dispatcher counts them as "
-            "issued; set policy.credit_drops=true to give their slots back)"
+            "were dropped as stale and never re-admitted (policy.credit_drops is off; "
+            "Sluice's dispatcher gives their slots back: set policy.credit_drops=true)"
         )
 
     def _start(self) -> None:
