@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class _Section(BaseModel):
@@ -28,16 +36,21 @@ _RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _RAY_BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
 
 
-def _check_resources(field: str, resources: dict[str, float]) -> dict[str, float]:
+def _check_resources(resources: dict[str, float]) -> dict[str, float]:
     for name, amount in resources.items():
         if name in _RAY_BUILTIN or not _RESOURCE_NAME.match(name):
             raise ValueError(
-                f"{field}: {name!r} is not a custom Ray resource name (letters, digits and '_', "
+                f"{name!r} is not a custom Ray resource name (letters, digits and '_', "
                 f"starting with a letter; not {', '.join(sorted(_RAY_BUILTIN))})"
             )
         if amount <= 0:
-            raise ValueError(f"{field}: {name!r} needs a positive amount, got {amount}")
+            raise ValueError(f"{name!r} needs a positive amount, got {amount}")
     return resources
+
+
+# Custom Ray resources an actor asks for (`rollout.resources`, `train.resources`); the
+# error's location names the field.
+RayResources = Annotated[dict[str, float], AfterValidator(_check_resources)]
 
 
 # Head sizes vLLM's attention kernels take (vLLM 0.32, v1/attention/backends/cpu_attn.py;
@@ -186,17 +199,12 @@ class RolloutConfig(_Section):
         "one rollout worker are placed; the others join when nodes offer their resources. "
         "sync and one_step wait for every worker.",
     )
-    resources: dict[str, float] = Field(
+    resources: RayResources = Field(
         default_factory=dict,
         description="Custom Ray resources each rollout actor asks for, e.g. {rollout: 1}: it "
         "is placed only on nodes that advertise them (`ray start --resources`; the "
         "infra/terraform rollout group advertises `rollout`). Empty: any node with CPUs.",
     )
-
-    @model_validator(mode="after")
-    def _valid_resources(self) -> RolloutConfig:
-        _check_resources("rollout.resources", self.resources)
-        return self
 
 
 class TrainConfig(_Section):
@@ -267,17 +275,12 @@ class TrainConfig(_Section):
     )
     cpus: float = Field(1.0, gt=0.0, description="Ray CPU slots for the trainer actor.")
     threads: int = Field(1, ge=1, description="torch threads inside the trainer actor.")
-    resources: dict[str, float] = Field(
+    resources: RayResources = Field(
         default_factory=dict,
         description="Custom Ray resources the trainer asks for, e.g. {trainer: 1}: it is "
         "placed only on a node that advertises them (the infra/terraform trainer group "
         "advertises `trainer`). Empty: any node with CPUs.",
     )
-
-    @model_validator(mode="after")
-    def _valid_resources(self) -> TrainConfig:
-        _check_resources("train.resources", self.resources)
-        return self
 
     @model_validator(mode="after")
     def _betas_below_one(self) -> TrainConfig:
