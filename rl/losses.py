@@ -51,13 +51,30 @@ def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return advantages.unsqueeze(1).expand_as(like) if advantages.dim() == 1 else advantages
 
 
-def _weight_stats(
-    weight: torch.Tensor, mask: torch.Tensor, cap: float | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Mean and max of an uncapped importance weight [batch, tokens], and the share over ``cap``."""
+def _with_stats(
+    loss: torch.Tensor,
+    clip_fraction: torch.Tensor,
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float | None,
+    ratio_mean: torch.Tensor | None = None,
+) -> PolicyLoss:
+    """``loss`` and its statistics, from the uncapped importance weight [batch, tokens].
+
+    ``truncated_fraction`` is the share of ``weight`` over ``cap`` (0 with no cap);
+    ``ratio_mean`` defaults to the weight's mean, for a loss whose ratio is the weight.
+    """
     weight = weight.detach()
     over = torch.zeros_like(weight) if cap is None else (weight > cap).float()
-    return masked_mean(weight, mask), masked_max(weight, mask), masked_mean(over, mask)
+    weight_mean = masked_mean(weight, mask)
+    return PolicyLoss(
+        loss=loss,
+        clip_fraction=clip_fraction,
+        ratio_mean=weight_mean if ratio_mean is None else ratio_mean,
+        weight_mean=weight_mean,
+        weight_max=masked_max(weight, mask),
+        truncated_fraction=masked_mean(over, mask),
+    )
 
 
 def _clipped_surrogate(
@@ -93,15 +110,8 @@ def ppo_clip_loss(
     """
     ratio = torch.exp(logprobs - old_logprobs)
     surrogate, was_clipped = _clipped_surrogate(ratio, _per_token(advantages, logprobs), clip_eps)
-    weight_mean, weight_max, truncated = _weight_stats(ratio, mask, cap=None)
-    return PolicyLoss(
-        loss=-masked_mean(surrogate, mask),
-        clip_fraction=masked_mean(was_clipped, mask).detach(),
-        ratio_mean=weight_mean,
-        weight_mean=weight_mean,
-        weight_max=weight_max,
-        truncated_fraction=truncated,
-    )
+    clip_fraction = masked_mean(was_clipped, mask).detach()
+    return _with_stats(-masked_mean(surrogate, mask), clip_fraction, ratio, mask, cap=None)
 
 
 def decoupled_ppo_loss(
@@ -130,14 +140,13 @@ def decoupled_ppo_loss(
     raw_weight = torch.exp(proximal_logprobs - behaviour_logprobs).detach()
     weight = raw_weight if weight_cap is None else raw_weight.clamp(max=weight_cap)
     surrogate, was_clipped = _clipped_surrogate(ratio, _per_token(advantages, logprobs), clip_eps)
-    weight_mean, weight_max, truncated = _weight_stats(raw_weight, mask, weight_cap)
-    return PolicyLoss(
-        loss=-masked_mean(weight * surrogate, mask),
-        clip_fraction=masked_mean(was_clipped, mask).detach(),
+    return _with_stats(
+        -masked_mean(weight * surrogate, mask),
+        masked_mean(was_clipped, mask).detach(),
+        raw_weight,
+        mask,
+        weight_cap,
         ratio_mean=masked_mean(ratio, mask).detach(),
-        weight_mean=weight_mean,
-        weight_max=weight_max,
-        truncated_fraction=truncated,
     )
 
 
@@ -161,15 +170,7 @@ def tis_loss(
     rho = torch.exp(logprobs - behaviour_logprobs).detach()
     weight = rho.clamp(max=cap)
     loss = -masked_mean(weight * logprobs * _per_token(advantages, logprobs), mask)
-    weight_mean, weight_max, truncated = _weight_stats(rho, mask, cap)
-    return PolicyLoss(
-        loss=loss,
-        clip_fraction=loss.new_zeros(()).detach(),
-        ratio_mean=weight_mean,
-        weight_mean=weight_mean,
-        weight_max=weight_max,
-        truncated_fraction=truncated,
-    )
+    return _with_stats(loss, loss.new_zeros(()).detach(), rho, mask, cap)
 
 
 def logprob_mismatch(
