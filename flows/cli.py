@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -21,16 +22,65 @@ from sluice.storage.urls import check_url
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 
 
+# A console line is one line: a traceback, or a message that carries one (Ray's errors carry
+# the remote traceback), goes whole to the run's log file (``run.log``); --debug shows it here.
+CONSOLE_CHARS = 400
+# Terminal colours, as escape characters or as the text of one (in a repr).
+_ANSI = re.compile(r"(\x1b|\\x1b)\[[0-9;]*m")
+
+
+class OneLine(logging.Formatter):
+    """The first line of a record, without its traceback, ANSI colours or more than
+    CONSOLE_CHARS characters."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            line = _ANSI.sub("", super().format(record)).splitlines()[0]
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+        return line if len(line) <= CONSOLE_CHARS else line[: CONSOLE_CHARS - 3] + "..."
+
+
+def first_line(error: BaseException) -> str:
+    text = _ANSI.sub("", str(error)).strip()
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= CONSOLE_CHARS else line[: CONSOLE_CHARS - 3] + "..."
+
+
+def describe(error: BaseException) -> str:
+    """``Type: first line``; for an error raised in a Ray actor, the actor's own exception
+    and the call it failed in."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        where = first_line(error).split(" (pid=")[0]
+        return f"{type(cause).__name__} in {where}: {first_line(cause)}"
+    return f"{type(error).__name__}: {first_line(error)}"
+
+
 def _setup_logging(debug: bool) -> None:
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(
+        logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
+        if debug
+        else OneLine("%(asctime)s %(message)s", "%H:%M:%S")
+    )
     logging.basicConfig(
-        level=logging.DEBUG if debug else logging.INFO,
-        format="%(asctime)s %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stdout,
-        force=True,
+        level=logging.DEBUG if debug else logging.INFO, handlers=[console], force=True
     )
     for noisy in ("vllm", "ray", "prefect", "mlflow", "alembic", "httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
+def _log_to_file(cfg: RunConfig) -> Path:
+    """Everything the console shows, with every traceback, also goes to the run's run.log."""
+    path = cfg.run_dir / "run.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    return path
 
 
 def _fail(message: str, debug: bool, error: BaseException) -> None:
@@ -79,17 +129,26 @@ def _use_address(address: str | None, debug: bool) -> None:
 
 
 def _train(cfg: RunConfig, resume: bool, debug: bool) -> None:
-    from sluice.flows.api import run
+    from sluice.flows.api import check_run, run
 
+    try:
+        check_run(cfg)
+    except ConfigError as error:
+        _fail(f"{error}\nFix the config file or the --set value.", debug, error)
+        return
+    log_file = _log_to_file(cfg)
     try:
         summary = run(cfg, resume=resume)
     except ConfigError as error:
         _fail(f"{error}\nFix the config file or the --set value.", debug, error)
         return
-    except Exception as error:  # one readable line; the traceback is one --debug away
+    except Exception as error:  # one readable line; the traceback is in the log file
+        logging.getLogger("sluice").error("the run failed", exc_info=error)
         _fail(
-            f"the run failed: {type(error).__name__}: {error}\n(rerun with --debug for the "
-            "traceback)",
+            f"the run failed: {describe(error)}\n"
+            f"The tracebacks are in {log_file} (--debug shows them here). "
+            f"`sluice resume {cfg.name} --root {cfg.root}` continues from the newest "
+            "checkpoint, if it has one.",
             debug,
             error,
         )
