@@ -45,6 +45,7 @@ import ray
 from ray.util.queue import Queue
 
 from sluice.benchmarks import params as params_bench
+from sluice.benchmarks.tables import markdown_table
 from sluice.rl.batching import Sample, collate
 from sluice.sim.report import write_section
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
@@ -207,19 +208,25 @@ def measure_store(row_kb: list[int]) -> list[dict[str, Any]]:
 
 
 def store_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| row size | rows | store samples/s (MB/s) | store+file | queue | queue, blocks "
-        "| store / queue | store / queue, blocks |",
-        "|---|---|---|---|---|---|---|---|",
+    header = [
+        "row size",
+        "rows",
+        "store samples/s (MB/s)",
+        *VARIANTS[1:],
+        "store / queue",
+        "store / queue, blocks",
     ]
-    for r in rows:
-        cells = [f"{r[v][0]:,.0f} ({r[v][1]:.0f})" for v in VARIANTS]
-        lines.append(
-            f"| {r['row_kb']} KB | {r['samples']} | {' | '.join(cells)} "
-            f"| {r['store'][0] / r['queue'][0]:.1f}x "
-            f"| {r['store'][0] / r['queue, blocks'][0]:.1f}x |"
-        )
-    return "\n".join(lines)
+    cells = [
+        [
+            f"{r['row_kb']} KB",
+            str(r["samples"]),
+            *(f"{r[v][0]:,.0f} ({r[v][1]:.0f})" for v in VARIANTS),
+            f"{r['store'][0] / r['queue'][0]:.1f}x",
+            f"{r['store'][0] / r['queue, blocks'][0]:.1f}x",
+        ]
+        for r in rows
+    ]
+    return "\n".join(markdown_table(header, cells))
 
 
 def main() -> None:

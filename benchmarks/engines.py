@@ -30,6 +30,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from sluice.benchmarks.tables import markdown_table
 from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.torch_trainer import TorchTrainer
@@ -159,16 +160,31 @@ def table(
         f"Command: `.venv/bin/python -m sluice.benchmarks.engines --repeats {repeats} "
         f"--warmup {warmup} --threads {threads}`.",
         "",
-        "| policy | params | engine | x torch (paired median) | step s (median) | IQR s "
-        "| build s |",
-        "|---|---|---|---|---|---|---|",
+        *markdown_table(
+            [
+                "policy",
+                "params",
+                "engine",
+                "x torch (paired median)",
+                "step s (median)",
+                "IQR s",
+                "build s",
+            ],
+            [
+                [
+                    size,
+                    f"{r['params'] / 1e6:.2f}M",
+                    label,
+                    f"{r['ratio']:.2f}",
+                    f"{r['median']:.3f}",
+                    f"{r['q1']:.3f}-{r['q3']:.3f}",
+                    f"{r['build_s']:.2f}",
+                ]
+                for size, rows in results.items()
+                for label, r in rows.items()
+            ],
+        ),
     ]
-    for size, rows in results.items():
-        for label, r in rows.items():
-            lines.append(
-                f"| {size} | {r['params'] / 1e6:.2f}M | {label} | {r['ratio']:.2f} | "
-                f"{r['median']:.3f} | {r['q1']:.3f}-{r['q3']:.3f} | {r['build_s']:.2f} |"
-            )
     return "\n".join(lines)
 
 

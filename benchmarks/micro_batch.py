@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from sluice.benchmarks.engines import fixed_batch, step_times
+from sluice.benchmarks.tables import markdown_table
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.engines.trainer_core import NO_TOKEN_LIMIT
@@ -89,11 +90,11 @@ def table(results: dict[str, dict[str, float]], batch: TrainBatch, repeats: int)
         "Command: `make bench-micro-batch` "
         f"(`.venv/bin/python -m sluice.benchmarks.micro_batch --repeats {repeats}`).",
         "",
-        "| micro_batch_tokens | step s | x 4096 |",
-        "|---|---|---|",
+        *markdown_table(
+            ["micro_batch_tokens", "step s", "x 4096"],
+            [[label, f"{r['median']:.3f}", f"{r['ratio']:.2f}"] for label, r in results.items()],
+        ),
     ]
-    for label, r in results.items():
-        lines.append(f"| {label} | {r['median']:.3f} | {r['ratio']:.2f} |")
     return "\n".join(lines)
 
 

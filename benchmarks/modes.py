@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
+from sluice.benchmarks.tables import markdown_table
 from sluice.sim.report import write_section
 
 ROOT = Path(__file__).parents[1]
@@ -93,8 +94,36 @@ def run_variant(label: str, overrides: list[str], steps: int, root: Path) -> dic
     }
 
 
+def _row(label: str, r: dict[str, float], base: dict[str, float]) -> list[str]:
+    idle = "-" if math.isnan(r["rollout_idle"]) else f"{r['rollout_idle']:.2f}"
+    return [
+        label,
+        f"{r['samples_per_s']:.1f}",
+        f"{r['tokens_per_s']:.0f}",
+        f"{r['samples_per_s'] / base['samples_per_s']:.2f}",
+        f"{r['step_s']:.3f}",
+        f"{r['trainer_idle']:.2f}",
+        idle,
+        f"{r['staleness']:.2f}",
+        f"{r['repacked']:.0f}",
+        f"{100 * r['start_accuracy']:.1f}% -> {100 * r['end_accuracy']:.1f}%",
+    ]
+
+
 def table(results: dict[str, dict[str, float]], steps: int) -> str:
     base = next(iter(results.values()))
+    header = [
+        "variant",
+        "samples/s",
+        "tokens/s",
+        "x sync",
+        "step s",
+        "trainer idle",
+        "rollout idle",
+        "mean staleness",
+        "repacked groups",
+        "held-out start -> end",
+    ]
     lines = [
         f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch {version('torch')}, "
@@ -102,18 +131,8 @@ def table(results: dict[str, dict[str, float]], steps: int) -> str:
         "(the same trained samples) per variant, seed 0, one rollout worker and one trainer.",
         f"Command: `make bench` (`.venv/bin/python -m sluice.benchmarks.modes --steps {steps}`).",
         "",
-        "| variant | samples/s | tokens/s | x sync | step s | trainer idle | rollout idle "
-        "| mean staleness | repacked groups | held-out start -> end |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        *markdown_table(header, [_row(label, r, base) for label, r in results.items()]),
     ]
-    for label, r in results.items():
-        idle = "-" if math.isnan(r["rollout_idle"]) else f"{r['rollout_idle']:.2f}"
-        lines.append(
-            f"| {label} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | "
-            f"{r['samples_per_s'] / base['samples_per_s']:.2f} | {r['step_s']:.3f} | "
-            f"{r['trainer_idle']:.2f} | {idle} | {r['staleness']:.2f} | {r['repacked']:.0f} | "
-            f"{100 * r['start_accuracy']:.1f}% -> {100 * r['end_accuracy']:.1f}% |"
-        )
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import ray
 import torch
 
+from sluice.benchmarks.tables import markdown_table
 from sluice.storage.params import ParameterService, from_buckets
 
 CHUNK_MB = 4
@@ -123,17 +124,26 @@ def measure(sizes_mb: list[int], repeats: int, warmup: int = 5) -> list[dict[str
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| size MB | publish ms | snapshot ms (worst case) | pull ms | publish / pull "
-        "| first snapshot ms |",
-        "|---:|---:|---:|---:|---:|---:|",
+    header = [
+        "size MB",
+        "publish ms",
+        "snapshot ms (worst case)",
+        "pull ms",
+        "publish / pull",
+        "first snapshot ms",
     ]
-    lines += [
-        f"| {r['size_mb']} | {r['publish_s'] * 1e3:.2f} | {r['snapshot_s'] * 1e3:.1f} "
-        f"| {r['pull_s'] * 1e3:.1f} | {r['ratio']:.3f} | {r['first_snapshot_s'] * 1e3:.1f} |"
+    cells = [
+        [
+            str(r["size_mb"]),
+            f"{r['publish_s'] * 1e3:.2f}",
+            f"{r['snapshot_s'] * 1e3:.1f}",
+            f"{r['pull_s'] * 1e3:.1f}",
+            f"{r['ratio']:.3f}",
+            f"{r['first_snapshot_s'] * 1e3:.1f}",
+        ]
         for r in rows
     ]
-    return "\n".join(lines)
+    return "\n".join(markdown_table(header, cells, rule="---:"))
 
 
 def main() -> None:

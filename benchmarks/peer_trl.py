@@ -37,6 +37,7 @@ from pathlib import Path
 from sluice.benchmarks import figures
 from sluice.benchmarks.cpu_meter import CpuMeter
 from sluice.benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
+from sluice.benchmarks.tables import markdown_table
 from sluice.benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 from sluice.sim.report import write_section
 
@@ -231,13 +232,13 @@ def _time(seconds: float | None) -> str:
     return "not reached" if seconds is None else f"{seconds:.0f} s"
 
 
-def _speed_row(label: str, m: Measured, trl: Measured) -> str:
+def _speed_row(label: str, m: Measured, trl: Measured) -> list[str]:
     s, t = m.series, trl.series
     median, trl_median = s.median_rate("samples"), t.median_rate("samples")
     windows = s.window_rates("samples")
     spread = f" ({min(windows):.0f}-{max(windows):.0f})" if windows else ""
     per_core, trl_per_core = s.samples_per_s / m.cores, t.samples_per_s / trl.cores
-    cells = [
+    return [
         label,
         f"{s.samples_per_s:.1f}",
         _ratio(s.samples_per_s, t.samples_per_s),
@@ -250,12 +251,11 @@ def _speed_row(label: str, m: Measured, trl: Measured) -> str:
         _ratio(per_core, trl_per_core),
         f"{m.load[0]:.1f} -> {m.load[1]:.1f}",
     ]
-    return "| " + " | ".join(cells) + " |"
 
 
-def _learning_row(label: str, m: Measured, trl: Measured, threshold: float) -> str:
+def _learning_row(label: str, m: Measured, trl: Measured, threshold: float) -> list[str]:
     reached, trl_reached = m.series.time_to(threshold), trl.series.time_to(threshold)
-    cells = [
+    return [
         label,
         _time(reached),
         _ratio(trl_reached, reached),  # a speed-up: TRL's time over this one's
@@ -264,17 +264,12 @@ def _learning_row(label: str, m: Measured, trl: Measured, threshold: float) -> s
         f"{m.series.staleness_mean():.2f}",
         f"{m.wall_s:.0f} s",
     ]
-    return "| " + " | ".join(cells) + " |"
-
-
-def _table(header: list[str], rows: list[str]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows]
 
 
 def table(results: dict[str, Measured], threshold: float, hf_final: float, every: int) -> str:
     trl = results[TRL_LABEL]
     start = next(iter(results.values())).series.evals[0]
-    speed = _table(
+    speed = markdown_table(
         [
             "system",
             "samples/s",
@@ -290,7 +285,7 @@ def table(results: dict[str, Measured], threshold: float, hf_final: float, every
         ],
         [_speed_row(label, m, trl) for label, m in results.items()],
     )
-    learning = _table(
+    learning = markdown_table(
         [
             "system",
             f"time to {100 * threshold:.1f}%",
