@@ -177,25 +177,18 @@ def sluice_series(label: str, run_dir: Path, root: Path) -> Series:
         # The worker streams the whole step except its idle share (admission control held
         # it back); where in the step that idle time fell is not recorded: drawn at the end.
         idle = [0.0 if math.isnan(i) else i for i in idle]
-        busy = [s * (1.0 - i) for s, i in zip(step_s, idle, strict=True)]
-        phases += [
-            Phase("rollout", "generating", [(0.0, b) for b in busy]),
-            Phase(
-                "rollout",
-                "idle (share of the step)",
-                [(b, s - b) for b, s in zip(busy, step_s, strict=True)],
-            ),
-        ]
+        generating = [s * (1.0 - i) for s, i in zip(step_s, idle, strict=True)]
+        rest = "idle (share of the step)"
+        rest_from = generating
     else:
-        sync_start = [r + t for r, t in zip(rollout_s, train_s, strict=True)]
-        phases += [
-            Phase("rollout", "generating", [(0.0, r) for r in rollout_s]),
-            Phase(
-                "rollout",
-                "loading weights",
-                [(a, s - a) for a, s in zip(sync_start, step_s, strict=True)],
-            ),
-        ]
+        generating = rollout_s
+        rest = "loading weights"
+        rest_from = [r + t for r, t in zip(rollout_s, train_s, strict=True)]
+    # The rollout row: generating from the step's start, then `rest` until the step's end.
+    phases += [
+        Phase("rollout", "generating", [(0.0, g) for g in generating]),
+        Phase("rollout", rest, [(a, s - a) for a, s in zip(rest_from, step_s, strict=True)]),
+    ]
     staleness: dict[int, int] = {}
     for key, values in m.items():
         if key.startswith(STALENESS_PREFIX):
