@@ -6,7 +6,9 @@ written last, and its presence is what makes a checkpoint valid. On a local disk
 go to ``step-NNNNNNNN.tmp-<random>/`` first and the folder is renamed into place; on S3,
 where rename is a copy, the files go straight into the final folder, manifest last. A
 corrupt or incomplete newest checkpoint is skipped with a warning in favour of the previous
-one. Tensor, optimizer and RNG state are packed with ``storage.torch_state`` (no pickle).
+one; pruning keeps the newest ones that verify against their checksums, and a save that
+died between its renames is put back in place before anything is listed or loaded. Tensor,
+optimizer and RNG state are packed with ``storage.torch_state`` (no pickle).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +31,7 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _FINAL = re.compile(r"^step-(\d{8,})$")
-_STALE = re.compile(r"^step-\d{8,}\.(tmp|old)-[0-9a-f]+$")
+_STALE = re.compile(r"^step-(\d{8,})\.(tmp|old)-[0-9a-f]+$")
 
 
 class CheckpointError(RuntimeError):
@@ -125,7 +128,7 @@ class CheckpointStore:
             self._save_local(final, files, manifest)
         else:
             self._save_direct(final, files, manifest)
-        self.prune()
+        self.prune(written=step)
         return url_of(self._fs, final)
 
     def _write_files(self, folder: str, files: dict[str, bytes], manifest: bytes) -> None:
@@ -151,15 +154,51 @@ class CheckpointStore:
         fsio.remove_tree(self._fs, final)
         self._write_files(final, files, manifest)
 
-    def prune(self) -> None:
-        """Keep the newest ``keep_last`` valid checkpoints; delete older ones and stale temps."""
-        valid = self.list()
-        oldest_kept = valid[-self.keep_last] if len(valid) >= self.keep_last else -1
+    def prune(self, written: int | None = None) -> None:
+        """Keep the newest ``keep_last`` checkpoints that verify against their checksums;
+        delete older ones and what interrupted saves left behind. ``written``: the step
+        this process just saved (from the bytes it holds: not read back)."""
+        self._recover()
+        kept: list[int] = []
+        for step in reversed(self._steps()):
+            if len(kept) == self.keep_last:
+                break
+            if step == written or self._verifies(step):
+                kept.append(step)
+        oldest_kept = kept[-1] if len(kept) == self.keep_last else -1
         for name in fsio.list_names(self._fs, self._dir):
-            match = _FINAL.match(name)
-            doomed = (match and int(match.group(1)) < oldest_kept) or _STALE.match(name)
+            final, stale = _FINAL.match(name), _STALE.match(name)
+            doomed = (final and int(final.group(1)) < oldest_kept) or stale
             if doomed:
                 fsio.remove_tree(self._fs, fsio.join(self._dir, name))
+
+    def _recover(self) -> None:
+        """Put back a checkpoint whose save died between its two renames (local disks).
+
+        Saving step N over an existing copy renames ``step-N`` to ``step-N.old-*``, then
+        ``step-N.tmp-*`` (the new copy) to ``step-N``. In between there is no ``step-N``:
+        the complete one of the two is renamed into place, the new copy first.
+        """
+        if not is_local(self._fs):
+            return
+        names = fsio.list_names(self._fs, self._dir)
+        finals = {int(m.group(1)) for m in map(_FINAL.match, names) if m}
+        left: dict[int, list[tuple[str, str]]] = {}
+        for m in filter(None, map(_STALE.match, names)):
+            left.setdefault(int(m.group(1)), []).append((m.group(2), m.group(0)))
+        for step, copies in left.items():
+            if step in finals:
+                continue
+            for _, name in sorted(copies, key=lambda c: c[0] != "tmp"):  # tmp, then old
+                folder = fsio.join(self._dir, name)
+                if self._complete(folder, step):
+                    fsio.rename_dir(folder, self._path(step))
+                    logger.warning(
+                        "checkpoint step %d: a save died between its renames; put back %s",
+                        step,
+                        name,
+                    )
+                    break
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -168,9 +207,8 @@ class CheckpointStore:
         names = fsio.list_names(self._fs, self._dir)
         return sorted(int(m.group(1)) for m in map(_FINAL.match, names) if m)
 
-    def _is_complete(self, step: int) -> bool:
+    def _complete(self, folder: str, step: int) -> bool:
         """Manifest parses and every listed file exists with the right size (no checksums)."""
-        folder = self._path(step)
         try:
             manifest = _parse_manifest(fsio.read_bytes(self._fs, fsio.join(folder, MANIFEST)), step)
         except (FileNotFoundError, CheckpointError):
@@ -181,9 +219,18 @@ class CheckpointStore:
             for name, entry in manifest["files"].items()
         )
 
+    def _verifies(self, step: int) -> bool:
+        """The checkpoint at ``step`` loads and matches its checksums."""
+        try:
+            self.load(step)
+        except CheckpointError:
+            return False
+        return True
+
     def list(self) -> list[int]:
-        """Steps of the valid checkpoints, ascending (checksums are verified on load)."""
-        return [step for step in self._steps() if self._is_complete(step)]
+        """Steps of the complete checkpoints, ascending (checksums are verified on load)."""
+        self._recover()
+        return [step for step in self._steps() if self._complete(self._path(step), step)]
 
     def load(self, step: int) -> Checkpoint:
         """Load and verify one checkpoint; raises ``CheckpointError`` saying what is wrong."""
@@ -210,11 +257,19 @@ class CheckpointStore:
             step, meta if isinstance(meta, dict) else {}, files, url_of(self._fs, folder)
         )
 
-    def load_latest(self) -> Checkpoint | None:
-        """The newest checkpoint that verifies, falling back past broken ones with a warning."""
+    def load_latest(self, check: Callable[[Checkpoint], None] | None = None) -> Checkpoint | None:
+        """The newest checkpoint that verifies, falling back past broken ones with a warning.
+
+        ``check`` validates what the loader needs of a checkpoint's meta and files, raising
+        ``CheckpointError``; a checkpoint that fails it is skipped like a corrupt one.
+        """
+        self._recover()
         for step in reversed(self._steps()):
             try:
-                return self.load(step)
+                found = self.load(step)
+                if check is not None:
+                    check(found)
+                return found
             except CheckpointError as err:
                 logger.warning(
                     "checkpoint %s is unusable (%s); falling back to an older checkpoint",

@@ -47,7 +47,7 @@ from sluice.storage.trajectory_index import (
     SampleMeta,
     TrajectoryIndex,
 )
-from sluice.storage.urls import Credentials, open_url
+from sluice.storage.urls import Credentials, open_url, url_of
 
 log = logging.getLogger(__name__)
 
@@ -296,8 +296,18 @@ def _pending_rows(url: str, latest: dict[str, str]) -> pa.Table | None:
     tables = []
     for name in sorted(fsio.list_names(fs, folder)):
         if name.endswith(".parquet"):
-            data = fsio.read_bytes(fs, fsio.join(folder, name))
-            table = pq.read_table(pa.BufferReader(data))
+            path = fsio.join(folder, name)
+            try:
+                table = pq.read_table(pa.BufferReader(fsio.read_bytes(fs, path)))
+            except (pa.ArrowException, OSError) as err:
+                # Its samples are not found below: the ledger records them as dropped.
+                log.warning(
+                    "trajectory file %s is unreadable (%s); its samples that were not "
+                    "trained are recorded as dropped",
+                    url_of(fs, path),
+                    str(err).splitlines()[0] if str(err) else type(err).__name__,
+                )
+                continue
             check_version(table.schema)
             tables.append(table)
     if not tables:

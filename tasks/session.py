@@ -31,9 +31,10 @@ from sluice.engines.dispatcher import launch_dispatcher
 from sluice.engines.placement import wait_placed
 from sluice.engines.rollout_worker import RolloutWorkerClient, launch_rollout_workers
 from sluice.engines.trainer_actor import TrainerClient, launch_trainer
+from sluice.engines.trainer_core import MODEL_FILE
 from sluice.envs.prompts import PromptStream
 from sluice.rl.config import RunConfig
-from sluice.storage.checkpoints import Checkpoint, CheckpointStore
+from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
 from sluice.storage.ledger import Ledger
 from sluice.storage.params import ParameterService
 from sluice.storage.trajectory_index import LeaseGrant
@@ -289,4 +290,26 @@ class Session:
 
 def latest_checkpoint(cfg: RunConfig) -> Checkpoint | None:
     """The newest valid checkpoint of this run (older ones if the newest is broken)."""
-    return CheckpointStore(cfg.storage_url, cfg.checkpoint.keep).load_latest()
+    return CheckpointStore(cfg.storage_url, cfg.checkpoint.keep).load_latest(check_meta)
+
+
+def check_meta(found: Checkpoint) -> None:
+    """What a resume reads of a checkpoint's meta is there and of the right kind: the
+    session's step, watermark and data cursor, the trainer's version and schedule."""
+    meta = found.meta
+
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"its meta {why}")
+
+    for key in ("step", "version", "ledger_watermark"):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad(f"has no non-negative integer {key!r} (got {value!r})")
+    if meta["step"] != found.step or meta["version"] != found.step:
+        raise bad(f"says step {meta['step']} and version {meta['version']}, not {found.step}")
+    if not isinstance(meta.get("data_cursor"), dict):
+        raise bad("has no data cursor")
+    if not isinstance(meta.get("scheduler"), dict):
+        raise bad("has no learning-rate schedule state")
+    if MODEL_FILE not in found.files:
+        raise bad(f"lists no {MODEL_FILE}")

@@ -228,6 +228,23 @@ def test_restart_records_rows_it_cannot_find(ray_local, tmp_path):
     ray.kill(second.handle)
 
 
+def test_restart_skips_an_unreadable_trajectory_file_and_records_its_rows(ray_local, tmp_path):
+    url = f"file://{tmp_path}"
+    first = StoreClient(create_store(url, capacity=64), url)
+    first.put(block("kept"))
+    first.put(block("torn"))
+    ray.get(first.handle.flush.remote())
+    ray.kill(first.handle)
+    for path in (tmp_path / "trajectories").iterdir():
+        if re.search(rb"torn/0", path.read_bytes()):
+            path.write_bytes(path.read_bytes()[:100])  # a file cut short by a crash
+    second = StoreClient(create_store(url, capacity=64, restore=True), url)
+    assert second.stats()["ready"] == GROUP  # the readable file's rows, re-offered
+    lost = [e for e in Ledger(url).read().to_pylist() if e["event"] == "dropped"]
+    assert {e["sample_id"] for e in lost} == {f"torn/{j}" for j in range(GROUP)}
+    ray.kill(second.handle)
+
+
 def test_rows_are_written_in_files_of_persist_rows(ray_local, tmp_path):
     url = f"file://{tmp_path}"
     client = StoreClient(create_store(url, capacity=64), url, persist_rows=8)

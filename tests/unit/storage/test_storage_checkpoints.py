@@ -1,9 +1,10 @@
 import json
 import logging
+import shutil
 
 import pytest
 
-from sluice.storage.checkpoints import MANIFEST, CheckpointStore, folder_name
+from sluice.storage.checkpoints import MANIFEST, CheckpointError, CheckpointStore, folder_name
 
 
 def files_for(step: int) -> dict[str, bytes]:
@@ -113,3 +114,64 @@ def test_bad_file_names_are_refused(store, name):
 def test_meta_must_be_json(store):
     with pytest.raises(ValueError, match="plain JSON"):
         store.save(1, {}, {"bad": object()})
+
+
+def _corrupt_one_byte(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF  # same size: only the checksum can tell
+    path.write_bytes(bytes(data))
+
+
+def test_pruning_keeps_the_newest_checkpoints_that_verify(tmp_path):
+    store = CheckpointStore(f"file://{tmp_path}", keep_last=2)
+    for step in (1, 2, 3):
+        store.save(step, files_for(step), {})
+    _corrupt_one_byte(folder(tmp_path, 3) / "model.safetensors")
+    store.save(4, files_for(4), {})
+    # 3 is corrupt, so 2 is kept as the second good one; 1 goes.
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        folder_name(2),
+        folder_name(3),
+        folder_name(4),
+    ]
+    _corrupt_one_byte(folder(tmp_path, 4) / "model.safetensors")
+    assert store.load_latest().step == 2  # the newest that verifies
+
+
+@pytest.mark.parametrize("left", ["old", "tmp", "both"])
+def test_a_save_that_died_between_its_renames_loses_neither_copy(store, tmp_path, left):
+    store.save(7, files_for(7), {"copy": "first"})
+    final = folder(tmp_path, 7)
+    old = final.with_name(f"{final.name}.old-0a1b2c3d")
+    final.rename(old)  # the first rename happened, the second did not
+    if left == "old":
+        expected = "first"
+    else:
+        newer = CheckpointStore(f"file://{tmp_path / 'elsewhere'}")
+        newer.save(7, files_for(7), {"copy": "second"})
+        tmp = final.with_name(f"{final.name}.tmp-0d1e2f3a")
+        folder(tmp_path / "elsewhere", 7).rename(tmp)
+        expected = "second"
+        if left == "tmp":
+            shutil.rmtree(old)
+    assert store.list() == [7]
+    loaded = store.load_latest()
+    assert loaded is not None and loaded.meta["copy"] == expected
+    store.save(8, files_for(8), {})  # a later save's pruning removes the other copy
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        folder_name(7),
+        folder_name(8),
+    ]
+
+
+def test_a_checkpoint_whose_meta_the_loader_refuses_is_skipped(store, tmp_path, caplog):
+    store.save(1, files_for(1), {"ok": True})
+    store.save(2, files_for(2), {"ok": False})
+
+    def check(found) -> None:
+        if not found.meta["ok"]:
+            raise CheckpointError("its meta is not ok")
+
+    with caplog.at_level(logging.WARNING, logger="sluice.storage.checkpoints"):
+        assert store.load_latest(check).step == 1
+    assert "its meta is not ok" in caplog.text

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from sluice.rl.config import build_config
-from sluice.storage.checkpoints import CheckpointStore
+from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
 from sluice.tasks.job import JobError, check_start
+from sluice.tasks.session import check_meta
 
 
 def _cfg(root: Path):
@@ -44,6 +45,36 @@ def test_a_resume_needs_a_valid_checkpoint(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     with pytest.raises(JobError, match="no valid checkpoint"):
         check_start(cfg, resume=True)
-    CheckpointStore(cfg.storage_url, keep_last=2).save(4, {"a.bin": b"x"}, {"step": 4})
-    found = check_start(cfg, resume=True)
+    store = CheckpointStore(cfg.storage_url, keep_last=3)
+    store.save(4, {"model.safetensors": b"x"}, _meta(4))
+    store.save(6, {"model.safetensors": b"y"}, {**_meta(6), "data_cursor": None})
+    found = check_start(cfg, resume=True)  # step 6's meta lacks its data cursor
     assert found is not None and found.step == 4
+
+
+def _meta(step: int) -> dict:
+    return {
+        "step": step,
+        "version": step,
+        "ledger_watermark": 3,
+        "data_cursor": {"prompts": {}},
+        "scheduler": {},
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"version": 5}, "not 4"),
+        ({"ledger_watermark": -1}, "non-negative integer 'ledger_watermark'"),
+        ({"step": True}, "non-negative integer 'step'"),
+        ({"data_cursor": []}, "no data cursor"),
+        ({"scheduler": None}, "no learning-rate schedule state"),
+    ],
+    ids=["version", "watermark", "bool-step", "cursor", "scheduler"],
+)
+def test_checkpoint_meta_is_validated_on_load(change: dict, why: str) -> None:
+    found = Checkpoint(4, {**_meta(4), **change}, {"model.safetensors": b"x"})
+    with pytest.raises(CheckpointError, match=why):
+        check_meta(found)
+    check_meta(Checkpoint(4, _meta(4), {"model.safetensors": b"x"}))
