@@ -43,7 +43,8 @@ def run(
     from sluice.flows.rl_job import RunSummary, rl_job
     from sluice.tasks.job import check_start
 
-    check_start(cfg, resume)  # before Prefect's server and Ray start; the flow checks again
+    if not cfg.storage.credentials_block:  # else storage is readable only inside the flow
+        check_start(cfg, resume)  # before Prefect's server and Ray start; the flow checks too
 
     logging.getLogger("sluice").info("run %s: writing to %s", cfg.name, cfg.run_dir)
     return RunSummary(**rl_job(cfg.model_dump(), resume=resume))
