@@ -115,6 +115,11 @@ AddressOption = Annotated[
     ),
 ]
 
+# `--debug` of every command that runs something.
+DebugOption = Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")]
+# `--root` of the commands that find a run by its name.
+RootOption = Annotated[Path, typer.Option(help="Folder that holds the runs.")]
+
 
 def _use_address(address: str | None, debug: bool) -> None:
     """Point the run at the cluster ``address`` (``engines/cluster.py`` reads RAY_ADDRESS)."""
@@ -166,7 +171,7 @@ def run(
         typer.Option("--set", help="Override a field, e.g. --set train.steps=50 (repeatable)."),
     ] = None,
     address: AddressOption = None,
-    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+    debug: DebugOption = False,
 ) -> None:
     """Run an RL job (a Prefect flow) and print a summary at the end."""
     _setup_logging(debug)
@@ -178,13 +183,13 @@ def run(
 @app.command()
 def resume(
     run: Annotated[str, typer.Argument(help="A run folder, or a run name under --root.")],
-    root: Annotated[Path, typer.Option(help="Folder that holds the runs.")] = Path("runs"),
+    root: RootOption = Path("runs"),
     set_: Annotated[
         list[str] | None,
         typer.Option("--set", help="Change a field on resume, e.g. --set train.steps=400."),
     ] = None,
     address: AddressOption = None,
-    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+    debug: DebugOption = False,
 ) -> None:
     """Continue a run that stopped (killed, preempted, failed) from its newest checkpoint."""
     _setup_logging(debug)
@@ -213,7 +218,7 @@ def retrain(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a field (repeatable).")
     ] = None,
-    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+    debug: DebugOption = False,
 ) -> None:
     """Retrain from the registered champion on fresh prompts; promote only if better.
 
@@ -254,7 +259,7 @@ def evaluate(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a field (repeatable).")
     ] = None,
-    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+    debug: DebugOption = False,
 ) -> None:
     """Held-out accuracy of a policy (a folder or a registered model version)."""
     _setup_logging(debug)
@@ -282,7 +287,7 @@ def deploy(
     prefect_file: Annotated[Path, typer.Option(help="The deployments file.")] = Path(
         "prefect.yaml"
     ),
-    debug: Annotated[bool, typer.Option(help="Show full tracebacks and library logs.")] = False,
+    debug: DebugOption = False,
 ) -> None:
     """Register the train, retrain and eval deployments with the Prefect server.
 
@@ -341,7 +346,7 @@ def ledger(
     prompt: Annotated[
         str | None, typer.Option(help="Show every event of this prompt id instead.")
     ] = None,
-    root: Annotated[Path, typer.Option(help="Folder that holds the runs.")] = Path("runs"),
+    root: RootOption = Path("runs"),
 ) -> None:
     """Summarise a run's ledger (samples per final status, staleness), or trace one prompt."""
     from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
