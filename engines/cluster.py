@@ -117,6 +117,7 @@ def child_env() -> dict[str, str]:
         "TOKENIZERS_PARALLELISM",
         "PYTHONPATH",
         "SLUICE_FAULTS",  # storage/faults.py: fault points armed by the failure tests
+        "SLUICE_FAULTS_DIR",
     )
     # Storage credentials are not among them: they travel as constructor arguments
     # (storage.urls.Credentials), since Ray logs runtime environments.

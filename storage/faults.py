@@ -3,8 +3,11 @@
 Production code calls ``fault_point("name")`` where a real failure can strike (half way
 through a checkpoint write, for one). Nothing happens unless the ``SLUICE_FAULTS``
 environment variable arms that point: ``SLUICE_FAULTS="checkpoint.write=1"`` makes the
-first call in each process raise ``InjectedFault``; ``=2`` the first two. The variable is
-passed on to the run's Ray actors, so a fault armed for a run fires where the work happens.
+first call in each process raise ``InjectedFault``; ``=2`` the first two. With
+``SLUICE_FAULTS_DIR`` set to a folder, the count is kept there and shared by every process
+(a fault that must fire N times in the whole run, whichever actors restart). Both variables
+are passed on to the run's Ray actors, so a fault armed for a run fires where the work
+happens.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import threading
 
 ENV = "SLUICE_FAULTS"
+DIR_ENV = "SLUICE_FAULTS_DIR"
 POINTS = ("checkpoint.write",)
 
 _lock = threading.Lock()
@@ -40,8 +44,23 @@ def armed() -> dict[str, int]:
 def fault_point(name: str) -> None:
     """Raise ``InjectedFault`` if ``name`` is armed and has fired fewer times than asked."""
     times = armed().get(name, 0)
+    if times and _fires(name, times):
+        raise InjectedFault(f"injected fault at {name} ({ENV}={os.environ[ENV]})")
+
+
+def _fires(name: str, times: int) -> bool:
+    """Count one more call of ``name``; True while it has fired fewer than ``times`` times."""
+    folder = os.environ.get(DIR_ENV)
+    if folder:  # one marker file per firing, created atomically: shared by every process
+        for i in range(times):
+            try:
+                with open(os.path.join(folder, f"{name}.{i}"), "x"):
+                    return True
+            except FileExistsError:
+                continue
+        return False
     with _lock:
         if _fired.get(name, 0) >= times:
-            return
+            return False
         _fired[name] = _fired.get(name, 0) + 1
-    raise InjectedFault(f"injected fault at {name} ({ENV}={os.environ[ENV]})")
+        return True

@@ -95,15 +95,17 @@ class Job:
         if self.session is None:
             start = self.resume_from if not self.opened else latest_checkpoint(self.cfg)
             if self.opened and start is None:
-                raise JobError(
-                    f"no valid checkpoint under {redact(self.cfg.storage_url)} to retry from "
-                    "(the step-0 checkpoint never completed); start the run again"
+                log.warning(
+                    "no checkpoint to retry from under %s (the failure came before the step-0 "
+                    "checkpoint): starting again from the beginning",
+                    redact(self.cfg.storage_url),
                 )
+            again = self.opened
             self.opened = True
             session = Session(self.cfg, self.policy_dir, self.tracker)
             self.session = session
             try:
-                session.open(start)
+                session.open(start, again=again)
                 if start is None:
                     checkpoint(session)  # step 0: a failure before step N resumes from here
                 session.start()

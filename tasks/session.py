@@ -71,11 +71,14 @@ class Session:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def open(self, checkpoint: Checkpoint | None) -> None:
-        """Start the pools: fresh, or continuing from ``checkpoint``."""
+    def open(self, checkpoint: Checkpoint | None, again: bool = False) -> None:
+        """Start the pools: fresh, or continuing from ``checkpoint``. ``again``: an earlier
+        attempt of this run failed before any checkpoint; whatever it recorded is set aside."""
         cfg, tag = self.cfg, ""
         if checkpoint is not None:
-            tag = self._roll_back(checkpoint)
+            tag = self._roll_back(int(checkpoint.meta["ledger_watermark"]), checkpoint.step)
+        elif again:
+            tag = self._roll_back(0, 0)
         self._launch(restore="checkpoint" if checkpoint is not None else False, tag=tag)
         self._wait_placed()
         engine: str = cfg.train.engine
@@ -151,12 +154,12 @@ class Session:
         pending = wait_placed(actors, asks, enough, r.placement_timeout_s)
         self.rollouts.placed({names.index(name) for name in pending})
 
-    def _roll_back(self, checkpoint: Checkpoint) -> str:
-        watermark = int(checkpoint.meta["ledger_watermark"])
-        attempt, where, moved = Ledger(self.cfg.storage_url).roll_back(watermark, checkpoint.step)
+    def _roll_back(self, watermark: int, step: int) -> str:
+        """Set ledger files after ``watermark`` aside; the new attempt's id tag."""
+        attempt, where, moved = Ledger(self.cfg.storage_url).roll_back(watermark, step)
         log.info(
-            "resuming from checkpoint step %d: %d ledger file(s) written after it moved to %s",
-            checkpoint.step,
+            "resuming from step %d: %d ledger file(s) written after it moved to %s",
+            step,
             moved,
             where,
         )

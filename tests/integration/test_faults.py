@@ -127,3 +127,27 @@ def test_a_killed_job_resumes_from_its_checkpoint(tmp_path, shared_cache):
         [sys.executable, "-m", "sluice.flows.cli", *args], cwd=ROOT, capture_output=True, text=True
     )
     assert refused.returncode == 2 and "sluice resume smoke" in refused.stderr
+
+
+def test_a_failure_before_the_step_0_checkpoint_starts_the_run_again(tmp_path, shared_cache):
+    """Nothing has been trained yet: the segment's retry starts from the beginning."""
+    steps = 4
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    job = Job(
+        smoke_args(tmp_path, shared_cache, "mode=async", f"train.steps={steps}"),
+        tmp_path / "job.log",
+        # Three failed writes in the whole run: the step-0 checkpoint task and both its
+        # retries fail, so its segment fails; the segment's retry writes it.
+        env={"SLUICE_FAULTS": "checkpoint.write=3", "SLUICE_FAULTS_DIR": str(faults)},
+    )
+    try:
+        assert job.finish() == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    out = job.output()
+    assert "Retries are exhausted" in out
+    assert "starting again from the beginning" in out
+    assert f"step    {steps}/{steps}" in out
+    assert sorted(p.name for p in faults.iterdir()) == [f"checkpoint.write.{i}" for i in range(3)]
+    assert_ledger_whole(tmp_path / "runs" / "smoke", steps)

@@ -1,0 +1,41 @@
+"""Fault points fire as armed: per process, or a fixed number of times in the whole run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sluice.storage import faults
+
+
+def test_a_point_fires_the_times_it_is_armed_per_process(monkeypatch) -> None:
+    monkeypatch.setenv(faults.ENV, "checkpoint.write=2")
+    monkeypatch.delenv(faults.DIR_ENV, raising=False)
+    monkeypatch.setattr(faults, "_fired", {})
+    for _ in range(2):
+        with pytest.raises(faults.InjectedFault, match=r"checkpoint\.write"):
+            faults.fault_point("checkpoint.write")
+    faults.fault_point("checkpoint.write")  # the third call passes
+
+
+def test_with_a_folder_the_count_is_shared_by_every_process(tmp_path: Path) -> None:
+    code = (
+        "from sluice.storage.faults import fault_point, InjectedFault\n"
+        "try:\n    fault_point('checkpoint.write')\nexcept InjectedFault:\n    print('fired')\n"
+        "else:\n    print('passed')\n"
+    )
+    env = {faults.ENV: "checkpoint.write=2", faults.DIR_ENV: str(tmp_path), "PATH": "/usr/bin"}
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        for _ in range(3)
+    ]
+    assert [r.stdout.strip() for r in runs] == ["fired", "fired", "passed"], runs[0].stderr
+
+
+def test_a_bad_entry_is_named(monkeypatch) -> None:
+    monkeypatch.setenv(faults.ENV, "nope=1")
+    with pytest.raises(ValueError, match="bad entry 'nope=1'"):
+        faults.armed()
