@@ -28,12 +28,16 @@ in ``engines/messages.py``.
   group ids) and takes them out of the admission count, so nothing it held is lost and
   the admission window does not shrink. Groups the store drops as too stale are credited
   back the same way (``credit``).
+- Exactly once from dispatch: every sample of a group it hands out is in the ledger from
+  that moment (``dispatched``, sent to the trajectory store, which keeps the ledger); a
+  dead worker's groups are recorded ``dropped`` with the reason before their prompts go
+  back to the queue, so every dispatched sample ends trained or dropped.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 
@@ -43,6 +47,14 @@ from sluice.envs import Problem
 from sluice.envs.prompts import PromptStream
 from sluice.rl.config import RunConfig
 from sluice.rl.dispatch import GroupRequest, InFlight, LengthPredictor, WorkerLoad, plan, stragglers
+from sluice.storage.ledger import LedgerEvent
+
+
+class LedgerSink(Protocol):
+    """Where the dispatcher's ledger events go: the trajectory store (``StoreClient``)."""
+
+    def record(self, events: list[LedgerEvent]) -> None: ...
+
 
 # Groups kept ready for ordering: enough for a couple of steps, so "longest first" has
 # something to choose from without running far ahead of the prompt stream.
@@ -54,6 +66,7 @@ class GroupDispatcher:
 
     def __init__(
         self,
+        ledger: LedgerSink,
         prompts: PromptStream,
         env: str,
         groups_per_step: int,
@@ -66,6 +79,7 @@ class GroupDispatcher:
         repack_max_stragglers: int = 0,
         repack_min_age_s: float = 1.0,
     ) -> None:
+        self._ledger = ledger
         self._prompts = prompts
         self._env = env
         self._per_step = groups_per_step
@@ -149,7 +163,19 @@ class GroupDispatcher:
             )
             held[group_id] = problem
             self._issued += 1
+        # In the ledger from this moment: a dispatched sample ends trained or dropped.
+        self._record(out, "dispatched")
         return out
+
+    def _record(self, groups: list[Assignment], event: str, reason: str | None = None) -> None:
+        if groups:
+            self._ledger.record(
+                [
+                    LedgerEvent(f"{a.group_id}/{j}", a.problem.prompt_id, event, reason=reason)
+                    for a in groups
+                    for j in range(self._n)
+                ]
+            )
 
     def _repack_target(self, worker: int, version: int) -> int | None:
         """Where ``worker`` should move its stragglers, if the repack plan moves them."""
@@ -186,6 +212,12 @@ class GroupDispatcher:
     def requeue(self, worker: int) -> int:
         """``worker`` died: its unfinished groups go back to the front of the queue."""
         lost = self._held.pop(worker, {})  # groups repacked onto it included
+        self._record(
+            [Assignment(problem, group_id, 0, 0.0) for group_id, problem in lost.items()],
+            "dropped",
+            f"rollout worker {worker} died before it finished the group; the prompt goes "
+            "back to the queue",
+        )
         self._pool[:0] = list(lost.values())
         self._returned += len(lost)
         self._workers.pop(worker, None)
@@ -275,12 +307,13 @@ class DispatcherClient:
         ray.get(self.handle.restart_at.remote(cursor, admitted, tag))
 
 
-def launch_dispatcher(cfg: RunConfig, prompts: PromptStream, env: str) -> DispatcherClient:
+def launch_dispatcher(
+    cfg: RunConfig, ledger: LedgerSink, prompts: PromptStream, env: str
+) -> DispatcherClient:
     """The dispatcher of an ``async`` run, on the driver's node (it holds the run's queue)."""
     r = cfg.rollout
-    handle = Dispatcher.options(
-        scheduling_strategy=on_driver_node()
-    ).remote(
+    handle = Dispatcher.options(scheduling_strategy=on_driver_node()).remote(
+        ledger,
         prompts,
         env,
         r.prompts_per_step,

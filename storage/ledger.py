@@ -30,8 +30,10 @@ import pyarrow.parquet as pq
 from sluice.storage import fsio
 from sluice.storage.urls import open_url, redact, url_of
 
-EVENTS = ("generated", "scored", "trained", "dropped")
-PENDING = ("generated", "scored")
+EVENTS = ("dispatched", "generated", "scored", "trained", "dropped")
+# Events a sample passes through before it ends trained or dropped. `dispatched`: its
+# group was handed to a rollout worker (async; written by the dispatcher).
+PENDING = ("dispatched", "generated", "scored")
 LEDGER_VERSION = 1
 VERSION_KEY = b"sluice.ledger_version"
 LEDGER_SCHEMA = pa.schema(
@@ -254,8 +256,8 @@ def summarize(table: pa.Table) -> dict[str, Any]:
 def check_exactly_once(table: pa.Table, finished: bool = False) -> list[str]:
     """Human-readable violations: trained twice, trained and dropped, dropped without a reason.
 
-    With ``finished`` (the run has ended), a sample still generated or scored is one too:
-    it was neither trained nor dropped.
+    With ``finished`` (the run has ended), a sample still dispatched, generated or scored is
+    one too: it was neither trained nor dropped.
     """
     trained: Counter[str] = Counter()
     dropped: set[str] = set()

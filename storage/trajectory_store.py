@@ -175,7 +175,14 @@ class TrajectoryStore:
         prompt_of = dict(zip(ids, prompts, strict=True))
         self._ledger.append(
             [
-                LedgerEvent(s, prompt_of[s], "dropped", reason="its rows were lost in a restart")
+                LedgerEvent(
+                    s,
+                    prompt_of[s],
+                    "dropped",
+                    reason="dispatched, not generated before the restart"
+                    if latest[s] == "dispatched"
+                    else "its rows were lost in a restart",
+                )
                 for s in sorted(lost)
             ]
         )
@@ -230,6 +237,12 @@ class TrajectoryStore:
             self._index.add(ray.put(await blocks[0]), metas, group_size)
             changed.notify_all()
         return True
+
+    async def record(self, events: list[LedgerEvent]) -> None:
+        """Ledger events of samples not in the store yet (``dispatched``, or ``dropped``
+        before they were generated); written with the next flush."""
+        if self._ledger is not None:
+            self._ledger.append(events)
 
     # -- consumers -------------------------------------------------------------------------
 
@@ -525,6 +538,11 @@ class StoreClient:
 
     def stats(self) -> dict[str, int]:
         return dict(ray.get(self.handle.stats.remote()))
+
+    def record(self, events: list[LedgerEvent]) -> None:
+        """Send ledger events of samples the store does not hold (answered with the next
+        call from this process: an actor's calls from one caller run in order)."""
+        self.handle.record.remote(events)
 
 
 def materialize(grant: LeaseGrant, fields: list[str] | None = None) -> pa.Table:

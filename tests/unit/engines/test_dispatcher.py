@@ -9,15 +9,28 @@ from sluice.engines.messages import GroupDone, Handoff, PartialGroup, PartialSam
 from sluice.envs.prompts import PromptStream
 from sluice.rl.config import EnvConfig
 from sluice.rl.dispatch import InFlight
+from sluice.storage.ledger import LedgerEvent
 from sluice.tasks.environment import make_environment
 
 B, N = 2, 4  # groups per step, samples per group
 
 
+class Book:
+    """A ledger sink that keeps what the dispatcher records."""
+
+    def __init__(self) -> None:
+        self.events: list[LedgerEvent] = []
+
+    def record(self, events: list[LedgerEvent]) -> None:
+        self.events.extend(events)
+
+
 @pytest.fixture
 def dispatcher() -> GroupDispatcher:
     env, _ = make_environment(EnvConfig(train_prompts=64))
-    return GroupDispatcher(PromptStream(env, 64, seed=0), env.name, B, N, max_staleness=1, seed=0)
+    return GroupDispatcher(
+        Book(), PromptStream(env, 64, seed=0), env.name, B, N, max_staleness=1, seed=0
+    )
 
 
 def test_admission_keeps_generation_within_the_staleness_bound(dispatcher):
@@ -34,7 +47,7 @@ def test_admission_keeps_generation_within_the_staleness_bound(dispatcher):
 def test_long_groups_go_first_once_lengths_are_known(long_first):
     env, _ = make_environment(EnvConfig())
     stream = PromptStream(env, 4, seed=0)  # four prompts, coming round every epoch
-    dispatcher = GroupDispatcher(stream, env.name, 2, N, 8, 0, long_first=long_first)
+    dispatcher = GroupDispatcher(Book(), stream, env.name, 2, N, 8, 0, long_first=long_first)
     first = dispatcher.take(0, 4, 0).assignments
     long = {a.problem.prompt_id for a in first[1::2]}
     for a in first:
@@ -100,7 +113,7 @@ def test_a_resumed_dispatcher_continues_from_the_checkpoint_cursor(dispatcher):
     stream = PromptStream(env, 64, seed=0)
     stream.restore(cursor["prompts"])
     expected = stream.take(2 * B)  # what the stream gives next: the lookahead pool's fill
-    fresh = GroupDispatcher(PromptStream(env, 64, seed=0), env.name, B, N, 1, seed=0)
+    fresh = GroupDispatcher(Book(), PromptStream(env, 64, seed=0), env.name, B, N, 1, seed=0)
     fresh.restart_at(cursor, admitted=2, tag="a1.")
     resumed = fresh.take(0, 10, 0).assignments
     assert len(resumed) == (0 + 1 + 1) * B - 2 and fresh.admitted == 2 * B
@@ -131,7 +144,7 @@ def _handoff(a) -> Handoff:
 def _repacking() -> GroupDispatcher:
     env, _ = make_environment(EnvConfig(train_prompts=64))
     stream = PromptStream(env, 64, seed=0)
-    return GroupDispatcher(stream, env.name, B, N, 1, 0, repack_max_stragglers=2)
+    return GroupDispatcher(Book(), stream, env.name, B, N, 1, 0, repack_max_stragglers=2)
 
 
 def test_repack_moves_a_straggling_workers_groups_to_the_other_straggler():
@@ -181,3 +194,21 @@ def test_groups_handed_over_before_a_stop_still_reach_their_target():
     last = dispatcher.take(1, 4, 0)
     assert last is not None and len(last.handoffs) == 1 and last.assignments == []
     assert dispatcher.take(1, 4, 0) is None
+
+
+def test_every_dispatched_sample_is_in_the_ledger_and_a_dead_workers_are_dropped(dispatcher):
+    book = dispatcher._ledger
+    first = dispatcher.take(worker=0, want=2, worker_version=0).assignments
+    second = dispatcher.take(worker=1, want=2, worker_version=0).assignments
+    dispatched = [e.sample_id for e in book.events if e.event == "dispatched"]
+    assert dispatched == [f"{a.group_id}/{j}" for a in first + second for j in range(N)]
+    assert all(e.prompt_id == e.sample_id.split("@")[0] for e in book.events)
+    book.events.clear()
+    assert dispatcher.requeue(1) == 2
+    dropped = {e.sample_id: e.reason for e in book.events}
+    assert set(dropped) == {f"{a.group_id}/{j}" for a in second for j in range(N)}
+    assert all("rollout worker 1 died" in reason for reason in dropped.values())
+    again = dispatcher.take(worker=0, want=2, worker_version=1).assignments
+    # The requeued prompts come back under new group ids, dispatched anew.
+    assert [a.problem.prompt_id for a in again] == [a.problem.prompt_id for a in second]
+    assert not {a.group_id for a in again} & {a.group_id for a in second}
