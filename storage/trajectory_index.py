@@ -110,6 +110,10 @@ class TrajectoryIndex:
         self._next_block = 0
         self.counts = {"trained": 0, "dropped": 0, "expired_leases": 0}
 
+    def has_seen(self, sample_id: str) -> bool:
+        """Whether the sample's rows ever reached the store."""
+        return sample_id in self._seen
+
     # -- producers -------------------------------------------------------------------------
 
     def add(

@@ -240,9 +240,13 @@ class TrajectoryStore:
 
     async def record(self, events: list[LedgerEvent]) -> None:
         """Ledger events of samples not in the store yet (``dispatched``, or ``dropped``
-        before they were generated); written with the next flush."""
+        before they were generated); written with the next flush. A ``dropped`` event of a
+        sample whose rows reached the store is left out: the store ends that sample (a
+        worker can die after its put and before it reported the group done)."""
         if self._ledger is not None:
-            self._ledger.append(events)
+            self._ledger.append(
+                [e for e in events if e.event != "dropped" or not self._index.has_seen(e.sample_id)]
+            )
 
     # -- consumers -------------------------------------------------------------------------
 

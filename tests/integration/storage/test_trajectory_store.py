@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from sluice.storage.batches import to_train_batch
-from sluice.storage.ledger import Ledger, check_exactly_once, latest_events
+from sluice.storage.ledger import Ledger, LedgerEvent, check_exactly_once, latest_events
 from sluice.storage.schema import SCHEMA, SchemaError, batch_from_rows
 from sluice.storage.trajectory_store import LeaseError, StoreClient, create_store
 from sluice.storage.urls import credential_env, open_url
@@ -271,4 +271,36 @@ def test_pipelined_puts_all_arrive_and_refusals_surface(ray_local, tmp_path):
     lease = client.lease(12, 0, 0)
     assert sorted(lease.sample_ids) == [f"{g}/{j}" for g in "abc" for j in range(GROUP)]
     assert client.stats()["held"] == 12  # the duplicate block was not added
+    ray.kill(client.handle)
+
+
+def test_dispatch_events_reach_the_ledger_and_a_drop_never_overrides_stored_rows(
+    ray_local, tmp_path
+):
+    url = f"file://{tmp_path}"
+    client = StoreClient(create_store(url, capacity=64), url)
+    ids = {name: [f"{name}/{j}" for j in range(GROUP)] for name in ("put", "lost")}
+    client.record(
+        [
+            LedgerEvent(s, "prompt-" + s.split("/")[0], "dispatched")
+            for group in ids.values()
+            for s in group
+        ]
+    )
+    client.put(block("put"))
+    # The worker died after its put, before it reported: the dispatcher drops both groups.
+    client.record(
+        [
+            LedgerEvent(s, "prompt-" + s.split("/")[0], "dropped", reason="worker died")
+            for g in ids.values()
+            for s in g
+        ]
+    )
+    client.ack(client.lease(GROUP, 0, 0), 1)
+    ray.get(client.handle.flush.remote())
+    table = Ledger(url).read()
+    assert check_exactly_once(table, finished=True) == []
+    latest = latest_events(table)
+    assert {latest[s] for s in ids["put"]} == {"trained"}
+    assert {latest[s] for s in ids["lost"]} == {"dropped"}
     ray.kill(client.handle)
