@@ -283,8 +283,9 @@ class Session:
         self.actors += params.relays
         train_seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
         prompts = PromptStream(self.env, cfg.env.train_prompts, train_seed)
-        dispatcher = launch_dispatcher(cfg, self.store, prompts, self.env.name) if streaming else None
-        if dispatcher is not None:
+        dispatcher = None
+        if streaming:
+            dispatcher = launch_dispatcher(cfg, self.store, prompts, self.env.name)
             self.actors.append(dispatcher.handle)
         self.rollouts: Rollouts = self.schedule.rollouts(
             cfg, self.workers, prompts, self.wait, tag, dispatcher
