@@ -349,7 +349,12 @@ def ledger(
     root: RootOption = Path("runs"),
 ) -> None:
     """Summarise a run's ledger (samples per final status, staleness), or trace one prompt."""
-    from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
+    from sluice.storage.ledger import (
+        Ledger,
+        check_exactly_once,
+        check_versions,
+        dispatch_accounting,
+    )
 
     if "://" in run:
         where = run
@@ -399,6 +404,17 @@ def ledger(
     )
     gaps = check_versions(table)
     typer.echo("trained versions: no gap" if not gaps else "\n".join(gaps))
+    sent = dispatch_accounting(table)
+    if sent["dispatched"]:
+        typer.echo(
+            f"dispatched: {sent['dispatched']} samples, {sent['trained']} trained, "
+            f"{sent['dropped']} dropped"
+            + (
+                "; every one accounted for"
+                if not sent["open"]
+                else f", {sent['open']} not ended yet (in flight, or the run stopped)"
+            )
+        )
 
 
 @app.command("simulate")

@@ -284,6 +284,23 @@ def check_exactly_once(table: pa.Table, finished: bool = False) -> list[str]:
     return problems
 
 
+def dispatch_accounting(table: pa.Table) -> dict[str, int]:
+    """Of the samples the dispatcher handed out: how many, and how many ended trained,
+    ended dropped, or have not ended (still in flight, or the run stopped)."""
+    dispatched = set(
+        table.filter(pc.equal(table.column("event"), "dispatched")).column("sample_id").to_pylist()
+    )
+    ends = Counter(
+        "open" if event in PENDING else event
+        for sample, event in latest_events(table).items()
+        if sample in dispatched
+    )
+    return {
+        "dispatched": len(dispatched),
+        **{k: ends.get(k, 0) for k in ("trained", "dropped", "open")},
+    }
+
+
 def check_versions(table: pa.Table) -> list[str]:
     """Violations of "the trained versions form a gap-free sequence 1..last"."""
     trained = table.filter(pc.equal(table.column("event"), "trained"))

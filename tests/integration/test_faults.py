@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from sluice.storage.checkpoints import CheckpointStore
-from sluice.storage.ledger import Ledger, check_exactly_once, check_versions, summarize
+from sluice.storage.ledger import (
+    Ledger,
+    check_exactly_once,
+    check_versions,
+    dispatch_accounting,
+    summarize,
+)
 from tests.support.cli_job import Job
 
 pytestmark = pytest.mark.integration
@@ -45,6 +51,8 @@ def assert_ledger_whole(run_dir: Path, steps: int) -> dict:
     assert set(summary["final"]) <= {"trained", "dropped"}
     dropped = table.filter(table.column("event").to_numpy(zero_copy_only=False) == "dropped")
     assert all(r for r in dropped.column("reason").to_pylist())
+    sent = dispatch_accounting(table)  # async: every dispatched sample ended
+    assert sent["dispatched"] > 0 and sent["open"] == 0, sent
     return summary
 
 

@@ -15,6 +15,7 @@ from sluice.storage.ledger import (
     _events_table,
     check_exactly_once,
     check_versions,
+    dispatch_accounting,
     latest_events,
 )
 
@@ -215,3 +216,21 @@ def test_a_finished_run_has_no_sample_left_pending():
 def test_trained_versions_must_have_no_gap(versions, problems):
     events = [ev(f"s{v}", "p", "trained", v, version=v, staleness=0) for v in versions]
     assert check_versions(_events_table(events)) == problems
+
+
+def test_dispatch_accounting_counts_how_each_dispatched_sample_ended(tmp_path):
+    book = Ledger(f"file://{tmp_path}")
+    book.append(
+        [LedgerEvent(f"g{i}/0", f"p{i}", "dispatched") for i in range(4)]
+        + [LedgerEvent("g0/0", "p0", "generated"), LedgerEvent("g0/0", "p0", "trained", 1)]
+        + [LedgerEvent("g1/0", "p1", "dropped", reason="worker died")]
+        + [LedgerEvent("g2/0", "p2", "generated")]
+        + [LedgerEvent("batch/0", "p9", "generated")]  # a batch-mode sample: not dispatched
+    )
+    book.flush()
+    assert dispatch_accounting(book.read()) == {
+        "dispatched": 4,
+        "trained": 1,
+        "dropped": 1,
+        "open": 2,
+    }
