@@ -1,0 +1,95 @@
+"""Chaos: rollout workers and the trainer killed at moments drawn from a seed, start-up
+included, and the whole job killed and resumed once; afterwards the ledger must prove that
+every dispatched sample was trained exactly once or dropped with a reason, and that the
+trained versions have no gap.
+
+Marked slow (``make test-slow``): one seed is a few minutes. ``SLUICE_CHAOS_SEEDS=7,8``
+picks the seeds; a failing test's id names its seed, and the plan it drew is printed, so
+``SLUICE_CHAOS_SEEDS=<seed> make test-slow`` replays it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_faults import assert_ledger_whole, smoke_args
+from tests.support.cli_job import Job
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SEEDS = [int(s) for s in os.environ.get("SLUICE_CHAOS_SEEDS", "1,2,3,4,5").split(",")]
+STEPS, WORKERS = 30, 2
+
+
+def plan(seed: int) -> list[tuple[int, str]]:
+    """(step, what) in step order; step 0 is start-up (before the step-0 checkpoint)."""
+    rng = random.Random(seed)
+    events = [(0, f"worker {rng.randrange(WORKERS)}")] if rng.random() < 0.5 else []
+    steps = rng.sample(range(2, STEPS - 2), 4)
+    kinds = ["job", *(rng.choice(["trainer", "worker 0", "worker 1"]) for _ in range(3))]
+    events += zip(steps, kinds, strict=True)
+    return sorted(events)
+
+
+def _pids(out: str) -> tuple[dict[int, int], int]:
+    """The latest pid of each rollout worker and of the trainer, from the job's output."""
+    workers: dict[int, int] = {}
+    trainer = 0
+    for line in out.splitlines():
+        started = re.search(r"\(pids ([\d, ]+)\) and the trainer \(pid (\d+)\)", line)
+        if started:
+            workers.update(enumerate(int(p) for p in started[1].split(", ")))
+            trainer = int(started[2])
+        streaming = re.search(r"rollout worker (\d+) streams in process (\d+)", line)
+        if streaming:
+            workers[int(streaming[1])] = int(streaming[2])
+    return workers, trainer
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it died already: what chaos is for
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=[f"seed-{s}" for s in SEEDS])
+def test_the_ledger_holds_whatever_dies_when(tmp_path: Path, shared_cache: Path, seed: int):
+    events = plan(seed)
+    print(f"chaos seed {seed}: {events}")
+    settings = [
+        "mode=async",
+        f"train.steps={STEPS}",
+        f"rollout.workers={WORKERS}",
+        "rollout.max_restarts=8",
+        "checkpoint.every=10",
+        "checkpoint.segment_retries=6",
+        "eval.every=100",
+    ]
+    log = tmp_path / "job.log"
+    job = Job(smoke_args(tmp_path, shared_cache, *settings), log)
+    try:
+        for step, what in events:
+            if step == 0:
+                job.expect(r"rollout worker\(s\) \(pids")
+            else:
+                job.expect(rf"step\s+{step}/{STEPS}")
+            workers, trainer = _pids(job.output())
+            if what == "job":
+                job.kill_everything()
+                job.stop()
+                job = Job(["resume", "smoke", "--root", str(tmp_path / "runs")], log)
+            elif what == "trainer":
+                _kill(trainer)
+            else:
+                _kill(workers[int(what.split()[1])])
+        assert job.finish(timeout=900) == 0, f"seed {seed}: " + job.output()[-4000:]
+    finally:
+        job.stop()
+    assert f"step   {STEPS}/{STEPS}" in job.output(), f"seed {seed}"
+    assert_ledger_whole(tmp_path / "runs" / "smoke", STEPS)
