@@ -227,7 +227,7 @@ class TrainConfig(_Section):
         1e-4,
         gt=0.0,
         description="AdamW learning rate. 3e-4 and above collapsed the tiny policy's entropy "
-        "and lost held-out accuracy in our runs.",
+        "and lost held-out accuracy.",
     )
     warmup_steps: int = Field(
         10,
@@ -370,7 +370,8 @@ class TrackingConfig(_Section):
     mlflow_uri: str | None = Field(
         None,
         description="MLflow tracking URI (http://127.0.0.1:5000, sqlite:///...). Default: "
-        "MLFLOW_TRACKING_URI if set, else a sqlite database in the run folder.",
+        "MLFLOW_TRACKING_URI if set, else a sqlite database every run under root shares "
+        "(<root>/mlflow.db).",
     )
     experiment: str = Field("sluice", description="MLflow experiment name.")
     model_name: str = Field(
