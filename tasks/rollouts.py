@@ -446,6 +446,7 @@ class StreamRollouts:
         for i in sorted(self.restarting):
             if self.restarts.back(i):  # it pulls the newest weights before generating
                 self.restarting.discard(i)
+                self._hand_back_stale(i)
                 if self.refs:  # streaming; between stop and start, start gives it one
                     self.refs[i] = self.workers[i].stream(self.dispatcher.handle, self.settings[i])
         live = [r for i, r in enumerate(self.refs) if i not in self.restarting]
@@ -466,6 +467,19 @@ class StreamRollouts:
         lost = self.dispatcher.requeue(i)
         self.restarts.died(i, error, handed_back.format(lost=lost))
         self.restarting.add(i)
+
+    def _hand_back_stale(self, i: int) -> None:
+        """A ``take`` the dead worker ``i`` sent before it died can reach the dispatcher
+        after its groups were requeued, and is answered with groups nobody will run:
+        hand those back too (recorded dropped, prompts requeued) before ``i`` streams again
+        or the run ends."""
+        lost = self.dispatcher.requeue(i)
+        if lost:
+            log.info(
+                "rollout worker %d: %d groups given to it after it died go back to the queue",
+                i,
+                lost,
+            )
 
     def before_train(self, step: int) -> None:
         self.check()
@@ -522,6 +536,7 @@ class StreamRollouts:
         self.dispatcher.stop()
         for i, ref in enumerate(self.refs):
             if i in self.restarting:
+                self._hand_back_stale(i)
                 continue  # `check` or the next `start` gives it a stream once it is back
             try:
                 self.wait(ref, "rollout workers to finish their running samples")
