@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-multinode test-slow lint format clean bench bench-data bench-modes bench-peer \
+.PHONY: setup run test test-multinode test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
   bench-quick bench-engines bench-micro-batch infra-check ui-check simulate sim-profile docs
 
 setup:
@@ -24,6 +24,12 @@ test: setup
 # loses a node and regrows under a real job (~3 minutes). CI runs it after `make test`.
 test-multinode: setup
 	$(PYTEST) tests/integration/test_multinode.py
+
+# The chaos test (marker `slow`): workers, the trainer and the job killed at moments drawn
+# from each seed in SLUICE_CHAOS_SEEDS (default 1-5, ~3-4 minutes a seed). CI runs one seed,
+# a different one each day.
+test-chaos: setup
+	$(PYTEST) tests/integration/test_chaos.py
 
 # pytest exits 5 when no test carries the marker: not a failure here.
 test-slow: setup

@@ -125,6 +125,7 @@ class TrajectoryStore:
         self._ledger = Ledger(url) if url else None
         self._index = TrajectoryIndex(self._ledger)
         self._capacity = capacity
+        self._draining = False
         self._lease_s = lease_s
         self._changed: asyncio.Condition | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -229,7 +230,9 @@ class TrajectoryStore:
         async with changed:
             try:
                 await asyncio.wait_for(
-                    changed.wait_for(lambda: self._index.held() + len(metas) <= self._capacity),
+                    changed.wait_for(
+                        lambda: self._draining or self._index.held() + len(metas) <= self._capacity
+                    ),
                     timeout=wait_s,
                 )
             except TimeoutError:
@@ -237,6 +240,13 @@ class TrajectoryStore:
             self._index.add(ray.put(await blocks[0]), metas, group_size)
             changed.notify_all()
         return True
+
+    async def drain(self, draining: bool) -> None:
+        """While draining (the trainer does not consume: held-out evaluation, the end of
+        the run), puts never wait for room: rollout workers finishing what they hold must
+        not block on a full store. What they hold is bounded by their running batches."""
+        self._draining = draining
+        await self._notify()
 
     async def record(self, events: list[LedgerEvent]) -> None:
         """Ledger events of samples not in the store yet (``dispatched``, or ``dropped``
@@ -542,6 +552,10 @@ class StoreClient:
 
     def stats(self) -> dict[str, int]:
         return dict(ray.get(self.handle.stats.remote()))
+
+    def drain(self, draining: bool) -> None:
+        """Puts stop (or start again) waiting for room; see ``TrajectoryStore.drain``."""
+        ray.get(self.handle.drain.remote(draining))
 
     def record(self, events: list[LedgerEvent]) -> None:
         """Send ledger events of samples the store does not hold (answered with the next

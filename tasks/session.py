@@ -203,11 +203,13 @@ class Session:
 
     def evaluate(self) -> float:
         """Held-out accuracy of the trainer's current version."""
+        self.store.drain(True)  # nothing consumes while paused: puts must not wait for room
         self.rollouts.pause()  # async: workers hand vLLM back, then load the version
         timeout = self.cfg.weights.pull_timeout_s
         workers = self.rollouts.live()  # async: a worker whose node is gone is left out
         self.wait([w.sync_weights(self.step, timeout) for w in workers], "weights")
         accuracy = evaluate(workers, self.env, self.heldout, self.eval_tokens)
+        self.store.drain(False)
         self.rollouts.resume()
         return accuracy
 
@@ -232,6 +234,7 @@ class Session:
 
     def finish(self, policy_dir: str) -> int:
         """Stop the rollouts, drop what is left untrained (recorded), save the policy."""
+        self.store.drain(True)  # the workers finish what they hold; nothing consumes it
         self.rollouts.stop()
         left = int(ray.get(self.store.handle.close.remote("the run ended before it was trained")))
         if left:

@@ -150,6 +150,26 @@ def test_a_full_store_holds_producers_back(ray_local, tmp_path):
         client.put(block("d", "e", "f"))
 
 
+def test_a_draining_store_lets_producers_finish(ray_local, tmp_path):
+    """Held-out evaluation and the end of a run consume nothing: a worker finishing what it
+    holds must not block on a full store then."""
+    url = f"file://{tmp_path}"
+    client = StoreClient(create_store(url, capacity=8), url)
+    client.put(block("a", "b"))
+    blocked = Producer.options(runtime_env=creds()).remote().put.remote(client, block("c"))
+    ready, _ = ray.wait([blocked], timeout=2.0)
+    assert not ready  # full: waiting
+    client.drain(True)
+    ray.get(blocked, timeout=15)  # got in without a consumer
+    assert client.stats()["held"] == 12
+    client.drain(False)
+    late = Producer.options(runtime_env=creds()).remote().put.remote(client, block("d"))
+    ready, _ = ray.wait([late], timeout=2.0)
+    assert not ready  # bounded again
+    client.ack(client.lease(12, 0, 0), 1)
+    ray.get(late, timeout=15)
+
+
 def test_stale_samples_are_dropped_with_a_reason(client):
     client.put(block("old", version=0))
     client.put(block("new", version=5))
