@@ -164,15 +164,16 @@ class GroupDispatcher:
             held[group_id] = problem
             self._issued += 1
         # In the ledger from this moment: a dispatched sample ends trained or dropped.
-        self._record(out, "dispatched")
+        self._record({a.group_id: a.problem for a in out}, "dispatched")
         return out
 
-    def _record(self, groups: list[Assignment], event: str, reason: str | None = None) -> None:
+    def _record(self, groups: dict[str, Problem], event: str, reason: str | None = None) -> None:
+        """One ledger event for each sample of each group (``{group id: problem}``)."""
         if groups:
             self._ledger.record(
                 [
-                    LedgerEvent(f"{a.group_id}/{j}", a.problem.prompt_id, event, reason=reason)
-                    for a in groups
+                    LedgerEvent(f"{group_id}/{j}", problem.prompt_id, event, reason=reason)
+                    for group_id, problem in groups.items()
                     for j in range(self._n)
                 ]
             )
@@ -213,7 +214,7 @@ class GroupDispatcher:
         """``worker`` died: its unfinished groups go back to the front of the queue."""
         lost = self._held.pop(worker, {})  # groups repacked onto it included
         self._record(
-            [Assignment(problem, group_id, 0, 0.0) for group_id, problem in lost.items()],
+            lost,
             "dropped",
             f"rollout worker {worker} died before it finished the group; the prompt goes "
             "back to the queue",
