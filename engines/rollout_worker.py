@@ -270,8 +270,13 @@ class _Stream:
         self.counters = worker.stream_counters
         self.running: dict[str, PartialSample] = {}
         self.groups: dict[str, PartialGroup] = {}
-        self.reports: list[GroupDone] = []
+        self.reports: list[GroupDone] = []  # groups the store took, to report
         self.unsent: list[pa.RecordBatch] = []  # finished groups not yet in the store
+        self.unsent_done: list[GroupDone] = []  # their reports
+        # Reports of groups put but maybe not taken yet, by put number: a group is reported
+        # done only once the store holds its rows. Reported sooner, a worker dying with the
+        # put in flight would lose them unrecorded (the dispatcher no longer holds them).
+        self.in_flight: list[tuple[int, list[GroupDone]]] = []
         self.unsent_since = 0.0
         self.stopping = False
         self.newer: tuple[int, list[bytes]] | None = None
@@ -305,8 +310,8 @@ class _Stream:
             if time.monotonic() >= self.next_report:
                 self.report()
         self.send()
-        self.report()
         self.store.flush()
+        self.report()
         return dict(self.counters)
 
     def check_weights(self) -> None:
@@ -447,7 +452,7 @@ class _Stream:
             self.s.scale_by_std,
         )
         self.unsent.append(block)
-        self.reports.append(
+        self.unsent_done.append(
             GroupDone(
                 group_id=group_id,
                 prompt_id=group.problem.prompt_id,
@@ -463,10 +468,18 @@ class _Stream:
     def send(self) -> None:
         """Put the finished groups into the store as one block."""
         if self.unsent:
-            self.store.put(pa.concat_batches(self.unsent))
-            self.unsent = []
+            number = self.store.put(pa.concat_batches(self.unsent))
+            self.in_flight.append((number, self.unsent_done))
+            self.unsent, self.unsent_done = [], []
+
+    def settled(self) -> None:
+        """Move the reports of groups the store has taken to ``reports``."""
+        self.store.settle_answered()
+        while self.in_flight and self.in_flight[0][0] <= self.store.settled:
+            self.reports.extend(self.in_flight.pop(0)[1])
 
     def report(self) -> None:
+        self.settled()
         in_flight = sum(max(0.0, s.predicted - len(s.token_ids)) for s in self.running.values())
         counters = {
             **self.counters,

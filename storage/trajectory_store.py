@@ -126,6 +126,7 @@ class TrajectoryStore:
         self._index = TrajectoryIndex(self._ledger)
         self._capacity = capacity
         self._draining = False
+        self._gone: set[str] = set()  # samples recorded dropped before their rows came
         self._lease_s = lease_s
         self._changed: asyncio.Condition | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -237,9 +238,27 @@ class TrajectoryStore:
                 )
             except TimeoutError:
                 return False
-            self._index.add(ray.put(await blocks[0]), metas, group_size)
+            block = await blocks[0]
+            late = [m.sample_id for m in metas if m.sample_id in self._gone]
+            if late:
+                self._refuse_late(metas, late)
+                return True  # taken, as far as the producer goes: nothing to send again
+            self._index.add(ray.put(block), metas, group_size)
             changed.notify_all()
         return True
+
+    def _refuse_late(self, metas: list[SampleMeta], late: list[str]) -> None:
+        """Rows of samples already recorded dropped (their worker was declared dead while
+        the put was on its way) stay out: each sample ends once. Any other sample of the
+        block is dropped with them, naming why."""
+        log.warning("%d rows arrived after their samples were dropped; not stored", len(metas))
+        others = [m for m in metas if m.sample_id not in self._gone]
+        if others and self._ledger is not None:
+            reason = f"came in one block with {late[0]}, dropped before the block arrived"
+            self._ledger.append(
+                [LedgerEvent(m.sample_id, m.prompt_id, "dropped", reason=reason) for m in others]
+            )
+        self._gone.update(m.sample_id for m in others)
 
     async def drain(self, draining: bool) -> None:
         """While draining (the trainer does not consume: held-out evaluation, the end of
@@ -252,11 +271,13 @@ class TrajectoryStore:
         """Ledger events of samples not in the store yet (``dispatched``, or ``dropped``
         before they were generated); written with the next flush. A ``dropped`` event of a
         sample whose rows reached the store is left out: the store ends that sample (a
-        worker can die after its put and before it reported the group done)."""
+        worker can die after its put and before it reported the group done). Rows that
+        come after their samples' ``dropped`` are refused (``put``)."""
+        seen = self._index.has_seen
+        events = [e for e in events if e.event != "dropped" or not seen(e.sample_id)]
+        self._gone.update(e.sample_id for e in events if e.event == "dropped")
         if self._ledger is not None:
-            self._ledger.append(
-                [e for e in events if e.event != "dropped" or not self._index.has_seen(e.sample_id)]
-            )
+            self._ledger.append(events)
 
     # -- consumers -------------------------------------------------------------------------
 
@@ -416,6 +437,8 @@ class StoreClient:
         self.pipeline = pipeline
         self._unwritten: list[pa.RecordBatch] = []
         self._in_flight: list[_Put] = []
+        self.puts = 0  # puts made; put number n is in the store once ``settled >= n``
+        self.settled = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -430,8 +453,9 @@ class StoreClient:
 
     # -- producers -------------------------------------------------------------------------
 
-    def put(self, batch: pa.RecordBatch, group_size: int | None = None) -> None:
+    def put(self, batch: pa.RecordBatch, group_size: int | None = None) -> int:
         """Validate and register ``batch``, then persist it; blocks while the store is full.
+        Returns the put's number: the store holds the rows once ``settled`` reaches it.
 
         Raises ``SchemaError`` naming the row and column on malformed data, and
         ``ValueError`` when the store refuses the rows; then nothing is stored or written.
@@ -445,7 +469,16 @@ class StoreClient:
         self._in_flight.append(
             _Put(batch, ray.put(encode_block(batch)), metas, group_size, self._submit)
         )
+        self.puts += 1
         while len(self._in_flight) > self.pipeline:
+            self._settle(self._in_flight.pop(0))
+        return self.puts
+
+    def settle_answered(self) -> None:
+        """Settle, without waiting, the puts in flight the store has already taken."""
+        while self._in_flight and ray.wait([self._in_flight[0].pending], timeout=0)[0]:
+            if not ray.get(self._in_flight[0].pending):
+                return  # the store was full: the next put or ``flush`` asks again
             self._settle(self._in_flight.pop(0))
 
     def _submit(self, put: _Put) -> Any:
@@ -464,6 +497,7 @@ class StoreClient:
                 time.monotonic() - started,
             )
             put.pending = self._submit(put)
+        self.settled += 1
         if self.url:
             self._unwritten.append(put.batch)
             if sum(b.num_rows for b in self._unwritten) >= self.persist_rows:

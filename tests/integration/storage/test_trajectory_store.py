@@ -324,3 +324,38 @@ def test_dispatch_events_reach_the_ledger_and_a_drop_never_overrides_stored_rows
     assert {latest[s] for s in ids["put"]} == {"trained"}
     assert {latest[s] for s in ids["lost"]} == {"dropped"}
     ray.kill(client.handle)
+
+
+def test_rows_that_come_after_their_samples_were_dropped_stay_out(ray_local, tmp_path):
+    """A worker declared dead while its put was on its way: the dispatcher's ``dropped``
+    reaches the store first, so the late rows are refused and each sample ends once."""
+    url = f"file://{tmp_path}"
+    client = StoreClient(create_store(url, capacity=64), url)
+    late = [f"late/{j}" for j in range(GROUP)]
+    client.record([LedgerEvent(s, "prompt-late", "dispatched") for s in late])
+    client.record([LedgerEvent(s, "prompt-late", "dropped", reason="worker died") for s in late])
+    client.put(block("late"))  # taken, as far as the producer knows: it must not retry
+    client.put(block("fine"))
+    assert client.stats()["held"] == GROUP
+    client.ack(client.lease(GROUP, 0, 0), 1)
+    ray.get(client.handle.flush.remote())
+    table = Ledger(url).read()
+    assert check_exactly_once(table, finished=True) == []
+    latest = latest_events(table)
+    assert {latest[s] for s in late} == {"dropped"}
+    assert {latest[f"fine/{j}"] for j in range(GROUP)} == {"trained"}
+    ray.kill(client.handle)
+
+
+def test_put_numbers_count_what_the_store_has_taken(ray_local):
+    """A streaming worker reports a group done only once its put is settled."""
+    client = StoreClient(create_store(None, capacity=64), pipeline=2)
+    assert [client.put(block(name)) for name in "ab"] == [1, 2]
+    assert client.settled == 0  # both may still be on their way
+    ray.wait([p.pending for p in client._in_flight], num_returns=2)
+    client.settle_answered()
+    assert client.settled == 2
+    assert client.put(block("c")) == 3
+    client.flush()
+    assert client.settled == 3
+    ray.kill(client.handle)

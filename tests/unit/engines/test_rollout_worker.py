@@ -1,8 +1,12 @@
 """A worker's finished groups become one trajectory block: rows, rewards, advantages, versions."""
 
-from sluice.engines.messages import PartialGroup, PartialSample
+from types import SimpleNamespace
+
+import pyarrow as pa
+
+from sluice.engines.messages import GroupDone, PartialGroup, PartialSample, StreamSettings
 from sluice.engines.protocols import Completion
-from sluice.engines.rollout_worker import _as_reported, scored_block
+from sluice.engines.rollout_worker import _as_reported, _Stream, scored_block
 from sluice.rl.config import EnvConfig
 from sluice.storage.schema import validate_batch
 from sluice.tasks.environment import make_environment
@@ -50,3 +54,57 @@ def test_a_handed_over_group_keeps_only_marks_within_its_reported_tokens():
     assert [s.marks for s in moved.samples] == [[(0, 1), (2, 2), (3, 3)], [(0, 1)]]
     assert moved.samples[1].done == finished
     assert running.marks == [(0, 1), (2, 2), (5, 3)]  # this worker's copy is not changed
+
+
+class _Store:
+    """Puts the test settles by hand, numbered like ``StoreClient``'s."""
+
+    def __init__(self) -> None:
+        self.puts = self.settled = 0
+        self.answered = 0
+
+    def put(self, batch) -> int:
+        self.puts += 1
+        return self.puts
+
+    def settle_answered(self) -> None:
+        self.settled = self.answered
+
+
+class _Source:
+    def __init__(self) -> None:
+        self.reported: list[list[str]] = []
+        self.report = SimpleNamespace(
+            remote=lambda worker, groups, counters: self.reported.append(
+                [g.group_id for g in groups]
+            )
+        )
+
+
+def _done(group_id: str) -> GroupDone:
+    return GroupDone(group_id, "p", 3, [2], 1.0, 1, 0, 0)
+
+
+def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
+    """Reported sooner, a worker dying with its put on the way would take the group out of
+    the dispatcher's hands unrecorded: nobody would drop it when the worker died."""
+    store, source = _Store(), _Source()
+    worker = SimpleNamespace(
+        engine=SimpleNamespace(version=lambda: 0),
+        env=None,
+        store=store,
+        params=None,
+        stream_counters={},
+    )
+    stream = _Stream(worker, source, StreamSettings(0, 4, 8, 1.0, False, 8))
+    row = pa.record_batch({"x": [1]})
+    stream.unsent, stream.unsent_done = [row], [_done("g0")]
+    stream.send()
+    stream.unsent, stream.unsent_done = [row], [_done("g1")]
+    stream.send()
+    stream.report()
+    store.answered = 1
+    stream.report()
+    store.answered = 2
+    stream.report()
+    assert source.reported == [[], ["g0"], ["g1"]]
