@@ -124,11 +124,33 @@ def child_env() -> dict[str, str]:
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
-def thread_env(threads: int, extra: dict[str, str]) -> dict[str, Any]:
+def thread_env(threads: int, extra: dict[str, str], gpus: float = 0.0) -> dict[str, Any]:
     """An actor's runtime environment: ``threads`` BLAS/OpenMP threads (Ray sets
-    OMP_NUM_THREADS=1 in actors; the actor sets torch's to match), plus ``extra``."""
+    OMP_NUM_THREADS=1 in actors; the actor sets torch's to match), plus ``extra``.
+
+    An actor that holds no GPU sees none: Ray 2.60 leaves ``CUDA_VISIBLE_DEVICES`` alone
+    for actors with ``num_gpus=0``, so on a GPU node it would open the GPUs of others.
+    """
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **extra}
+    if not gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return {"env_vars": env}
+
+
+def pool_dtype(dtype: str, gpus: float) -> str:
+    """A pool's precision: ``dtype``, or for ``auto`` bfloat16 when its actors hold GPUs
+    and float32 when they run on CPUs."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if gpus else "float32"
+
+
+def gpus_each(asked: float | None) -> float:
+    """The GPUs an actor asks Ray for: ``asked``, or when unset 1 if the Ray cluster has
+    GPUs and 0 if it has none (Ray then sets the actor's ``CUDA_VISIBLE_DEVICES``)."""
+    if asked is not None:
+        return asked
+    return 1.0 if ray.cluster_resources().get("GPU", 0.0) > 0 else 0.0
 
 
 def on_driver_node() -> NodeAffinitySchedulingStrategy:

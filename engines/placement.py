@@ -71,7 +71,8 @@ def wait_placed(
                 f"{', '.join(waiting)} not placed on the Ray cluster within "
                 f"rollout.placement_timeout_s={timeout_s:g} s: {wants}; free on the cluster: "
                 f"{_free()}. Add a node that offers these resources, or lower the asks "
-                "(rollout.cpus, rollout.resources, train.cpus, train.resources)."
+                "(rollout.cpus_per_worker, rollout.gpus_per_worker, rollout.resources, train.cpus, "
+                "train.gpus_per_rank, train.resources)."
             )
         if now - last_line >= PROGRESS_EVERY_S:
             last_line = now

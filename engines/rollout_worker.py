@@ -35,7 +35,7 @@ import ray
 import torch
 from ray import ObjectRef
 
-from sluice.engines.cluster import thread_env
+from sluice.engines.cluster import gpus_each, pool_dtype, thread_env
 from sluice.engines.messages import (
     BatchShard,
     GroupDone,
@@ -52,6 +52,7 @@ from sluice.rl.advantages import group_advantages
 from sluice.rl.config import RolloutConfig
 from sluice.rl.dispatch import InFlight
 from sluice.storage.block_builder import VersionRuns, trajectory_block
+from sluice.storage.faults import fault_point
 from sluice.storage.params import ParameterError, ParameterService, PendingPull
 from sluice.storage.trajectory_store import StoreClient
 from sluice.storage.urls import Credentials
@@ -177,10 +178,15 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def devices(self) -> str:
+        """The GPUs this actor sees (``CUDA_VISIBLE_DEVICES``, which Ray set), or ``cpu``."""
+        return os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu"
+
     def generate(
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
     ) -> list[list[Completion]]:
         """Completions that come back to the caller (held-out evaluation), not to the store."""
+        fault_point("worker.evaluate")  # tests: a worker that dies during an evaluation
         return self.engine.generate(prompts, n, max_new_tokens, temperature, seed)
 
     def rollout(self, problems: list[Problem], shard: BatchShard) -> RolloutStats:
@@ -505,6 +511,9 @@ class RolloutWorkerClient:
     def pid(self) -> ObjectRef[int]:
         return self.handle.pid.remote()
 
+    def devices(self) -> ObjectRef[str]:
+        return self.handle.devices.remote()
+
     def generate(
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
     ) -> ObjectRef[list[list[Completion]]]:
@@ -532,16 +541,18 @@ def launch_rollout_workers(
     count: int | None = None,
 ) -> list[RolloutWorkerClient]:
     """``count`` (default ``rollout.workers``) actors, each asking for
-    ``rollout.cpus_per_worker`` CPU slots and the custom Ray ``rollout.resources``, so it
-    lands only on a node that offers them; Ray restarts one whose process dies,
-    ``rollout.max_restarts`` times."""
+    ``rollout.cpus_per_worker`` CPU slots, ``rollout.gpus_per_worker`` GPUs and the custom
+    Ray ``rollout.resources``, so it lands only on a node that offers them; Ray restarts one
+    whose process dies, ``rollout.max_restarts`` times."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
+    gpus = gpus_each(r.gpus_per_worker)
     return [
         RolloutWorkerClient(
             RolloutWorkerActor.options(
                 num_cpus=r.cpus_per_worker,
+                num_gpus=gpus,
                 resources=r.resources or None,
-                runtime_env=thread_env(r.threads_per_worker, extra),
+                runtime_env=thread_env(r.threads_per_worker, extra, gpus),
                 max_restarts=r.max_restarts,
             ).remote(
                 partial(
@@ -551,6 +562,8 @@ def launch_rollout_workers(
                     kv_cache_gib=r.kv_cache_gib,
                     enforce_eager=r.enforce_eager,
                     max_model_len=max_model_len,
+                    dtype=pool_dtype(r.dtype, gpus),
+                    gpu_memory_utilization=r.gpu_memory_utilization,
                 ),
                 env,
                 store,

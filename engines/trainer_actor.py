@@ -23,7 +23,7 @@ from typing import Any
 import ray
 from ray import ObjectRef
 
-from sluice.engines.cluster import thread_env
+from sluice.engines.cluster import gpus_each, pool_dtype, thread_env
 from sluice.engines.trainer_core import PolicyTrainer
 from sluice.rl.config import TrainConfig
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
@@ -119,6 +119,10 @@ class Trainer:
     def pid(self) -> int:
         return os.getpid()
 
+    def devices(self) -> str:
+        """The GPUs this actor sees (``CUDA_VISIBLE_DEVICES``, which Ray set), or ``cpu``."""
+        return os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu"
+
 
 TrainerActor = ray.remote(Trainer)
 
@@ -146,6 +150,9 @@ class TrainerClient:
     def pid(self) -> ObjectRef[int]:
         return self.handle.pid.remote()
 
+    def devices(self) -> ObjectRef[str]:
+        return self.handle.devices.remote()
+
 
 def launch_trainer(
     train: TrainConfig,
@@ -154,10 +161,14 @@ def launch_trainer(
     params: ParameterService,
     env_vars: dict[str, str],
 ) -> TrainerClient:
-    """The trainer actor, on a node that offers ``train.cpus`` and ``train.resources``."""
+    """The trainer actor, on a node that offers ``train.cpus``, ``train.gpus_per_rank``
+    and ``train.resources``."""
+    gpus = gpus_each(train.gpus_per_rank)
+    train = train.model_copy(update={"dtype": pool_dtype(train.dtype, gpus)})
     handle = TrainerActor.options(
         num_cpus=train.cpus,
+        num_gpus=gpus,
         resources=train.resources or None,
-        runtime_env=thread_env(train.threads, env_vars),
+        runtime_env=thread_env(train.threads, env_vars, gpus),
     ).remote(train, model_dir, seed, params, Credentials.here())
     return TrainerClient(handle)

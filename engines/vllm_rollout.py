@@ -21,27 +21,68 @@ GIB = 1 << 30
 STREAM_EVERY = 8
 
 
+# On a CPU vLLM's memory probe reads one NUMA node and refuses to start on small machines:
+# the KV cache gets an explicit size unless the config gives one.
+CPU_KV_CACHE_GIB = 0.5
+
+
+def engine_args(
+    on_gpu: bool,
+    dtype: str = "auto",
+    kv_cache_gib: float | None = None,
+    enforce_eager: bool | None = None,
+    gpu_memory_utilization: float = 0.9,
+) -> dict[str, object]:
+    """vLLM's engine arguments for this platform; unset choices take its defaults.
+
+    GPU: bfloat16, CUDA graphs (``enforce_eager`` off), and the KV cache sized by vLLM
+    from ``gpu_memory_utilization`` unless ``kv_cache_gib`` is given. CPU: float32, eager,
+    and a KV cache of ``kv_cache_gib`` (``CPU_KV_CACHE_GIB`` unset).
+    """
+    args: dict[str, object] = {
+        "dtype": ("bfloat16" if on_gpu else "float32") if dtype == "auto" else dtype,
+        "enforce_eager": (not on_gpu) if enforce_eager is None else enforce_eager,
+    }
+    if on_gpu:
+        args["gpu_memory_utilization"] = gpu_memory_utilization
+    if kv_cache_gib is None and not on_gpu:
+        kv_cache_gib = CPU_KV_CACHE_GIB
+    if kv_cache_gib is not None:
+        args["kv_cache_memory_bytes"] = int(kv_cache_gib * GIB)
+    return args
+
+
 class VLLMRolloutEngine:
-    """A :class:`engines.protocols.StreamingRolloutEngine` backed by ``vllm.LLM``."""
+    """A :class:`engines.protocols.StreamingRolloutEngine` backed by ``vllm.LLM``.
+
+    vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the worker's
+    launch) on every platform: the weight load hands it tensors that live in this
+    process, and the streaming loop reads its output processor between steps.
+    """
 
     def __init__(
         self,
         model_dir: str,
         seed: int,
-        kv_cache_gib: float = 0.5,
-        enforce_eager: bool = True,
+        kv_cache_gib: float | None = None,
+        enforce_eager: bool | None = None,
         max_model_len: int | None = None,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
+        import torch
         from vllm import LLM
 
+        args = engine_args(
+            torch.cuda.is_available(), dtype, kv_cache_gib, enforce_eager, gpu_memory_utilization
+        )
+        self.dtype = str(args["dtype"])
         self._llm = LLM(
             model=model_dir,
-            dtype="float32",
             seed=seed,
-            enforce_eager=enforce_eager,
-            kv_cache_memory_bytes=int(kv_cache_gib * GIB),
             max_model_len=max_model_len,
             worker_extension_cls="sluice.engines.vllm_weight_sync.WeightSyncExtension",
+            **args,  # type: ignore[arg-type]
         )
         self._tokenizer = self._llm.get_tokenizer()
         self._version = 0

@@ -32,12 +32,18 @@ class _Section(BaseModel):
 # Custom Ray resource names as infra/terraform's worker groups advertise them (the same rule
 # as its variable validation), so a name that passes here is one a node can offer.
 _RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-# Ray's own resources have their own fields (cpus, threads); Ray refuses them in `resources`.
+# Ray's own resources have their own fields; Ray refuses them in `resources`.
 _RAY_BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
 
 
 def _check_resources(resources: dict[str, float]) -> dict[str, float]:
     for name, amount in resources.items():
+        if name in ("CPU", "GPU"):
+            raise ValueError(
+                f"{name} is Ray's own resource, not a custom one: set it with "
+                "rollout.cpus_per_worker / rollout.gpus_per_worker or train.cpus / "
+                "train.gpus_per_rank"
+            )
         if name in _RAY_BUILTIN or not _RESOURCE_NAME.match(name):
             raise ValueError(
                 f"{name!r} is not a custom Ray resource name (letters, digits and '_', "
@@ -46,6 +52,10 @@ def _check_resources(resources: dict[str, float]) -> dict[str, float]:
         if amount <= 0:
             raise ValueError(f"{name!r} needs a positive amount, got {amount}")
     return resources
+
+
+# Precision of a pool: "auto" is resolved where it runs (bfloat16 on a GPU, else float32).
+Dtype = Literal["auto", "float32", "bfloat16"]
 
 
 # Custom Ray resources an actor asks for (`rollout.resources`, `train.resources`); the
@@ -161,14 +171,35 @@ class RolloutConfig(_Section):
     balance: bool = Field(
         True, description="async: spread predicted tokens evenly across rollout workers."
     )
-    kv_cache_gib: float = Field(
-        0.5,
-        gt=0.0,
-        description="vLLM KV-cache size; set explicitly because vLLM's own memory "
-        "probe reads one NUMA node and refuses to start on small CPU machines.",
+    gpus_per_worker: float | None = Field(
+        None,
+        ge=0.0,
+        description="Ray GPUs per rollout actor (Ray then sets its CUDA_VISIBLE_DEVICES). "
+        "Unset: 1 when the Ray cluster has GPUs, else 0.",
     )
-    enforce_eager: bool = Field(
-        True, description="Skip vLLM's graph compilation (starts in seconds instead of ~40 s)."
+    dtype: Dtype = Field(
+        "auto",
+        description="vLLM's dtype, and the weights' on the wire. auto: bfloat16 on a GPU, "
+        "float32 on a CPU.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="GPU: the share of the device's memory vLLM may use (weights, "
+        "activations, KV cache); vLLM sizes the KV cache from it unless kv_cache_gib is set.",
+    )
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0.0,
+        description="vLLM KV-cache size. Unset: on a GPU vLLM sizes it from "
+        "gpu_memory_utilization; on a CPU 0.5 GiB (vLLM's own probe there reads one NUMA "
+        "node and refuses to start on small machines).",
+    )
+    enforce_eager: bool | None = Field(
+        None,
+        description="Skip vLLM's graph compilation and CUDA graphs. Unset: on for CPUs "
+        "(starts in seconds instead of ~40 s), off on GPUs (CUDA graphs decode faster).",
     )
     max_restarts: int = Field(
         3,
@@ -274,6 +305,17 @@ class TrainConfig(_Section):
         "raise it to what memory allows (8k-32k).",
     )
     cpus: float = Field(1.0, gt=0.0, description="Ray CPU slots for the trainer actor.")
+    gpus_per_rank: float | None = Field(
+        None,
+        ge=0.0,
+        description="Ray GPUs for the trainer (Ray then sets its CUDA_VISIBLE_DEVICES; the "
+        "trainer runs on that device). Unset: 1 when the Ray cluster has GPUs, else 0.",
+    )
+    dtype: Dtype = Field(
+        "auto",
+        description="Training precision: bfloat16 runs the forward passes in bf16 autocast "
+        "over float32 master weights. auto: bfloat16 on a GPU, float32 on a CPU.",
+    )
     threads: int = Field(1, ge=1, description="torch threads inside the trainer actor.")
     resources: RayResources = Field(
         default_factory=dict,

@@ -17,7 +17,9 @@ import threading
 
 ENV = "SLUICE_FAULTS"
 DIR_ENV = "SLUICE_FAULTS_DIR"
-POINTS = ("checkpoint.write",)
+POINTS = ("checkpoint.write", "worker.evaluate")
+# Points where the process dies outright (as from SIGKILL or a lost node), not raises.
+EXITS = ("worker.evaluate",)
 
 _lock = threading.Lock()
 _fired: dict[str, int] = {}
@@ -42,9 +44,12 @@ def armed() -> dict[str, int]:
 
 
 def fault_point(name: str) -> None:
-    """Raise ``InjectedFault`` if ``name`` is armed and has fired fewer times than asked."""
+    """Raise ``InjectedFault`` if ``name`` is armed and has fired fewer times than asked;
+    at a point of ``EXITS``, end the process at once instead (no cleanup, like a kill)."""
     times = armed().get(name, 0)
     if times and _fires(name, times):
+        if name in EXITS:
+            os._exit(70)
         raise InjectedFault(f"injected fault at {name} ({ENV}={os.environ[ENV]})")
 
 

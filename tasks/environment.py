@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from sluice.envs import Environment, make_env
-from sluice.rl.config import ConfigError, EnvConfig, RunConfig
+from sluice.rl.config import ConfigError, EnvConfig, PolicyConfig, RunConfig
 
 
 def make_environment(cfg: EnvConfig) -> tuple[Environment, str]:
@@ -20,6 +20,12 @@ def make_environment(cfg: EnvConfig) -> tuple[Environment, str]:
         )
         knobs = {"count": cfg.count, "max_number": cfg.max_number, "long_tail": cfg.long_tail}
     return env, json.dumps({"name": cfg.name, **knobs}, sort_keys=True)
+
+
+def max_model_len(policy: PolicyConfig) -> int | None:
+    """vLLM's context: the built-in policy's ``policy.max_positions``; for a model folder
+    (``policy.path``) None, and vLLM takes the context from the folder's config.json."""
+    return None if policy.path is not None else policy.max_positions
 
 
 def check_context(cfg: RunConfig) -> None:

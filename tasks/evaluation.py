@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from sluice.engines.cluster import child_env
 from sluice.engines.rollout_worker import launch_rollout_workers
 from sluice.rl.config import RunConfig
-from sluice.tasks.environment import make_environment
+from sluice.tasks.environment import make_environment, max_model_len
 from sluice.tasks.rollouts import evaluate
 
 
@@ -21,7 +21,7 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
     (worker,) = launch_rollout_workers(
         cfg.rollout,
         policy_dir,
-        cfg.policy.max_positions,
+        max_model_len(cfg.policy),
         cfg.seed,
         env,
         None,

@@ -272,19 +272,39 @@ def evaluate(
     problems: list[Problem],
     max_new_tokens: int,
 ) -> float:
-    """Held-out accuracy with greedy decoding (completions come back here, not to the store)."""
-    shards = _shards(problems, len(workers))
-    outputs = ray.get(
-        [
-            w.generate([problems[i].prompt for i in shard], 1, max_new_tokens, 0.0, 0)
-            for w, shard in zip(workers, shards, strict=False)
+    """Held-out accuracy with greedy decoding (completions come back here, not to the store).
+
+    A worker that dies meanwhile is left out (Ray restarts it, and the rollouts take it back
+    when it next fails to answer them): its prompts run again on the workers still there.
+    Fails only when none is left.
+    """
+    live, left, correct = list(workers), list(range(len(problems))), 0
+    while left:
+        if not live:
+            raise RolloutFailure("every rollout worker died during the held-out evaluation")
+        asked = [
+            (w, shard, w.generate([problems[i].prompt for i in shard], 1, max_new_tokens, 0.0, 0))
+            for w, shard in zip(live, (left[k :: len(live)] for k in range(len(live))), strict=True)
+            if shard
         ]
-    )
-    correct = 0
-    for shard, groups in zip(shards, outputs, strict=True):
-        correct += sum(
-            score(env, problems[i], g[0].text).correct for i, g in zip(shard, groups, strict=True)
-        )
+        left = []
+        for w, shard, ref in asked:
+            try:
+                groups = ray.get(ref)
+            except (RayActorError, ActorUnavailableError) as error:
+                log.warning(
+                    "a rollout worker died during the held-out evaluation (%s); its %d "
+                    "prompts run on the others",
+                    type(error).__name__,
+                    len(shard),
+                )
+                live.remove(w)
+                left += shard
+                continue
+            correct += sum(
+                score(env, problems[i], g[0].text).correct
+                for i, g in zip(shard, groups, strict=True)
+            )
     return correct / len(problems)
 
 

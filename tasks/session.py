@@ -24,9 +24,9 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from sluice.engines.cluster import child_env, on_driver_node
+from sluice.engines.cluster import child_env, gpus_each, on_driver_node
 from sluice.engines.dispatcher import launch_dispatcher
 from sluice.engines.placement import wait_placed
 from sluice.engines.rollout_worker import RolloutWorkerClient, launch_rollout_workers
@@ -39,7 +39,7 @@ from sluice.storage.ledger import Ledger
 from sluice.storage.params import ParameterService
 from sluice.storage.trajectory_index import LeaseGrant
 from sluice.storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
-from sluice.tasks.environment import make_environment
+from sluice.tasks.environment import make_environment, max_model_len
 from sluice.tasks.rollouts import Rollouts, evaluate, schedule
 from sluice.tasks.step_log import StoreMetrics, Totals
 from sluice.tasks.tracking import MetricLogger
@@ -93,6 +93,13 @@ class Session:
             ray.get(self.trainer.pid()),
             engine,
         )
+        seen = ray.get([self.trainer.devices(), *(w.devices() for w in live)])
+        if any(d != "cpu" for d in seen):
+            log.info(
+                "devices (CUDA_VISIBLE_DEVICES): the trainer %s; rollout workers %s",
+                seen[0],
+                ", ".join(seen[1:]),
+            )
         if checkpoint is None:
             self.start_accuracy = self.end_accuracy = evaluate(
                 live, self.env, self.heldout, self.eval_tokens
@@ -108,8 +115,7 @@ class Session:
             self.step = int(ray.get(self.trainer.restore(checkpoint.files, meta)))
             self.start_accuracy = meta.get("start_accuracy")
             self.end_accuracy = meta.get("end_accuracy")
-            timeout = cfg.weights.pull_timeout_s
-            self.wait([w.sync_weights(self.step, timeout) for w in live], "weights")
+            self.synced(live)
             held_groups = int(self.store.stats()["held"]) // cfg.rollout.samples_per_prompt
             self.rollouts.restore(meta["data_cursor"], self.step, held_groups)
             log.info("resumed at step %d from %s", self.step, checkpoint.url)
@@ -142,9 +148,13 @@ class Session:
         names = [f"rollout worker {i}" for i in range(len(self.workers))]
         handles = [w.handle for w in self.workers]
         actors = {"the trainer": self.trainer.handle, **dict(zip(names, handles, strict=True))}
+        train_gpus, worker_gpus = gpus_each(cfg.train.gpus_per_rank), gpus_each(r.gpus_per_worker)
         asks = {
-            "the trainer": {"CPU": cfg.train.cpus, **cfg.train.resources},
-            **{name: {"CPU": r.cpus_per_worker, **r.resources} for name in names},
+            "the trainer": {"CPU": cfg.train.cpus, "GPU": train_gpus, **cfg.train.resources},
+            **{
+                name: {"CPU": r.cpus_per_worker, "GPU": worker_gpus, **r.resources}
+                for name in names
+            },
         }
         need = self.schedule.min_workers
 
@@ -185,6 +195,25 @@ class Session:
                 )
         return ray.get(refs)
 
+    def synced(self, workers: list[RolloutWorkerClient]) -> list[RolloutWorkerClient]:
+        """``workers`` after each loaded the trainer's version, less any that died doing so
+        (Ray restarts it; the rollouts take it back when it next fails to answer them)."""
+        timeout = self.cfg.weights.pull_timeout_s
+        refs = [w.sync_weights(self.step, timeout) for w in workers]
+        loaded = []
+        for w, ref in zip(workers, refs, strict=True):
+            try:
+                self.wait(ref, "weights")
+                loaded.append(w)
+            except (RayActorError, ActorUnavailableError) as error:
+                log.warning(
+                    "a rollout worker died loading version %d (%s); it is left out until "
+                    "it is back",
+                    self.step,
+                    type(error).__name__,
+                )
+        return loaded
+
     def lease(self) -> LeaseGrant:
         """A training batch from the store: ``batch_size`` samples in whole groups, none
         more than the mode's ``max_staleness`` versions behind the trainer. Only where the
@@ -205,9 +234,7 @@ class Session:
         """Held-out accuracy of the trainer's current version."""
         self.store.drain(True)  # nothing consumes while paused: puts must not wait for room
         self.rollouts.pause()  # async: workers hand vLLM back, then load the version
-        timeout = self.cfg.weights.pull_timeout_s
-        workers = self.rollouts.live()  # async: a worker whose node is gone is left out
-        self.wait([w.sync_weights(self.step, timeout) for w in workers], "weights")
+        workers = self.synced(self.rollouts.live())  # async: one whose node is gone is out
         accuracy = evaluate(workers, self.env, self.heldout, self.eval_tokens)
         self.store.drain(False)
         self.rollouts.resume()
@@ -275,7 +302,7 @@ class Session:
         self.workers: list[RolloutWorkerClient] = launch_rollout_workers(
             cfg.rollout,
             self.policy_dir,
-            cfg.policy.max_positions,
+            max_model_len(cfg.policy),
             cfg.seed,
             self.env,
             self.store,

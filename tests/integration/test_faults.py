@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -159,4 +160,38 @@ def test_a_failure_before_the_step_0_checkpoint_starts_the_run_again(tmp_path, s
     assert "Traceback (most recent call last)" in log and "InjectedFault" in log
     assert f"step    {steps}/{steps}" in out
     assert sorted(p.name for p in faults.iterdir()) == [f"checkpoint.write.{i}" for i in range(3)]
+    assert_ledger_whole(tmp_path / "runs" / "smoke", steps)
+
+
+def test_a_worker_that_dies_during_an_evaluation_is_left_out_and_restarted(tmp_path, shared_cache):
+    """The first held-out generation of the run ends its worker's process (the step-0
+    evaluation, before any checkpoint): the other worker takes its prompts, the run goes on
+    without a segment retry, and Ray's restart of the dead one rejoins the stream."""
+    steps = 4
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    job = Job(
+        smoke_args(
+            tmp_path,
+            shared_cache,
+            "mode=async",
+            f"train.steps={steps}",
+            "rollout.workers=2",
+            "eval.every=2",
+        ),
+        tmp_path / "job.log",
+        env={"SLUICE_FAULTS": "worker.evaluate=1", "SLUICE_FAULTS_DIR": str(faults)},
+    )
+    try:
+        assert job.finish() == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    out = job.output()
+    assert "died during the held-out evaluation" in out
+    assert "step    0/4 | held-out" in out
+    assert re.search(r"rollout worker \d died \(\w+\).*restart 1 of", out), out[-4000:]
+    assert re.search(r"rollout worker \d is up", out)
+    assert "starting again from the beginning" not in out and "resumed at" not in out
+    assert f"step    {steps}/{steps}" in out
+    assert [p.name for p in faults.iterdir()] == ["worker.evaluate.0"]
     assert_ledger_whole(tmp_path / "runs" / "smoke", steps)

@@ -142,14 +142,17 @@ class RayNodes:
         inherited = {k: v for k, v in os.environ.items() if k not in skip}
         return {**inherited, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
 
-    def start(self, name: str, cpus: int, resources: dict[str, float] | None = None) -> Node:
-        """Start a node; the first one started is the head. Returns at once (see ``joined``)."""
+    def start(
+        self, name: str, cpus: int, resources: dict[str, float] | None = None, gpus: int = 0
+    ) -> Node:
+        """Start a node; the first one started is the head. Returns at once (see ``joined``).
+        ``gpus``: logical GPUs the node declares (Ray hands them out; no device needed)."""
         temp = self.ray_tmp / name
         temp.mkdir()
         client_port = free_port()
         args = [
             *("--node-ip-address", "127.0.0.1", "--node-name", name),
-            *("--num-cpus", str(cpus), "--num-gpus", "0", "--temp-dir", str(temp)),
+            *("--num-cpus", str(cpus), "--num-gpus", str(gpus), "--temp-dir", str(temp)),
             "--disable-usage-stats",
             *_port_flags(),
         ]

@@ -140,8 +140,8 @@ def test_placement_resources_default_empty_and_set_by_override():
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("rollout.resources.CPU=1", r"rollout\.resources: 'CPU' is not a custom Ray resource"),
-        ("train.resources.GPU=1", r"train\.resources: 'GPU' is not a custom Ray resource"),
+        ("rollout.resources.CPU=1", r"rollout\.resources: CPU is Ray's own .*cpus_per_worker"),
+        ("train.resources.GPU=1", r"train\.resources: GPU is Ray's own .*train\.gpus_per_rank"),
         ("rollout.resources={'9lives': 1}", r"'9lives' is not a custom Ray resource name"),
         ("rollout.resources={'a b': 1}", r"'a b' is not a custom Ray resource name"),
         ("train.resources.trainer=0", r"train\.resources: 'trainer' needs a positive amount"),
