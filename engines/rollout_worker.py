@@ -53,7 +53,7 @@ from sluice.rl.config import RolloutConfig
 from sluice.rl.dispatch import InFlight
 from sluice.storage.block_builder import VersionRuns, trajectory_block
 from sluice.storage.faults import fault_point
-from sluice.storage.params import ParameterError, ParameterService, PendingPull
+from sluice.storage.params import ParameterError, ParameterService, PendingPull, Weights
 from sluice.storage.trajectory_store import StoreClient
 from sluice.storage.urls import Credentials
 
@@ -218,10 +218,10 @@ class RolloutWorker:
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
-            found = self.params.pull_blobs(after=self.engine.version(), timeout=max(left, 0.001))
+            found = self.params.pull(after=self.engine.version(), timeout=max(left, 0.001))
             if found is not None:
-                version, blobs = found
-                self.engine.load_weights(blobs, version)
+                self.engine.load_weights(found, found.version)
+                found = None  # the version may go from the object store once the relay drops it
             if self.engine.version() >= at_least:
                 return self.engine.version()
             if left <= 0:
@@ -285,7 +285,7 @@ class _Stream:
         self.in_flight: list[tuple[int, list[GroupDone]]] = []
         self.unsent_since = 0.0
         self.stopping = False
-        self.newer: tuple[int, list[bytes]] | None = None
+        self.newer: Weights | None = None  # pulled, not loaded yet
         self.next_check = self.next_report = 0.0
         self.asked: ray.ObjectRef | None = None  # a `take` sent, not yet answered
         self.weights_asked: PendingPull | None = None  # a relay asked, not yet answered
@@ -328,7 +328,7 @@ class _Stream:
         """
         started = time.monotonic()
         if self.weights_asked is None:
-            after = max(self.engine.version(), self.newer[0] if self.newer else -1)
+            after = max(self.engine.version(), self.newer.version if self.newer else -1)
             self.weights_asked = self.params.ask(after)
             self.next_check = started + self.s.weight_check_s
         if self.running and not self.weights_asked.answered():
@@ -343,9 +343,9 @@ class _Stream:
 
     def load_newer(self) -> None:
         assert self.newer is not None
-        version, blobs = self.newer
-        self.engine.load_weights(blobs, version)
-        self.newer = None
+        version = self.newer.version
+        self.engine.load_weights(self.newer, version)
+        self.newer = None  # the version may go from the object store once the relay drops it
         self.counters["weight_loads"] += 1
         for request, sample in self.running.items():  # tokens from here on: `version`
             generated = self.engine.generated(request)

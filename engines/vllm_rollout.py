@@ -11,6 +11,7 @@ import logging
 import math
 
 from sluice.engines.protocols import Completion, Delta
+from sluice.storage.params import NamedTensors, safetensors_tensors
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +180,12 @@ class VLLMRolloutEngine:
     def running(self) -> int:
         return int(self._llm.llm_engine.get_num_unfinished_requests())
 
-    def load_weights(self, safetensors_blobs: list[bytes], version: int) -> None:
-        self._llm.collective_rpc("sluice_load_weights", args=(safetensors_blobs,))
+    def load_weights(self, weights: NamedTensors | list[bytes], version: int) -> None:
+        """Load a version: ``(name, tensor)`` pairs, read once while vLLM loads them (a
+        pulled ``storage.params.Weights``), or safetensors files in memory."""
+        if isinstance(weights, list):
+            weights = safetensors_tensors(weights)
+        self._llm.collective_rpc("sluice_load_weights", args=(weights,))
         # Cached KV blocks were computed by the old weights. vLLM can drop them only while no
         # request runs (a streaming worker loads with requests running: ``start`` salts the
         # cache by version instead).

@@ -4,9 +4,11 @@ Components, after Laminar's relays. The trainer calls :meth:`ParameterService.pu
 with ``(version, state dict)``; publish only records the tensors and returns. Two threads
 of the service, in the trainer's process, do the rest in order: the snapshot thread copies
 every tensor once, with torch, into a staging buffer (a flat byte buffer per bucket of
-safetensors-format parts, allocated on the first publish and reused after), then the
-hand-over thread puts the buckets into the Ray object store (a second copy) and offers them
-to relay 0, then waits until relay 0 has taken the version.
+safetensors-format parts, allocated on the first publish and reused after), casting
+floating-point tensors to the rollout engines' dtype on the way (``dtype``: the weights
+travel in it); then the hand-over thread puts the buckets into the Ray object store (a
+second copy) one at a time, each handed to relay 0 and dropped once relay 0 has copied it,
+and finally asks relay 0 to commit the version.
 
 **The trainer must not change the published tensors until**
 :meth:`ParameterService.wait_snapshot` **returns.** Its weights change only in the
@@ -20,16 +22,21 @@ previous one is still being handed over; past that a publish waits for the oldes
 :meth:`ParameterService.flush` waits until relay 0 has taken every published version (the
 trainer calls it before a checkpoint and at shutdown).
 
-A ``Relay`` actor holds the newest version it has taken and nothing older: it fetches an
-offered version to its own node and re-puts it as objects it owns, so the version outlives
-the trainer process, then drops its references to the previous version so Ray frees it.
-Relays form a chain (relay 0 forwards every version it takes to relay 1, and so on)
-spread over the nodes, so a far node pulls from a relay next to it. Rollout workers ask
-when they choose ("anything newer than version 6?": :meth:`ParameterService.ask`, then
-:meth:`ParameterService.collect`, or :meth:`ParameterService.pull_blobs` for both); the
-trainer never waits for them. ``ParameterService`` is a picklable handle on the relays,
-handed to the trainer and the rollout workers by whoever creates it; the staging buffers
-and the threads stay in the process that publishes.
+A ``Relay`` actor holds the newest version it has taken and nothing older: it copies each
+incoming bucket into an object it owns before taking the next, so the version outlives the
+trainer process and the relay never holds an incoming version beside its copy; once the new
+version is complete it drops its references to the previous one, which Ray frees as soon
+as no puller still holds it. Relays form a chain (relay 0 forwards every version it takes
+to relay 1, and so on) spread over the nodes, so a far node pulls from a relay next to it.
+Rollout workers ask when they choose ("anything newer than version 6?":
+:meth:`ParameterService.ask`, then :meth:`ParameterService.collect`, or
+:meth:`ParameterService.pull` for both); the trainer never waits for them. A pull answers
+:class:`Weights`: the version's buckets, fetched to the worker's node, which yield their
+tensors as views of the object store's buffers, bucket by bucket in name order, while the
+engine loads them; nothing joins or copies the version in the worker's process.
+``ParameterService`` is a picklable handle on the relays, handed to the trainer and the
+rollout workers by whoever creates it; the staging buffers and the threads stay in the
+process that publishes.
 
 Every wait on Ray has a timeout, and Ray's timeout, dead-actor and lost-object errors come
 back as :class:`ParameterError` naming the version, the relay and the timeout. A failed
@@ -38,9 +45,9 @@ whichever comes first, oldest version first, or, for a failed snapshot, from
 ``wait_snapshot`` if that comes first (it raises only the newest version's snapshot).
 
 Ray 2.56 removed ``ray.put(..., _owner=)``, so the trainer cannot create objects on a
-relay's behalf: until relay 0 has taken a version (the hand-over's put, then one more copy
-by the relay) the version lives only in the trainer's process, and a trainer that dies in
-that window loses that one version; the relay keeps serving the previous one.
+relay's behalf: until relay 0 has committed a version the version lives only in the
+trainer's process, and a trainer that dies in that window loses that one version; the relay
+keeps serving the previous one.
 """
 
 from __future__ import annotations
@@ -50,7 +57,8 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +113,16 @@ _DTYPES: dict[torch.dtype, str] = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
+_TORCH_DTYPES = {name: dtype for dtype, name in _DTYPES.items()}
+# The wire dtypes a publisher may cast floating-point tensors to (``ParameterService.dtype``).
+WIRE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+# A version as an engine loads it: (name, tensor) pairs, read once, in name order.
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 # One bucket as it travels: a safetensors header, then the raw bytes of its tensors in
 # the header's order (one array). Joined, the parts are a safetensors file.
@@ -130,9 +148,29 @@ def _header(entries: list[tuple[str, str, list[int], int]]) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
-def _layout_key(state: Mapping[str, torch.Tensor]) -> tuple[tuple[str, torch.dtype, Any], ...]:
-    """What a staging buffer's layout depends on: the names, dtypes and shapes."""
-    return tuple((name, state[name].dtype, tuple(state[name].shape)) for name in sorted(state))
+def wire_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """``dtype`` as a torch dtype (a name of ``WIRE_DTYPES`` or a torch dtype), or None."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        if dtype is not None and dtype not in WIRE_DTYPES.values():
+            raise ValueError(f"wire dtype {dtype} is not one of {sorted(WIRE_DTYPES)}")
+        return dtype
+    if dtype not in WIRE_DTYPES:
+        raise ValueError(f"wire dtype {dtype!r} is not one of {sorted(WIRE_DTYPES)}")
+    return WIRE_DTYPES[dtype]
+
+
+def _on_wire(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype ``tensor`` travels in: ``dtype`` for floating point, else its own."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
+def _layout_key(
+    state: Mapping[str, torch.Tensor], dtype: torch.dtype | None
+) -> tuple[tuple[str, torch.dtype, Any], ...]:
+    """What a staging buffer's layout depends on: the names, wire dtypes and shapes."""
+    return tuple(
+        (name, _on_wire(state[name], dtype), tuple(state[name].shape)) for name in sorted(state)
+    )
 
 
 class _Snapshot:
@@ -142,10 +180,13 @@ class _Snapshot:
     larger than ``bucket_bytes`` gets a bucket of its own); within a bucket the widest
     dtypes come first, which keeps every tensor aligned to its element size. ``views``
     are typed windows on the buffers, one per tensor, so a snapshot is one ``copy_`` per
-    tensor: it reads any device and layout, and releases the GIL.
+    tensor: it reads any device and layout, casts floating-point tensors to the wire
+    ``dtype`` on the way (None: no cast), and releases the GIL.
     """
 
-    def __init__(self, state: Mapping[str, torch.Tensor], bucket_bytes: int) -> None:
+    def __init__(
+        self, state: Mapping[str, torch.Tensor], bucket_bytes: int, dtype: torch.dtype | None
+    ) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         for name, tensor in state.items():
@@ -153,37 +194,34 @@ class _Snapshot:
                 raise ParameterError(
                     f"tensor {name!r} has dtype {tensor.dtype}, which safetensors lacks"
                 )
-        self.key = _layout_key(state)
+        self.key = _layout_key(state, dtype)
+        wire = {name: _on_wire(tensor, dtype) for name, tensor in state.items()}
+        size = {name: state[name].numel() * wire[name].itemsize for name in state}
         self.headers: list[bytes] = []
         self.buffers: list[torch.Tensor] = []
         self.views: dict[str, torch.Tensor] = {}
-        for names in self._groups(state, bucket_bytes):
-            names.sort(key=lambda n: (-state[n].element_size(), n))
-            sizes = [state[n].nbytes for n in names]
-            buffer = torch.empty(sum(sizes), dtype=torch.uint8)
+        for names in self._groups(size, bucket_bytes):
+            names.sort(key=lambda n: (-wire[n].itemsize, n))
+            buffer = torch.empty(sum(size[n] for n in names), dtype=torch.uint8)
             offset = 0
-            for name, size in zip(names, sizes, strict=True):
-                window = buffer[offset : offset + size].view(state[name].dtype)
+            for name in names:
+                window = buffer[offset : offset + size[name]].view(wire[name])
                 self.views[name] = window.view(state[name].shape)
-                offset += size
-            entries = [
-                (n, _DTYPES[state[n].dtype], list(state[n].shape), size)
-                for n, size in zip(names, sizes, strict=True)
-            ]
+                offset += size[name]
+            entries = [(n, _DTYPES[wire[n]], list(state[n].shape), size[n]) for n in names]
             self.headers.append(_header(entries))
             self.buffers.append(buffer)
 
     @staticmethod
-    def _groups(state: Mapping[str, torch.Tensor], bucket_bytes: int) -> list[list[str]]:
+    def _groups(size: Mapping[str, int], bucket_bytes: int) -> list[list[str]]:
         groups: list[list[str]] = []
         filled = 0
-        for name in sorted(state):
-            size = state[name].nbytes
-            if not groups or (filled + size > bucket_bytes and filled > 0):
+        for name in sorted(size):
+            if not groups or (filled + size[name] > bucket_bytes and filled > 0):
                 groups.append([])
                 filled = 0
             groups[-1].append(name)
-            filled += size
+            filled += size[name]
         return groups
 
     def fill(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -195,6 +233,66 @@ class _Snapshot:
     def parts(self) -> list[Parts]:
         """The buckets as they travel; the arrays are views of the buffers, not copies."""
         return [[h, b.numpy()] for h, b in zip(self.headers, self.buffers, strict=True)]
+
+
+def bucket_tensors(header: bytes, data: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of one bucket (its safetensors header and its data), in name order, as
+    views of ``data`` (any buffer, e.g. the object store's): nothing is copied.
+
+    The views are read-only in fact (torch cannot mark them so): a consumer copies them.
+    """
+    (length,) = struct.unpack("<Q", header[:8])
+    table = json.loads(header[8 : 8 + length])
+    table.pop("__metadata__", None)
+    if memoryview(data).nbytes == 0:
+        flat = torch.empty(0, dtype=torch.uint8)
+    else:
+        with warnings.catch_warnings():  # the object store's buffers are read-only
+            warnings.filterwarnings("ignore", "The given buffer is not writable")
+            flat = torch.frombuffer(data, dtype=torch.uint8)
+    for name in sorted(table):
+        entry = table[name]
+        start, end = entry["data_offsets"]
+        yield name, flat[start:end].view(_TORCH_DTYPES[entry["dtype"]]).view(entry["shape"])
+
+
+class Weights:
+    """One pulled version, read lazily: iterate for ``(name, tensor)`` in name order.
+
+    Holds the refs of the version's buckets, which Ray has fetched to this node's object
+    store; iterating gets one bucket at a time and yields views of the object store's
+    buffers (``torch.frombuffer``), so a pull never joins the version into one ``bytes``
+    nor copies it into this process: the consumer's copy is the only one. A bucket stays
+    mapped while a tensor of it is referenced; the version stays in the object store while
+    this object (or the relay) holds it: drop it once loaded.
+    """
+
+    def __init__(self, version: int, refs: list[ray.ObjectRef], relay: int, timeout: float) -> None:
+        self.version = version
+        self.refs = refs
+        self.relay = relay
+        self.timeout = timeout
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for index, ref in enumerate(self.refs):
+            try:
+                header, data = _get(ref, self.timeout)
+            except (GetTimeoutError, RayActorError, ObjectLostError) as err:
+                raise _ray_failure(
+                    err, f"bucket {index} of version {self.version}", self.relay, self.timeout
+                ) from err
+            yield from bucket_tensors(header, data)
+            del header, data  # unmapped before the next bucket is fetched
+
+    def blobs(self) -> list[bytes]:
+        """Every bucket as a safetensors file in memory: a copy, for tools and tests."""
+        return [b"".join(parts) for parts in _get(self.refs, self.timeout)]
+
+
+def safetensors_tensors(blobs: Iterable[bytes]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of safetensors files in memory, file by file, in name order."""
+    for blob in blobs:
+        yield from sorted(load_safetensors(bytes(blob)).items())
 
 
 def from_buckets(blobs: Iterable[bytes]) -> dict[str, torch.Tensor]:
@@ -227,7 +325,14 @@ def _copy(version: int, snapshot: _Snapshot, state: Mapping[str, torch.Tensor]) 
 
 
 class _Relay:
-    """Holds the newest version it has taken as objects it owns; forwards it downstream."""
+    """Holds the newest version it has taken as objects it owns; forwards it downstream.
+
+    A version arrives bucket by bucket, and the relay copies each into an object of its own
+    (so it outlives whoever sent it) before the next: it never holds the incoming version
+    beside its copy, only one incoming bucket. The version it holds stays until a newer one
+    is complete (pullers keep getting a whole version), then goes: Ray frees it once no
+    puller that took it still holds it.
+    """
 
     def __init__(self, index: int, downstream: ActorHandle | None, fetch_timeout: float) -> None:
         self._index = index
@@ -236,38 +341,85 @@ class _Relay:
         self._lock = threading.Lock()
         self._version = EMPTY
         self._refs: list[ray.ObjectRef] = []
+        # The version being taken from the publisher, and the buckets of it copied so far.
+        self._staging = EMPTY
+        self._staged: dict[int, ray.ObjectRef] = {}
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
     @ray.method(concurrency_group="fetch")
-    def offer(self, version: int, refs: list[ray.ObjectRef]) -> bool:
-        """Take ``version`` if it is newer than the one held; True if it was taken.
+    def take(self, version: int, index: int, parts: Parts) -> bool:
+        """Copy bucket ``index`` of ``version`` (resolved by Ray: a view of the sender's
+        object) into an object this relay owns; False if a version as new is held.
 
-        The refs arrive unresolved (nested in a list); the relay fetches the buckets to its
-        own node and re-puts them, so it owns them and they outlive whoever offered them.
+        The publisher drops its copy of the bucket once this returns, so the object store
+        holds at most the publisher's next bucket beside the relay's copies.
+        """
+        with self._lock:
+            if version <= self._version:
+                return False
+            if self._staging != version:  # a new version: an unfinished older one is dropped
+                self._staging, self._staged = version, {}
+        owned = ray.put(parts)
+        with self._lock:
+            if self._staging != version:
+                return False
+            self._staged[index] = owned
+        return True
+
+    @ray.method(concurrency_group="fetch")
+    def commit(self, version: int, count: int) -> bool:
+        """Serve ``version``, whose ``count`` buckets ``take`` has copied; forward it."""
+        with self._lock:
+            if version <= self._version:
+                return False
+            if self._staging != version or sorted(self._staged) != list(range(count)):
+                raise ParameterError(
+                    f"relay {self._index} cannot commit version {version}: it has buckets "
+                    f"{sorted(self._staged)} of version {self._staging}, not 0..{count - 1}"
+                )
+            owned = [self._staged[i] for i in range(count)]
+            self._staging, self._staged = EMPTY, {}
+        return self._install(version, owned)
+
+    @ray.method(concurrency_group="fetch")
+    def offer(self, version: int, refs: list[ray.ObjectRef]) -> bool:
+        """Take ``version`` from the upstream relay if it is newer than the one held; True if
+        it was taken.
+
+        The refs arrive unresolved (nested in a list) and stay alive upstream; the relay
+        fetches the buckets to its own node one at a time and copies each into an object it
+        owns before fetching the next.
         """
         with self._lock:
             held = self._version
         if version <= held:
             logger.warning("relay %d ignores version %d: it holds %d", self._index, version, held)
             return False
-        try:
-            buckets = _get(refs, self._fetch_timeout)
-        except GetTimeoutError as err:
-            raise ParameterError(
-                f"relay {self._index} timed out after {self._fetch_timeout:g} s fetching "
-                f"version {version}"
-            ) from err
-        except ObjectLostError as err:
-            raise ParameterError(
-                f"relay {self._index} lost version {version} before taking it (did the "
-                f"publisher die?): {err}"
-            ) from err
-        owned = [ray.put(parts) for parts in buckets]
+        owned = []
+        for ref in refs:
+            try:
+                parts = _get(ref, self._fetch_timeout)
+            except GetTimeoutError as err:
+                raise ParameterError(
+                    f"relay {self._index} timed out after {self._fetch_timeout:g} s fetching "
+                    f"version {version}"
+                ) from err
+            except ObjectLostError as err:
+                raise ParameterError(
+                    f"relay {self._index} lost version {version} before taking it (did the "
+                    f"upstream relay die?): {err}"
+                ) from err
+            owned.append(ray.put(parts))
+            del parts
+        return self._install(version, owned)
+
+    def _install(self, version: int, owned: list[ray.ObjectRef]) -> bool:
+        """Serve ``owned`` as ``version`` (dropping the version held), forward it."""
         with self._lock:
             if version <= self._version:
-                return False  # a newer offer finished first
+                return False  # a newer version finished first
             self._version, self._refs = version, owned
         if self._downstream is not None:
             self._downstream.offer.remote(version, owned)
@@ -337,6 +489,7 @@ class ParameterService:
         node_ids: list[str],
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         fetch_timeout: float = FETCH_TIMEOUT_S,
+        dtype: torch.dtype | str | None = None,
     ) -> None:
         if not relays or len(relays) != len(node_ids):
             raise ValueError(
@@ -347,6 +500,7 @@ class ParameterService:
         self.node_ids = node_ids
         self.bucket_bytes = bucket_bytes
         self.fetch_timeout = fetch_timeout
+        self.dtype = wire_dtype(dtype)
         self._reset_publisher()
 
     def _reset_publisher(self) -> None:
@@ -364,6 +518,7 @@ class ParameterService:
             "node_ids": self.node_ids,
             "bucket_bytes": self.bucket_bytes,
             "fetch_timeout": self.fetch_timeout,
+            "dtype": self.dtype,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -376,12 +531,17 @@ class ParameterService:
         relays: int = 1,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         first_at: Any = None,
+        dtype: torch.dtype | str | None = None,
     ) -> ParameterService:
         """Start a chain of ``relays`` relay actors (0 CPUs each), spread over the nodes.
 
         ``first_at``: a Ray scheduling strategy for relay 0 (the flow pins it to its own
         node, so losing a worker node never takes the published version with it).
+        ``dtype``: the rollout engines' dtype (a name of ``WIRE_DTYPES`` or a torch dtype):
+        floating-point tensors travel in it, cast while they are copied into the staging
+        buffers. None sends every tensor in its own dtype.
         """
+        wire = wire_dtype(dtype)
         if relays < 1:
             raise ValueError(f"relays must be at least 1, got {relays}")
         if bucket_bytes < 1:
@@ -401,7 +561,7 @@ class ParameterService:
             raise ParameterError(
                 f"{relays} parameter relay(s) did not start within {START_TIMEOUT_S:g} s: {err}"
             ) from err
-        return cls(handles, node_ids, bucket_bytes)
+        return cls(handles, node_ids, bucket_bytes, dtype=wire)
 
     # -- trainer side ----------------------------------------------------------------------
 
@@ -429,8 +589,8 @@ class ParameterService:
                 self._settle(slot)
         self.wait_snapshot()
         slot = self._free_slot()
-        if slot.snapshot is None or slot.snapshot.key != _layout_key(state):
-            slot.snapshot = _Snapshot(state, self.bucket_bytes)
+        if slot.snapshot is None or slot.snapshot.key != _layout_key(state, self.dtype):
+            slot.snapshot = _Snapshot(state, self.bucket_bytes, self.dtype)
         if self._snapshot_thread is None or self._handover_thread is None:
             self._snapshot_thread = ThreadPoolExecutor(1, thread_name_prefix="param-snapshot")
             self._handover_thread = ThreadPoolExecutor(1, thread_name_prefix="param-handover")
@@ -513,26 +673,39 @@ class ParameterService:
         return oldest
 
     def _hand_over(self, version: int, copied: Future[None], buckets: list[Parts]) -> None:
-        """Once the snapshot is copied, put its buckets into the object store, offer, wait.
+        """Once the snapshot is copied, hand its buckets to relay 0 one by one, then commit.
 
         Runs in the hand-over thread, one version after another, so relay 0 is offered the
         versions in order. The snapshot thread always finishes a copy, so the wait for it
-        has no timeout; a failed copy fails the hand-over with the same error. ``ray.put``
-        has copied a bucket into the object store when it returns, so the staging buffer
-        is free once the puts are done; its slot stays busy until relay 0 has taken the
-        version, which bounds the object-store copies that relay 0 has not taken to one.
+        has no timeout; a failed copy fails the hand-over with the same error. Bucket i+1
+        is put into the object store while relay 0 copies bucket i, and each is dropped once
+        relay 0 has its own copy: at most two of this process's buckets are in the store.
+        ``ray.put`` has copied a bucket when it returns, so the staging buffer is free once
+        the puts are done; its slot stays busy until relay 0 has committed the version.
         """
         copied.result()  # re-raises the snapshot's ParameterError
+        relay = self.relays[0]
+        pending: ray.ObjectRef | None = None
+        for index, parts in enumerate(buckets):
+            try:
+                ref = ray.put(parts)
+            except RayError as err:
+                raise ParameterError(
+                    f"putting version {version} into the object store: {err}"
+                ) from err
+            if pending is not None and not self._relay_answer(version, pending):
+                return  # relay 0 already holds a version as new
+            # The pending call keeps the bucket alive until relay 0 has it; the ref must
+            # not outlive it in this frame, which a failure's traceback keeps until settled.
+            pending = relay.take.remote(version, index, ref)
+            del ref
+        if pending is not None and not self._relay_answer(version, pending):
+            return
+        self._relay_answer(version, relay.commit.remote(version, len(buckets)))
+
+    def _relay_answer(self, version: int, answer: ray.ObjectRef) -> bool:
         try:
-            refs = [ray.put(parts) for parts in buckets]
-        except RayError as err:
-            raise ParameterError(f"putting version {version} into the object store: {err}") from err
-        taken: ray.ObjectRef = self.relays[0].offer.remote(version, refs)
-        # The pending offer keeps the buckets alive until relay 0 has them; the refs must
-        # not outlive it in this frame, which a failure's traceback keeps until settled.
-        del refs
-        try:
-            _get(taken, self.fetch_timeout)
+            return bool(_get(answer, self.fetch_timeout))
         except GetTimeoutError as err:
             raise ParameterError(
                 f"relay 0 has not taken version {version} after {self.fetch_timeout:g} s; "
@@ -556,9 +729,15 @@ class ParameterService:
         here = ray.get_runtime_context().get_node_id()
         return self.node_ids.index(here) if here in self.node_ids else 0
 
-    def pull_blobs(self, after: int, timeout: float = 30.0) -> tuple[int, list[bytes]] | None:
-        """The newest version if newer than ``after``, as safetensors blobs; else None."""
+    def pull(self, after: int, timeout: float = 30.0) -> Weights | None:
+        """The newest version if newer than ``after``, to read lazily; else None."""
         return self.collect(self.ask(after), timeout)
+
+    def pull_blobs(self, after: int, timeout: float = 30.0) -> tuple[int, list[bytes]] | None:
+        """The newest version if newer than ``after``, as safetensors blobs (a copy of every
+        bucket: for tools and tests; a puller loads with ``pull``); else None."""
+        found = self.pull(after, timeout)
+        return None if found is None else (found.version, found.blobs())
 
     def ask(self, after: int) -> PendingPull:
         """Ask the nearest relay (on this node, else relay 0) for a version newer than
@@ -567,9 +746,11 @@ class ParameterService:
         index = self._nearest()
         return PendingPull(index, after, self.relays[index].latest.remote(after))
 
-    def collect(self, asked: PendingPull, timeout: float = 30.0) -> tuple[int, list[bytes]] | None:
-        """The answer to ``asked``: the newer version's blobs, or None; waits up to
-        ``timeout`` for the answer and the blobs together."""
+    def collect(self, asked: PendingPull, timeout: float = 30.0) -> Weights | None:
+        """The answer to ``asked``: the newer version, or None. Waits up to ``timeout`` for
+        the answer and for every bucket to be in this node's object store (not in this
+        process: ``Weights`` reads them as it is iterated), so a load that starts does not
+        stop halfway for a lost or slow bucket."""
         deadline = time.monotonic() + timeout
         what = f"parameter pull of a version newer than {asked.after}"
         try:
@@ -578,10 +759,13 @@ class ParameterService:
                 return None
             version, refs = found
             what = f"parameter pull of version {version}"
-            buckets = _get(refs, max(deadline - time.monotonic(), 0.0))
+            left = max(deadline - time.monotonic(), 0.0)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=left) if refs else ([], [])
+            if len(ready) < len(refs):
+                raise GetTimeoutError(f"{len(refs) - len(ready)} of {len(refs)} buckets missing")
         except (GetTimeoutError, RayActorError, ObjectLostError) as err:
             raise _ray_failure(err, what, asked.relay, timeout) from err
-        return version, [b"".join(parts) for parts in buckets]
+        return Weights(version, refs, asked.relay, timeout)
 
     def shutdown(self) -> None:
         """Kill the relays; their versions are freed with them, and pending hand-overs fail."""

@@ -17,6 +17,7 @@ from sluice.storage.params import (
     MAX_IN_FLIGHT,
     ParameterError,
     ParameterService,
+    Weights,
     from_buckets,
 )
 
@@ -36,6 +37,15 @@ def _state(seed: int, megabytes: int = 2) -> dict[str, torch.Tensor]:
     state["step"] = torch.tensor(seed, dtype=torch.int64)  # 0-dim
     state["mask"] = torch.rand(5, generator=gen) > 0.5
     state["empty"] = torch.zeros(0, 3)
+    return state
+
+
+def _loaded(weights: Weights) -> dict[str, torch.Tensor]:
+    """What an engine does with a pulled version: read it once, copying each tensor."""
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in weights:
+        assert name not in state, name
+        state[name] = tensor.clone()
     return state
 
 
@@ -72,8 +82,8 @@ class _Worker:
     def pull(
         self, service: ParameterService, after: int, timeout: float
     ) -> tuple[int, dict[str, torch.Tensor]] | None:
-        found = service.pull_blobs(after, timeout=timeout)
-        return None if found is None else (found[0], from_buckets(found[1]))
+        found = service.pull(after, timeout=timeout)
+        return None if found is None else (found.version, _loaded(found))
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +167,8 @@ def test_an_ask_is_answered_while_the_puller_goes_on(service):
     asked = service.ask(-1)  # returns at once; the relay answers in the background
     _wait_until(asked.answered, "relay 0 answering")
     found = service.collect(asked, timeout=10.0)
-    assert found is not None and found[0] == 3
-    _assert_same(from_buckets(found[1]), _state(3))
+    assert found is not None and found.version == 3
+    _assert_same(_loaded(found), _state(3))
     assert service.collect(service.ask(3), timeout=10.0) is None
 
 
@@ -238,6 +248,92 @@ def test_the_handle_a_worker_gets_carries_no_staging_buffers(service):
     service.flush(timeout=30)
 
 
+# -- streaming pulls, wire dtype, release --------------------------------------------------
+
+
+@ray.remote(num_cpus=0)
+def _never(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_pull_yields_views_of_the_object_store_bucket_by_bucket_in_name_order(service):
+    state = _state(4, megabytes=4)
+    service.publish(4, state)
+    service.flush(timeout=30)
+    weights = service.pull(3, timeout=10)
+    assert weights is not None and weights.version == 4 and len(weights.refs) > 2
+    # The buckets' arrays as Ray maps them into this process (read-only: the object store).
+    arrays = [parts[1] for parts in ray.get(weights.refs, timeout=10)]
+    assert not any(a.flags.writeable for a in arrays)
+    spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in arrays]
+    names, buckets = [], []
+    for name, tensor in weights:
+        names.append(name)
+        start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes
+        inside = [i for i, (lo, hi) in enumerate(spans) if lo <= start and end <= hi]
+        if tensor.nbytes:
+            assert len(inside) == 1, f"{name} is not a view of a bucket in the object store"
+            buckets.append(inside[0])
+        assert torch.equal(tensor, state[name]), name
+    assert names == sorted(state)
+    assert buckets == sorted(buckets) and set(buckets) == set(range(len(arrays)))
+
+
+def test_a_pull_reads_a_bucket_only_when_the_loader_reaches_it(service):
+    service.publish(1, _state(1))
+    service.flush(timeout=30)
+    weights = service.pull(0, timeout=10)
+    assert weights is not None
+    first = sorted(name for name, _ in Weights(1, weights.refs[:1], 0, 10.0))
+    # The second bucket never arrives: the first one's tensors come out before that shows.
+    stalled = Weights(1, [weights.refs[0], _never.remote(60)], 0, 0.5)
+    read = []
+    with pytest.raises(ParameterError, match="bucket 1 of version 1 from relay 0 timed out"):
+        for name, _ in stalled:
+            read.append(name)
+    assert read == first
+
+
+def test_floating_point_tensors_travel_in_the_wire_dtype(ray_local, worker):
+    with pytest.raises(ValueError, match="'float8' is not one of"):
+        ParameterService.create(dtype="float8")
+    service = ParameterService.create(relays=1, bucket_bytes=MB, dtype="bfloat16")
+    try:
+        # The trainer's handle (pickled into its actor) publishes in the wire dtype too.
+        trainer = _Trainer.remote(service)  # type: ignore[attr-defined]
+        ray.get(trainer.publish.remote(1, 5), timeout=30)
+        _wait_until(lambda: service.latest_version() == 1, "relay 0 taking version 1")
+        version, pulled = ray.get(worker.pull.remote(service, 0, 10.0), timeout=30)
+        found = service.pull(0, timeout=10)
+        assert found is not None
+        wire = sum(memoryview(parts[1]).nbytes for parts in ray.get(found.refs, timeout=10))
+        ray.kill(trainer)
+    finally:
+        service.shutdown()
+    state = _state(5)
+    want = {n: t.to(torch.bfloat16) if t.is_floating_point() else t for n, t in state.items()}
+    assert version == 1
+    _assert_same(pulled, want)
+    assert (
+        wire == sum(t.nbytes for t in want.values()) < 0.6 * sum(t.nbytes for t in state.values())
+    )
+
+
+def test_a_version_stays_while_a_puller_holds_it_and_goes_once_it_is_dropped(service):
+    state = _state(0, megabytes=4)
+    size = sum(t.nbytes for t in state.values())
+    before = _plasma_bytes()
+    service.publish(1, state)
+    service.flush(timeout=30)
+    held = service.pull(0, timeout=10)
+    service.publish(2, state)
+    service.flush(timeout=30)
+    time.sleep(0.5)  # freeing is asynchronous: give it the chance to (wrongly) happen
+    assert _plasma_bytes() - before > 1.9 * size  # version 1 is still held by the puller
+    del held
+    _wait_until(lambda: _plasma_bytes() - before < 1.1 * size, "version 1 being freed")
+
+
 # -- the hand-over thread ------------------------------------------------------------------
 
 
@@ -249,6 +345,7 @@ class _RecordingRelay:
         self._gate = threading.Event()
         if not gated:
             self._gate.set()
+        self._staged: dict[int, dict[int, bytes]] = {}
         self._taken: dict[int, list[bytes]] = {}
 
     def node_id(self) -> str:
@@ -257,9 +354,15 @@ class _RecordingRelay:
     def open(self) -> None:
         self._gate.set()
 
-    def offer(self, version: int, refs: list[ray.ObjectRef]) -> bool:
+    def take(self, version: int, index: int, parts: list[Any]) -> bool:
         self._gate.wait()
-        self._taken[version] = [b"".join(parts) for parts in ray.get(refs, timeout=30)]
+        self._staged.setdefault(version, {})[index] = b"".join(parts)
+        return True
+
+    def commit(self, version: int, count: int) -> bool:
+        staged = self._staged.pop(version)
+        assert sorted(staged) == list(range(count))
+        self._taken[version] = [staged[i] for i in range(count)]
         return True
 
     def taken(self) -> dict[int, list[bytes]]:
@@ -459,10 +562,13 @@ class _FakeRelay:
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def offer(self, version: int, refs: list[ray.ObjectRef]) -> bool:
+    def take(self, version: int, index: int, parts: list[Any]) -> bool:
         if self._hang:
             time.sleep(600)
         raise RuntimeError(f"cannot fetch version {version}")
+
+    def commit(self, version: int, count: int) -> bool:
+        raise AssertionError("no bucket was taken")
 
     def latest(self, after: int) -> None:
         time.sleep(600)

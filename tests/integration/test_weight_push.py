@@ -34,11 +34,17 @@ def _max_gap(a: list[list[float]], b: list[list[float]]) -> float:
     )
 
 
-def test_weight_push_matches_trainer_logprobs(ray_local, tiny_policy):
+# vLLM in bfloat16 against the float32 trainer differs by up to ~0.015 in a log-prob on
+# this policy (docs: ENVIRONMENT.md, bf16); in float32 by under 1e-6.
+@pytest.mark.parametrize(
+    "dtype, tolerance", [("float32", 1e-4), ("bfloat16", 0.05)], ids=["float32", "bfloat16"]
+)
+def test_weight_push_matches_trainer_logprobs(ray_local, tiny_policy, dtype, tolerance):
     ray = ray_local
-    params = ParameterService.create(relays=1, bucket_bytes=256 << 10)
+    # The weights travel in the engine's dtype: the cast happens in the trainer's snapshot.
+    params = ParameterService.create(relays=1, bucket_bytes=256 << 10, dtype=dtype)
     (worker,) = launch_rollout_workers(
-        RolloutConfig(kv_cache_gib=0.25),
+        RolloutConfig(kv_cache_gib=0.25, dtype=dtype),
         str(tiny_policy),
         max_model_len=128,
         seed=0,
@@ -56,18 +62,20 @@ def test_weight_push_matches_trainer_logprobs(ray_local, tiny_policy):
     groups = ray.get(worker.generate(PROMPTS, 2, 8, 1.0, 0))
     before = _samples(prompt_ids, groups, [1.0, -1.0, 1.0, -1.0])
     # The same weights on both sides: vLLM's behaviour log-probs equal the trainer's.
-    assert _max_gap([s.behaviour_logprobs for s in before], trainer.logprobs(before)) < 1e-4
+    assert _max_gap([s.behaviour_logprobs for s in before], trainer.logprobs(before)) < tolerance
 
-    trainer.step(before)
-    assert trainer.version() == 1
-    # The step moved the trainer's log-probs away from what vLLM still serves.
-    assert _max_gap([s.behaviour_logprobs for s in before], trainer.logprobs(before)) > 1e-3
+    # Steps move the trainer's log-probs well away from what vLLM still serves.
+    while (
+        _max_gap([s.behaviour_logprobs for s in before], trainer.logprobs(before)) < 4 * tolerance
+    ):
+        assert trainer.version() < 10, "ten steps did not move the policy"
+        trainer.step(before)
 
     params.publish(trainer.version(), trainer.state())
-    assert ray.get(worker.sync_weights(1, 60.0)) == 1
+    assert ray.get(worker.sync_weights(trainer.version(), 60.0)) == trainer.version()
     groups = ray.get(worker.generate(PROMPTS, 2, 8, 1.0, 1))
     after = _samples(prompt_ids, groups, [0.0] * 4)
     gap = _max_gap([s.behaviour_logprobs for s in after], trainer.logprobs(after))
-    assert gap < 1e-4, f"vLLM and trainer log-probs differ by {gap:.2e} after the push"
+    assert gap < tolerance, f"vLLM and trainer log-probs differ by {gap:.2e} after the push"
     ray.kill(worker.handle)
     params.shutdown()
