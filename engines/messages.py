@@ -54,6 +54,10 @@ class BatchShard:
     seed: int
     tag: str  # sample ids are <prompt id>@<tag>/<j>
     scale_by_std: bool
+    # The policy version the batch is generated with: a worker holding an older one (Ray
+    # restarted it) loads it first, waiting up to pull_timeout_s for the relay.
+    version: int = 0
+    pull_timeout_s: float = 120.0
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,8 @@ class RolloutWorker:
 
     def rollout(self, problems: list[Problem], shard: BatchShard) -> RolloutStats:
         """Generate, score and put one shard of a batch (``sync``, ``one_step``)."""
+        if self.engine.version() < shard.version:  # restarted since the last weight sync
+            self.sync_weights(shard.version, shard.pull_timeout_s)
         prompts = [p.prompt for p in problems]
         groups = self.engine.generate(
             prompts, shard.n, shard.max_new_tokens, shard.temperature, shard.seed

@@ -237,12 +237,24 @@ def submit(
     seed: int,
     scale_by_std: bool,
     tag: str = "",
+    version: int = 0,
+    pull_timeout_s: float = 120.0,
 ) -> PendingRollout:
     """Spread the problems over the workers and start generating; returns at once.
 
     ``seed`` also tags the sample ids, so a prompt that comes round again gets new ones.
+    ``version``: the policy version to generate with (a restarted worker loads it first).
     """
-    shard = BatchShard(n, max_new_tokens, temperature, seed, f"{tag}r{seed}", scale_by_std)
+    shard = BatchShard(
+        n,
+        max_new_tokens,
+        temperature,
+        seed,
+        f"{tag}r{seed}",
+        scale_by_std,
+        version,
+        pull_timeout_s,
+    )
     calls = [
         ShardCall(w, [problems[i] for i in part], shard)
         for w, part in enumerate(_shards(problems, len(workers)))
@@ -274,9 +286,9 @@ def evaluate(
 ) -> float:
     """Held-out accuracy with greedy decoding (completions come back here, not to the store).
 
-    A worker that dies meanwhile is left out (Ray restarts it, and the rollouts take it back
-    when it next fails to answer them): its prompts run again on the workers still there.
-    Fails only when none is left.
+    A worker that dies meanwhile is left out (Ray restarts it; the next call the rollouts
+    make to it waits for the new process): its prompts run again on the workers still
+    there. Fails only when none is left.
     """
     live, left, correct = list(workers), list(range(len(problems))), 0
     while left:
@@ -351,6 +363,9 @@ class BatchRollouts:
             seed=self.cfg.seed * 1_000_003 + step,
             scale_by_std=self.cfg.train.scale_adv_by_std,
             tag=self.tag,
+            # sync: the version of the step before; one_step: one more behind
+            version=max(0, step - 1 - int(self.overlap)),
+            pull_timeout_s=self.cfg.weights.pull_timeout_s,
         )
 
     def start(self) -> None:

@@ -197,7 +197,8 @@ class Session:
 
     def synced(self, workers: list[RolloutWorkerClient]) -> list[RolloutWorkerClient]:
         """``workers`` after each loaded the trainer's version, less any that died doing so
-        (Ray restarts it; the rollouts take it back when it next fails to answer them)."""
+        (Ray restarts it; the next call the rollouts make to it waits for the new process,
+        which pulls the newest weights before it generates)."""
         timeout = self.cfg.weights.pull_timeout_s
         refs = [w.sync_weights(self.step, timeout) for w in workers]
         loaded = []

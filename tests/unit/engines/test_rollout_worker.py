@@ -4,9 +4,15 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-from sluice.engines.messages import GroupDone, PartialGroup, PartialSample, StreamSettings
+from sluice.engines.messages import (
+    BatchShard,
+    GroupDone,
+    PartialGroup,
+    PartialSample,
+    StreamSettings,
+)
 from sluice.engines.protocols import Completion
-from sluice.engines.rollout_worker import _as_reported, _Stream, scored_block
+from sluice.engines.rollout_worker import RolloutWorker, _as_reported, _Stream, scored_block
 from sluice.rl.config import EnvConfig
 from sluice.storage.schema import validate_batch
 from sluice.tasks.environment import make_environment
@@ -108,3 +114,52 @@ def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
     store.answered = 2
     stream.report()
     assert source.reported == [[], ["g0"], ["g1"]]
+
+
+class _Engine:
+    """Holds a weight version, generates one fixed completion per sample."""
+
+    def __init__(self) -> None:
+        self.loaded: list[int] = []
+        self._version = 0
+
+    def version(self) -> int:
+        return self._version
+
+    def load_weights(self, weights, version: int) -> None:
+        self.loaded.append(version)
+        self._version = version
+
+    def prompt_ids(self, prompts):
+        return [[1, 2] for _ in prompts]
+
+    def generate(self, prompts, n, max_new_tokens, temperature, seed):
+        return [[Completion([5], [-0.5], "", True) for _ in range(n)] for _ in prompts]
+
+
+class _Relay:
+    def pull(self, after: int, timeout: float):
+        return SimpleNamespace(version=3) if after < 3 else None
+
+
+class _Puts:
+    def __init__(self) -> None:
+        self.blocks: list[pa.RecordBatch] = []
+
+    def put(self, block) -> int:
+        self.blocks.append(block)
+        return len(self.blocks)
+
+
+def test_a_restarted_worker_loads_the_batchs_version_before_it_generates():
+    """Ray restarted the worker after the flow's last weight sync: it starts from the
+    policy folder (version 0), and a batch of version 3 must not be generated with that."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    puts, engine = _Puts(), _Engine()
+    worker = RolloutWorker(lambda: engine, env, puts, _Relay())
+    shard = BatchShard(2, 4, 1.0, 0, "t", False, version=3, pull_timeout_s=5.0)
+    worker.rollout(env.problems("train", 1, seed=0), shard)
+    assert engine.loaded == [3]
+    assert puts.blocks[0].column("token_versions").to_pylist() == [[3], [3]]
+    worker.rollout(env.problems("train", 1, seed=1), shard)
+    assert engine.loaded == [3]  # nothing to load the second time
