@@ -26,7 +26,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from sluice.engines.cluster import child_env, gpus_each, on_driver_node
+from sluice.engines.cluster import child_env, gpus_each, on_driver_node, pool_dtype
 from sluice.engines.dispatcher import launch_dispatcher
 from sluice.engines.placement import wait_placed
 from sluice.engines.rollout_worker import RolloutWorkerClient, launch_rollout_workers
@@ -296,6 +296,8 @@ class Session:
             relays=cfg.weights.relays,
             bucket_bytes=cfg.weights.bucket_mib << 20,
             first_at=here,
+            # weights travel in the dtype vLLM runs in
+            dtype=pool_dtype(cfg.rollout.dtype, gpus_each(cfg.rollout.gpus_per_worker)),
         )
         self.trainer: TrainerClient = launch_trainer(
             cfg.train, self.policy_dir, cfg.seed, params, env_vars
