@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sluice.rl.batching import Sample
+from sluice.storage.params import NamedTensors
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,10 @@ class RolloutEngine(Protocol):
         """The token ids the engine feeds the model for each prompt (BOS included)."""
         ...
 
-    def load_weights(self, safetensors_blobs: list[bytes], version: int) -> None:
-        """Replace the live model's weights (every tensor, in one or more safetensors
-        buckets); later generations use them."""
+    def load_weights(self, weights: NamedTensors | list[bytes], version: int) -> None:
+        """Replace the live model's weights with ``weights``: ``(name, tensor)`` pairs (a
+        pulled ``storage.params.Weights`` reads them lazily, bucket by bucket), or
+        safetensors files in memory; later generations use them."""
         ...
 
     def version(self) -> int:
