@@ -113,7 +113,12 @@ def init_process_group() -> None:
             WORLD_SIZE="1",
             LOCAL_RANK="0",
         )
-    deepspeed.init_distributed(dist_backend="gloo")  # gloo: the CPU backend in torch
+    deepspeed.init_distributed(dist_backend=backend())
+
+
+def backend() -> str:
+    """NCCL between GPUs, gloo (torch's CPU backend) without them."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 class DeepSpeedTrainer(PolicyTrainer):
@@ -153,7 +158,7 @@ class DeepSpeedTrainer(PolicyTrainer):
         # ZeRO-2/3 reduce gradients inside backward, a collective: every rank must run as
         # many backward passes, so a rank short of micro-batches runs one that adds nothing.
         for _ in range(math.ceil(len(parts) / self._world) - len(mine)):
-            self._engine.backward(self._forward(parts[0])[0].sum() * 0.0)
+            self._engine.backward(self._forward(parts[0].to(self.device))[0].sum() * 0.0)
         if self._world > 1:
             sums = self._reduce(sums)
         lr = float(self._engine.get_lr()[0])
@@ -165,12 +170,12 @@ class DeepSpeedTrainer(PolicyTrainer):
         self._version += 1
         return sums.metrics(grad_norm, lr, float(total_tokens))
 
-    @staticmethod
-    def _reduce(step: StepSums) -> StepSums:
-        """Every rank's sums added up, the largest weight over all ranks."""
-        sums = torch.tensor(list(step.sums.values()), dtype=torch.float64)
+    def _reduce(self, step: StepSums) -> StepSums:
+        """Every rank's sums added up, the largest weight over all ranks (the tensors on the
+        trainer's device: NCCL reduces only CUDA tensors)."""
+        sums = torch.tensor(list(step.sums.values()), dtype=torch.float64, device=self.device)
         dist.all_reduce(sums)
-        top = torch.tensor([step.weight_max], dtype=torch.float64)
+        top = torch.tensor([step.weight_max], dtype=torch.float64, device=self.device)
         dist.all_reduce(top, op=dist.ReduceOp.MAX)
         return StepSums(dict(zip(step.sums, sums.tolist(), strict=True)), float(top))
 
@@ -181,12 +186,19 @@ class DeepSpeedTrainer(PolicyTrainer):
             return gathered_weights(self.model)
         return super().state()
 
+    def cpu_state(self) -> dict[str, torch.Tensor]:
+        """The full weights as CPU tensors; at stage 3 gathered module by module straight to
+        the CPU, so the device never holds more than one module's full weights."""
+        if self._zero_stage == 3:
+            return gathered_weights(self.model)
+        return super().cpu_state()
+
     def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
         """Weights, AdamW state (gathered, in the torch engine's layout) and this rank's RNG
         as named files, plus the counters to restore. Collective; rank 0 writes them."""
         optimizer = gather_adamw_state(self.model, self._zero)
         files = {
-            MODEL_FILE: tensors_to_bytes(self.state()),
+            MODEL_FILE: tensors_to_bytes(self.cpu_state()),
             **state_to_files(optimizer, OPTIMIZER_JSON, OPTIMIZER_TENSORS),
             **rng_state_files(),
         }

@@ -61,7 +61,7 @@ class TorchTrainer(PolicyTrainer):
     def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
         """Model, optimiser and RNG state as named files, plus the counters to restore."""
         files = {
-            MODEL_FILE: tensors_to_bytes(self.state()),
+            MODEL_FILE: tensors_to_bytes(self.cpu_state()),
             **optimizer_to_files(self._optimizer),
             **rng_state_files(),
         }

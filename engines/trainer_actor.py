@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+import torch
 from ray import ObjectRef
 
 from sluice.engines.cluster import gpus_each, pool_dtype, thread_env
@@ -53,6 +54,8 @@ def build_engine(
         "threads": train.threads,
         "seed": seed,
         "before_update": before_update,
+        # launch_trainer resolves "auto"; here for a trainer built another way
+        "dtype": pool_dtype(train.dtype, float(torch.cuda.is_available())),
     }
     if train.engine == "deepspeed":
         from sluice.engines.deepspeed_trainer import DeepSpeedTrainer  # only runs that use it

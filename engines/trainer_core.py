@@ -46,6 +46,14 @@ SUM_METRICS = (
     "logprob_mismatch",
 )
 NO_TOKEN_LIMIT = 1 << 62  # micro_batch_tokens when the config sets no limit
+# train.dtype -> the autocast dtype of the forward passes (None: plain float32).
+AUTOCAST: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+def default_device() -> str:
+    """The trainer's device: the GPU Ray gave this actor (it sets CUDA_VISIBLE_DEVICES, so
+    it is ``cuda:0`` here), else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @dataclass(frozen=True)
@@ -106,13 +114,21 @@ class PolicyTrainer(ABC):
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
         before_update: Callable[[], object] | None = None,
+        dtype: str = "float32",
+        device: str | None = None,
     ) -> None:
         if loss not in LOSS_NAMES:
             raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSS_NAMES)}")
+        if dtype not in AUTOCAST:
+            raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(AUTOCAST)}")
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
         self._model_dir = Path(model_dir)
+        self.device = torch.device(device or default_device())
+        # Master weights stay float32; bfloat16 runs the forward passes in autocast.
+        self._autocast = AUTOCAST[dtype]
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.to(self.device)
         self.model.train()
         self._pad_id = int(self.model.config.pad_token_id or 0)
         self.optimisation = Optimisation(
@@ -156,8 +172,12 @@ class PolicyTrainer(ABC):
         return self._pad_id
 
     def _forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self._network(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        logits = out.logits[:, :-1]
+        """Log-probs of the targets (float32) and the logits, on the trainer's device."""
+        with torch.autocast(
+            self.device.type, dtype=self._autocast or torch.float32, enabled=bool(self._autocast)
+        ):
+            out = self._network(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        logits = out.logits[:, :-1].float()
         return token_logprobs(logits, batch.targets), logits
 
     def step(self, samples: list[Sample]) -> dict[str, float]:
@@ -175,6 +195,7 @@ class PolicyTrainer(ABC):
         step = StepSums()
         sums = step.sums
         for part in parts:
+            part = part.to(self.device)
             logprobs, logits = self._forward(part)
             # The proximal policy is this trainer's before the update. One optimiser step per
             # batch means every micro-batch sees those weights, so it is this very forward pass,
@@ -218,23 +239,30 @@ class PolicyTrainer(ABC):
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[list[float]]:
         """The current policy's log-prob of each response token (for checks and tests)."""
-        batch = collate(samples, self._pad_id)
+        batch = collate(samples, self._pad_id).to(self.device)
         logprobs, _ = self._forward(batch)
         return [logprobs[i][batch.mask[i].bool()].tolist() for i in range(len(batch))]
 
     def state(self) -> dict[str, torch.Tensor]:
-        """The live weights by name (not copies: publish or save before the next step)."""
+        """The live weights by name, on the trainer's device (not copies: publish or save
+        before the next step). The parameter service copies them tensor by tensor into its
+        CPU staging buffers, so publishing from a GPU makes no device-side copy."""
         return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
 
+    def cpu_state(self) -> dict[str, torch.Tensor]:
+        """The weights as CPU tensors, copied one tensor at a time (never a whole-model
+        clone on the device); on a CPU trainer, copies of the live tensors."""
+        return {k: v.to("cpu", copy=True) for k, v in self.state().items()}
+
     def weights(self) -> bytes:
-        return tensors_to_bytes(self.state())
+        return tensors_to_bytes(self.cpu_state())
 
     def save(self, folder: str) -> None:
         """Write the current policy as a model folder (safetensors + tokenizer files)."""
         out = Path(folder)
         # Copies: an engine may hold its weights as views of one flat buffer, which
         # save_pretrained would take for tied tensors.
-        weights = {k: v.clone() for k, v in self.state().items()}
+        weights = self.cpu_state()
         self.model.save_pretrained(out, state_dict=weights, safe_serialization=True)
         for name in TOKENIZER_FILES:
             if (self._model_dir / name).is_file():

@@ -21,9 +21,23 @@ ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def gathered_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Copies of the full weights by name; under ZeRO-3 each is gathered from its shards."""
-    with GatheredParameters(list(model.parameters())):  # no-op below stage 3
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """CPU copies of the full weights by name (``state_dict``'s keys). Under ZeRO-3 they are
+    gathered one module at a time, each copied to the CPU before the next is gathered, so
+    the device holds one module's full weights at most, never the whole model's."""
+    keys = set(model.state_dict())
+    out: dict[str, torch.Tensor] = {}
+    for prefix, module in model.named_modules():
+        own = list(module.parameters(recurse=False))
+        with GatheredParameters(own):  # no-op below stage 3, or for a module without any
+            tensors = [
+                *module.named_parameters(recurse=False, remove_duplicate=False),
+                *module.named_buffers(recurse=False, remove_duplicate=False),
+            ]
+            for name, tensor in tensors:
+                key = f"{prefix}.{name}" if prefix else name
+                if key in keys and key not in out:
+                    out[key] = tensor.detach().to("cpu", copy=True)
+    return {key: out[key] for key in model.state_dict()}
 
 
 def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
@@ -52,7 +66,10 @@ def gather_adamw_state(model: torch.nn.Module, zero_optimizer: Any) -> dict[str,
     state: dict[int, dict[str, torch.Tensor]] = {}
     if steps:  # AdamW creates its state at the first step
         for index, param in enumerate(params):
-            moments = {k: safe_get_full_optimizer_state(param, k).clone() for k in ADAM_MOMENTS}
+            moments = {  # each moment to the CPU as it is gathered
+                k: safe_get_full_optimizer_state(param, k).to("cpu", copy=True)
+                for k in ADAM_MOMENTS
+            }
             state[index] = {"step": steps[0].detach().clone(), **moments}
     return {"state": state, "param_groups": [group]}
 

@@ -39,6 +39,17 @@ class TrainBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """The same batch on ``device`` (tensors already there are not copied)."""
+        return TrainBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.targets.to(device),
+            self.mask.to(device),
+            self.old_logprobs.to(device),
+            self.advantages.to(device),
+        )
+
     def rows(self, index: torch.Tensor) -> TrainBatch:
         """The rows ``index``, with columns past their longest sequence cut off."""
         width = int(self.attention_mask[index].sum(dim=1).max())

@@ -106,7 +106,9 @@ def _byte_tensor(state: torch.Tensor) -> torch.Tensor:
 
 
 def rng_state_files() -> dict[str, bytes]:
-    """Python, NumPy (legacy global) and torch (CPU, and CUDA when present) RNG states."""
+    """Python, NumPy (legacy global) and torch RNG states: the CPU's, and the current CUDA
+    device's when there is one (only the device this actor owns: reading every visible
+    device's state would open a CUDA context on each)."""
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     doc = {
@@ -121,8 +123,7 @@ def rng_state_files() -> dict[str, bytes]:
     }
     tensors = {"cpu": _byte_tensor(torch.get_rng_state())}
     if torch.cuda.is_available():
-        for index, state in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"cuda.{index}"] = _byte_tensor(state)
+        tensors["cuda"] = _byte_tensor(torch.cuda.get_rng_state())
     return {RNG_JSON: json.dumps(doc).encode(), RNG_TENSORS: tensors_to_bytes(tensors)}
 
 
@@ -136,7 +137,7 @@ def restore_rng(files: dict[str, bytes]) -> None:
     np.random.set_state((npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
     tensors = bytes_to_tensors(files[RNG_TENSORS])
     torch.set_rng_state(tensors["cpu"])
-    cuda_keys = sorted((k for k in tensors if k.startswith("cuda.")), key=lambda k: int(k[5:]))
-    cuda = [tensors[k] for k in cuda_keys]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+    # "cuda": the owning device's state; "cuda.0", ...: every device's (older checkpoints)
+    cuda = tensors.get("cuda", tensors.get("cuda.0"))
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)
