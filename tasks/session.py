@@ -150,11 +150,8 @@ class Session:
         actors = {"the trainer": self.trainer.handle, **dict(zip(names, handles, strict=True))}
         train_gpus, worker_gpus = gpus_each(cfg.train.gpus_per_rank), gpus_each(r.gpus_per_worker)
         asks = {
-            "the trainer": {"CPU": cfg.train.cpus, "GPU": train_gpus, **cfg.train.resources},
-            **{
-                name: {"CPU": r.cpus_per_worker, "GPU": worker_gpus, **r.resources}
-                for name in names
-            },
+            "the trainer": _ask(cfg.train.cpus, train_gpus, cfg.train.resources),
+            **{name: _ask(r.cpus_per_worker, worker_gpus, r.resources) for name in names},
         }
         need = self.schedule.min_workers
 
@@ -323,6 +320,11 @@ class Session:
         self.rollouts: Rollouts = self.schedule.rollouts(
             cfg, self.workers, prompts, self.wait, tag, dispatcher
         )
+
+
+def _ask(cpus: float, gpus: float, resources: dict[str, float]) -> dict[str, float]:
+    """What an actor asks Ray for, as the placement messages show it (GPUs when any)."""
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **resources}
 
 
 def latest_checkpoint(cfg: RunConfig) -> Checkpoint | None:
