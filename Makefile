@@ -9,7 +9,8 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines bench-micro-batch bench-weights infra-check ui-check simulate sim-profile docs
+  bench-quick bench-engines bench-micro-batch bench-weights infra-check ui-check simulate sim-profile docs \
+  setup-gpu test-gpu check-gpu-install
 
 setup:
 	@bash scripts/setup.sh
@@ -60,6 +61,22 @@ clean:
 # docs/configuration-reference.md, generated from rl/config.py (a unit test fails when it is stale).
 docs: setup
 	$(PY) -m sluice.rl.config_reference --write
+
+# GPU machines: .venv with PyPI's CUDA build of torch and vllm (scripts/setup-gpu.sh; it
+# converts a .venv that `make setup` built, downloading several GB). `make setup` and the
+# targets after it leave such a .venv as it is.
+setup-gpu:
+	@bash scripts/setup-gpu.sh
+
+# Every test marked `gpu`, in the .venv as it is (each skips without a CUDA device).
+test-gpu:
+	@[ -x $(PY) ] || { echo "test-gpu: no $(VENV): run make setup-gpu (or make setup)" >&2; exit 2; }
+	$(PYTEST) -m gpu
+
+# The GPU install's plan, checked against the package registry from this machine's CPU
+# .venv (marker `slow`: about a minute of `pip install --dry-run`).
+check-gpu-install: setup
+	$(PYTEST) tests/unit/test_gpu_install.py
 
 # Each writes its own section of BENCHMARKS.md (and the peer comparison its plots in
 # docs/images): 34 minutes measured on the quiet 2-core machine (data planes 3, the nine

