@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from sluice.engines.dispatcher import DispatcherClient
 from sluice.engines.messages import BatchShard, RolloutStats, StreamSettings
@@ -477,7 +477,13 @@ class StreamRollouts:
         return [w for i, w in enumerate(self.workers) if i not in self.restarting]
 
     def check(self) -> None:
-        """Restart the stream of a worker that died; raise any other worker error."""
+        """Restart the stream of a worker that died or whose stream failed.
+
+        A stream that raised counts as its worker's failure too: a node that goes away can
+        fail the call with the worker's own error (a broken connection to its raylet)
+        before Ray reports the actor dead. Its groups go back to the queue and the stream
+        starts again; each counts against ``rollout.max_restarts``, so an error that
+        repeats fails the run, named."""
         for i in sorted(self.restarting):
             if self.restarts.back(i):  # it pulls the newest weights before generating
                 self.restarting.discard(i)
@@ -488,12 +494,12 @@ class StreamRollouts:
         done, _ = ray.wait(live, num_returns=len(live), timeout=0)
         for ref in done:
             try:
-                ray.get(ref)  # a worker that stopped early raised: surface its error
-            except RayActorError as error:
+                ray.get(ref)  # a stream that ended early: its worker died or it raised
+            except (RayActorError, RayTaskError) as error:
                 i = self.refs.index(ref)
                 self._lost(i, error, "its {lost} unfinished groups go back to the queue")
 
-    def _lost(self, i: int, error: RayActorError, handed_back: str) -> None:
+    def _lost(self, i: int, error: RayActorError | RayTaskError, handed_back: str) -> None:
         """Worker ``i`` died: its groups go back to the queue and Ray restarts it. Counted
         once per death: ``check``, called while ``stop`` waits, can see the same one first.
         ``handed_back`` may name ``{lost}``, the number of groups requeued."""
@@ -575,7 +581,7 @@ class StreamRollouts:
                 continue  # `check` or the next `start` gives it a stream once it is back
             try:
                 self.wait(ref, "rollout workers to finish their running samples")
-            except RayActorError as error:  # nothing to hand back: no more work is given out
+            except (RayActorError, RayTaskError) as error:  # no more work is given out
                 self._lost(i, error, "no new work was being handed out")
         self.refs = []
 

@@ -205,3 +205,21 @@ def test_workers_not_placed_yet_join_later_like_restarted_ones() -> None:
     rollouts.placed({1})
     assert rollouts.restarting == {1}
     assert rollouts.live() == [rollouts.workers[0]]
+
+
+def test_a_stream_that_raised_counts_as_its_workers_failure(ray_local) -> None:
+    """A node that goes away can fail a stream with the worker's own error (a broken
+    connection to its raylet) before Ray reports the actor dead: handled as its loss."""
+    ray = ray_local
+
+    @ray.remote(num_cpus=0)
+    def broken() -> None:
+        raise OSError("connection to the raylet reset")
+
+    rollouts, dispatcher = _stream()
+    rollouts.refs = [ray.put(None), broken.remote()]
+    ray.wait(rollouts.refs, num_returns=2)
+    rollouts.check()
+    assert dispatcher.requeued == [1]
+    assert rollouts.restarts.counts == [0, 1]
+    assert rollouts.restarting == {1}
