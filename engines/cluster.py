@@ -145,6 +145,12 @@ def pool_dtype(dtype: str, gpus: float) -> str:
     return "bfloat16" if gpus else "float32"
 
 
+def visible_gpus() -> str:
+    """The GPUs this process sees (``CUDA_VISIBLE_DEVICES``, which Ray sets for an actor
+    holding GPUs), or ``cpu``."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu"
+
+
 def gpus_each(asked: float | None) -> float:
     """The GPUs an actor asks Ray for: ``asked``, or when unset 1 if the Ray cluster has
     GPUs and 0 if it has none (Ray then sets the actor's ``CUDA_VISIBLE_DEVICES``)."""

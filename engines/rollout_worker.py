@@ -35,7 +35,7 @@ import ray
 import torch
 from ray import ObjectRef
 
-from sluice.engines.cluster import gpus_each, pool_dtype, thread_env
+from sluice.engines.cluster import gpus_each, pool_dtype, thread_env, visible_gpus
 from sluice.engines.messages import (
     BatchShard,
     GroupDone,
@@ -179,8 +179,7 @@ class RolloutWorker:
         return os.getpid()
 
     def devices(self) -> str:
-        """The GPUs this actor sees (``CUDA_VISIBLE_DEVICES``, which Ray set), or ``cpu``."""
-        return os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu"
+        return visible_gpus()
 
     def generate(
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
@@ -284,7 +283,7 @@ class _Stream:
         # Reports of groups put but maybe not taken yet, by put number: a group is reported
         # done only once the store holds its rows. Reported sooner, a worker dying with the
         # put in flight would lose them unrecorded (the dispatcher no longer holds them).
-        self.in_flight: list[tuple[int, list[GroupDone]]] = []
+        self.unsettled: list[tuple[int, list[GroupDone]]] = []
         self.unsent_since = 0.0
         self.stopping = False
         self.newer: Weights | None = None  # pulled, not loaded yet
@@ -477,17 +476,17 @@ class _Stream:
         """Put the finished groups into the store as one block."""
         if self.unsent:
             number = self.store.put(pa.concat_batches(self.unsent))
-            self.in_flight.append((number, self.unsent_done))
+            self.unsettled.append((number, self.unsent_done))
             self.unsent, self.unsent_done = [], []
 
-    def settled(self) -> None:
+    def take_settled(self) -> None:
         """Move the reports of groups the store has taken to ``reports``."""
         self.store.settle_answered()
-        while self.in_flight and self.in_flight[0][0] <= self.store.settled:
-            self.reports.extend(self.in_flight.pop(0)[1])
+        while self.unsettled and self.unsettled[0][0] <= self.store.settled:
+            self.reports.extend(self.unsettled.pop(0)[1])
 
     def report(self) -> None:
-        self.settled()
+        self.take_settled()
         in_flight = sum(max(0.0, s.predicted - len(s.token_ids)) for s in self.running.values())
         counters = {
             **self.counters,
@@ -541,13 +540,15 @@ def launch_rollout_workers(
     params: ParameterService | None,
     env_vars: dict[str, str],
     count: int | None = None,
+    gpus: float | None = None,
 ) -> list[RolloutWorkerClient]:
     """``count`` (default ``rollout.workers``) actors, each asking for
     ``rollout.cpus_per_worker`` CPU slots, ``rollout.gpus_per_worker`` GPUs and the custom
     Ray ``rollout.resources``, so it lands only on a node that offers them; Ray restarts one
-    whose process dies, ``rollout.max_restarts`` times."""
+    whose process dies, ``rollout.max_restarts`` times. ``gpus``: the GPUs each asks for,
+    if the caller resolved them (``gpus_each``) already."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
-    gpus = gpus_each(r.gpus_per_worker)
+    gpus = gpus_each(r.gpus_per_worker) if gpus is None else gpus
     return [
         RolloutWorkerClient(
             RolloutWorkerActor.options(

@@ -21,10 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-import torch
 from ray import ObjectRef
 
-from sluice.engines.cluster import gpus_each, pool_dtype, thread_env
+from sluice.engines.cluster import gpus_each, pool_dtype, thread_env, visible_gpus
 from sluice.engines.trainer_core import PolicyTrainer
 from sluice.rl.config import TrainConfig
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
@@ -54,8 +53,7 @@ def build_engine(
         "threads": train.threads,
         "seed": seed,
         "before_update": before_update,
-        # launch_trainer resolves "auto"; here for a trainer built another way
-        "dtype": pool_dtype(train.dtype, float(torch.cuda.is_available())),
+        "dtype": train.dtype,  # resolved from "auto" by launch_trainer
     }
     if train.engine == "deepspeed":
         from sluice.engines.deepspeed_trainer import DeepSpeedTrainer  # only runs that use it
@@ -123,8 +121,7 @@ class Trainer:
         return os.getpid()
 
     def devices(self) -> str:
-        """The GPUs this actor sees (``CUDA_VISIBLE_DEVICES``, which Ray set), or ``cpu``."""
-        return os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu"
+        return visible_gpus()
 
 
 TrainerActor = ray.remote(Trainer)
@@ -163,10 +160,12 @@ def launch_trainer(
     seed: int,
     params: ParameterService,
     env_vars: dict[str, str],
+    gpus: float | None = None,
 ) -> TrainerClient:
     """The trainer actor, on a node that offers ``train.cpus``, ``train.gpus_per_rank``
-    and ``train.resources``."""
-    gpus = gpus_each(train.gpus_per_rank)
+    and ``train.resources``. ``gpus``: the GPUs it asks for, if the caller resolved them
+    (``gpus_each``) already."""
+    gpus = gpus_each(train.gpus_per_rank) if gpus is None else gpus
     train = train.model_copy(update={"dtype": pool_dtype(train.dtype, gpus)})
     handle = TrainerActor.options(
         num_cpus=train.cpus,

@@ -77,7 +77,6 @@ class VLLMRolloutEngine:
         args = engine_args(
             torch.cuda.is_available(), dtype, kv_cache_gib, enforce_eager, gpu_memory_utilization
         )
-        self.dtype = str(args["dtype"])
         self._llm = LLM(
             model=model_dir,
             seed=seed,

@@ -148,10 +148,9 @@ class Session:
         names = [f"rollout worker {i}" for i in range(len(self.workers))]
         handles = [w.handle for w in self.workers]
         actors = {"the trainer": self.trainer.handle, **dict(zip(names, handles, strict=True))}
-        train_gpus, worker_gpus = gpus_each(cfg.train.gpus_per_rank), gpus_each(r.gpus_per_worker)
         asks = {
-            "the trainer": _ask(cfg.train.cpus, train_gpus, cfg.train.resources),
-            **{name: _ask(r.cpus_per_worker, worker_gpus, r.resources) for name in names},
+            "the trainer": _ask(cfg.train.cpus, self.train_gpus, cfg.train.resources),
+            **{name: _ask(r.cpus_per_worker, self.worker_gpus, r.resources) for name in names},
         }
         need = self.schedule.min_workers
 
@@ -274,6 +273,9 @@ class Session:
         (``async``) the dispatcher, and the mode's ``Rollouts`` over them."""
         cfg, env_vars, here = self.cfg, child_env(), on_driver_node()
         streaming = self.schedule.streaming
+        # Resolved once: the actors and the placement messages ask for the same GPUs.
+        self.train_gpus = gpus_each(cfg.train.gpus_per_rank)
+        self.worker_gpus = gpus_each(cfg.rollout.gpus_per_worker)
         handle = create_store(
             cfg.storage_url,
             cfg.store_capacity_batches * self.batch_size,
@@ -294,10 +296,10 @@ class Session:
             bucket_bytes=cfg.weights.bucket_mib << 20,
             first_at=here,
             # weights travel in the dtype vLLM runs in
-            dtype=pool_dtype(cfg.rollout.dtype, gpus_each(cfg.rollout.gpus_per_worker)),
+            dtype=pool_dtype(cfg.rollout.dtype, self.worker_gpus),
         )
         self.trainer: TrainerClient = launch_trainer(
-            cfg.train, self.policy_dir, cfg.seed, params, env_vars
+            cfg.train, self.policy_dir, cfg.seed, params, env_vars, self.train_gpus
         )
         self.workers: list[RolloutWorkerClient] = launch_rollout_workers(
             cfg.rollout,
@@ -308,6 +310,7 @@ class Session:
             self.store,
             params,
             env_vars,
+            gpus=self.worker_gpus,
         )
         self.actors = [handle, self.trainer.handle, *(w.handle for w in self.workers)]
         self.actors += params.relays
