@@ -67,26 +67,29 @@ class Restarts:
         self.workers = workers
         self.counts = [0] * len(workers)
         self.limit = limit
-        self._probes: dict[int, Any] = {}
+        self._probes: dict[int, tuple[Any, Any]] = {}
 
     def back(self, worker: int) -> bool:
         """True once the restarted ``worker`` answers; raises if it is dead for good."""
         probe = self._probes.get(worker)
         if probe is None:
-            self._probes[worker] = self.workers[worker].pid()
+            client = self.workers[worker]
+            self._probes[worker] = (client.pid(), client.devices())
             return False
-        if not ray.wait([probe], timeout=0)[0]:
+        if len(ray.wait(list(probe), num_returns=2, timeout=0)[0]) < 2:
             return False
         del self._probes[worker]
         try:
-            pid = ray.get(probe)
+            pid, devices = ray.get(list(probe))
         except ActorUnavailableError:
             return False  # still restarting: the next call probes again
         except RayActorError as error:
             raise RolloutFailure(
                 f"rollout worker {worker} could not be restarted: {error}"
             ) from error
-        log.info("rollout worker %d is up (pid %d)", worker, pid)
+        # A worker Ray places late is not in the session's start-up devices line.
+        on = "" if devices == "cpu" else f", CUDA_VISIBLE_DEVICES {devices}"
+        log.info("rollout worker %d is up (pid %d%s)", worker, pid, on)
         return True
 
     def wait_back(self, worker: int, timeout_s: float = RESTART_TIMEOUT_S) -> None:

@@ -2,7 +2,10 @@
 
 ``ray start --num-gpus 3`` needs no device: Ray hands the logical GPUs out to actors that
 ask for them and sets each one's ``CUDA_VISIBLE_DEVICES``. A run joins that node
-(``--address``) with two rollout workers; ``rollout.gpus_per_worker`` and
+(``--address``) with two rollout workers in ``one_step``, a batch mode, which starts only
+once Ray has placed every worker (``async`` may start before the last one is placed, so its
+start-up devices line could name one worker; a late worker names its devices in its "is
+up" line instead); ``rollout.gpus_per_worker`` and
 ``train.gpus_per_rank`` are unset, so each actor asks for one GPU because the cluster has
 them, and each gets its own. vLLM and torch are CPU builds here, so both still run on the
 CPU; the rollout and training dtypes resolve to bfloat16 (the actors hold GPUs), which
@@ -45,7 +48,9 @@ def _run(cluster: RayNodes, tmp_path: Path, cache: Path, *settings: str) -> Job:
 def test_each_actor_gets_its_own_gpu_and_too_many_fail_placement(
     gpu_node: RayNodes, tmp_path: Path, shared_cache: Path
 ) -> None:
-    job = _run(gpu_node, tmp_path, shared_cache, "mode=async", "train.steps=2", "rollout.workers=2")
+    job = _run(
+        gpu_node, tmp_path, shared_cache, "mode=one_step", "train.steps=2", "rollout.workers=2"
+    )
     try:
         seen = job.expect(
             r"devices \(CUDA_VISIBLE_DEVICES\): the trainer (\S+); rollout workers (\S+), (\S+)"
