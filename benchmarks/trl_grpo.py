@@ -55,6 +55,7 @@ from transformers import (
 from sluice.engines.policy import greedy_accuracy, prepare_policy, save_policy
 from sluice.envs import Environment, Problem, score
 from sluice.envs.prompts import PromptStream
+from sluice.envs.scoring import VerifierScorer
 from sluice.rl.config import RunConfig, load_config
 from sluice.tasks.environment import make_environment
 
@@ -187,12 +188,13 @@ class Recorder(TrainerCallback):
     ) -> None:
         self.result, self.reward, self.clock, self.tokenizer = result, reward, clock, tokenizer
         self.env, self.heldout, self.eval_every = env, heldout, eval_every
+        self.scorer = VerifierScorer(env)
         self.max_new = max(len(p.answer) for p in heldout) + 4  # as tasks/session.py
         self.since = time.monotonic()
 
     def _evaluate(self, model: torch.nn.Module, step: int) -> None:
         started = time.monotonic()
-        accuracy = greedy_accuracy(model, self.tokenizer, self.env, self.heldout, self.max_new)
+        accuracy = greedy_accuracy(model, self.tokenizer, self.scorer, self.heldout, self.max_new)
         self.result.eval_steps.append(step)
         self.result.eval_accuracy.append(accuracy)
         self.result.eval_s.append(time.monotonic() - started)

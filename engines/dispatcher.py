@@ -44,7 +44,7 @@ import ray
 from sluice.engines.cluster import on_driver_node
 from sluice.engines.messages import Assignment, GroupDone, Handoff, RolloutTotals, Work
 from sluice.envs import Problem
-from sluice.envs.prompts import PromptStream
+from sluice.envs.prompts import PromptSource
 from sluice.rl.config import RunConfig
 from sluice.rl.dispatch import GroupRequest, InFlight, LengthPredictor, WorkerLoad, plan, stragglers
 from sluice.storage.ledger import LedgerEvent
@@ -67,7 +67,7 @@ class GroupDispatcher:
     def __init__(
         self,
         ledger: LedgerSink,
-        prompts: PromptStream,
+        prompts: PromptSource,
         env: str,
         groups_per_step: int,
         samples_per_prompt: int,
@@ -259,6 +259,7 @@ class GroupDispatcher:
             t.truncated += g.truncated
             t.reward_errors += g.reward_errors
             t.lengths.extend(g.lengths)
+            t.add_reward_metrics(g.reward_metrics, g.reward_messages)
         self._workers[worker] = counters
 
     def drain(self) -> dict[str, Any]:
@@ -309,7 +310,7 @@ class DispatcherClient:
 
 
 def launch_dispatcher(
-    cfg: RunConfig, ledger: LedgerSink, prompts: PromptStream, env: str
+    cfg: RunConfig, ledger: LedgerSink, prompts: PromptSource, env: str
 ) -> DispatcherClient:
     """The dispatcher of an ``async`` run, on the driver's node (it holds the run's queue)."""
     r = cfg.rollout

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from sluice.engines.protocols import Completion
 from sluice.envs import Problem
 
+# Reasons of failed rewards carried to the flow per batch or drain (it shows the first few).
+MESSAGES_KEPT = 3
+
 
 @dataclass(frozen=True)
 class RolloutStats:
@@ -28,6 +31,10 @@ class RolloutStats:
     truncated: int
     reward_errors: int
     behaviour_version: int
+    # Sums of the user reward functions' metrics over the samples that scored, by name, and
+    # the first failed samples' reasons (for the console).
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+    reward_messages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,8 @@ class GroupDone:
     correct: int
     truncated: int
     reward_errors: int
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+    reward_messages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,3 +152,10 @@ class RolloutTotals:
     reward_errors: int = 0
     repacked: int = 0  # groups moved between workers by repack
     lengths: list[int] = field(default_factory=list)
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+    reward_messages: list[str] = field(default_factory=list)
+
+    def add_reward_metrics(self, sums: dict[str, float], messages: tuple[str, ...]) -> None:
+        for name, value in sums.items():
+            self.reward_metrics[name] = self.reward_metrics.get(name, 0.0) + value
+        self.reward_messages.extend(messages[: max(0, MESSAGES_KEPT - len(self.reward_messages))])

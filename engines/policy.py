@@ -25,7 +25,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from sluice.envs import ALPHABET, Environment, Problem, score
+from sluice.envs import ALPHABET, Environment, Problem
+from sluice.envs.scoring import Scorer, VerifierScorer
 from sluice.rl.config import PolicyConfig
 
 log = logging.getLogger(__name__)
@@ -112,9 +113,16 @@ def _policy_key(cfg: PolicyConfig, env_signature: str, seed: int) -> str:
 
 
 def prepare_policy(
-    cfg: PolicyConfig, env: Environment, env_signature: str, seed: int, cache_dir: Path
+    cfg: PolicyConfig,
+    env: Environment,
+    env_signature: str,
+    seed: int,
+    cache_dir: Path,
+    scorer: Scorer | None = None,
 ) -> Path:
-    """The starting policy's folder: ``cfg.path`` as given, or a cached tiny policy."""
+    """The starting policy's folder: ``cfg.path`` as given, or a cached tiny policy,
+    warm-started on ``env``'s reference answers until ``scorer`` (default: ``env``'s
+    verifier) finds it right often enough. ``env_signature`` must name the scorer too."""
     if cfg.path:
         folder = Path(cfg.path).expanduser().resolve()
         check_policy_folder(folder)
@@ -126,7 +134,7 @@ def prepare_policy(
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
     try:
-        report = _build_and_warm_start(cfg, env, seed, staging)
+        report = _build_and_warm_start(cfg, env, scorer or VerifierScorer(env), seed, staging)
         (staging / WARMSTART_FILE).write_text(json.dumps(report, indent=2))
         # Rename is atomic: a crash mid-build never leaves a half-written policy behind.
         os.replace(staging, folder)
@@ -159,7 +167,7 @@ def _sft_batch(
 def greedy_accuracy(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
-    env: Environment,
+    scorer: Scorer,
     problems: list[Problem],
     max_new_tokens: int,
 ) -> float:
@@ -174,16 +182,17 @@ def greedy_accuracy(
         pad_token_id=PAD_ID,
         eos_token_id=EOS_ID,
     )
-    texts = tokenizer.batch_decode(
-        out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
-    )
+    generated = out[:, encoded["input_ids"].shape[1] :]
+    texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+    lengths = (generated != PAD_ID).sum(dim=1).tolist()
     model.train()
-    return sum(score(env, p, t).correct for p, t in zip(problems, texts, strict=True)) / len(
-        problems
-    )
+    results = scorer.score(problems, [[t] for t in texts], [[n] for n in lengths])
+    return sum(r[0].correct for r in results) / len(problems)
 
 
-def _build_and_warm_start(cfg: PolicyConfig, env: Environment, seed: int, out: Path) -> dict:
+def _build_and_warm_start(
+    cfg: PolicyConfig, env: Environment, scorer: Scorer, seed: int, out: Path
+) -> dict:
     tokenizer = build_tokenizer()
     model = build_model(cfg, vocab_size=len(tokenizer), seed=seed)
     params = sum(p.numel() for p in model.parameters())
@@ -198,7 +207,7 @@ def _build_and_warm_start(cfg: PolicyConfig, env: Environment, seed: int, out: P
         100 * cfg.warmstart_target,
     )
     start = time.monotonic()
-    accuracy, step = greedy_accuracy(model, tokenizer, env, heldout, max_new), 0
+    accuracy, step = greedy_accuracy(model, tokenizer, scorer, heldout, max_new), 0
     while accuracy < cfg.warmstart_target and step < cfg.warmstart_max_steps:
         batch = _sft_batch([_encode(tokenizer, p) for p in rng.sample(train, cfg.warmstart_batch)])
         loss = model(input_ids=batch[0], attention_mask=batch[1], labels=batch[2]).loss
@@ -207,7 +216,7 @@ def _build_and_warm_start(cfg: PolicyConfig, env: Environment, seed: int, out: P
         optimizer.step()
         step += 1
         if step % cfg.warmstart_eval_every == 0:
-            accuracy = greedy_accuracy(model, tokenizer, env, heldout, max_new)
+            accuracy = greedy_accuracy(model, tokenizer, scorer, heldout, max_new)
             log.info(
                 "warm start step %d: loss %.3f, held-out accuracy %.1f%%",
                 step,

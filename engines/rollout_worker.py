@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
@@ -37,6 +37,7 @@ from ray import ObjectRef
 
 from sluice.engines.cluster import gpus_each, pool_dtype, thread_env, visible_gpus
 from sluice.engines.messages import (
+    MESSAGES_KEPT,
     BatchShard,
     GroupDone,
     Handoff,
@@ -47,7 +48,8 @@ from sluice.engines.messages import (
 )
 from sluice.engines.protocols import Completion, Delta, StreamingRolloutEngine
 from sluice.engines.vllm_rollout import VLLMRolloutEngine
-from sluice.envs import Environment, Problem, score
+from sluice.envs import Environment, Problem
+from sluice.envs.scoring import Scorer, VerifierScorer
 from sluice.rl.advantages import group_advantages
 from sluice.rl.config import RolloutConfig
 from sluice.rl.dispatch import InFlight
@@ -82,7 +84,8 @@ def _as_reported(group: PartialGroup) -> PartialGroup:
 
 
 def scored_block(
-    env: Environment,
+    scorer: Scorer,
+    env_name: str,
     problems: list[Problem],
     prompt_ids: list[list[int]],
     groups: list[list[Completion]],
@@ -95,13 +98,17 @@ def scored_block(
     ``version_runs[g][j]`` gives the policy versions of completion j of group g as runs of
     ``(first token, version)``. Rows of one group are contiguous; sample ids are
     ``<group id>/<j>``. The block is built column by column (``trajectory_block``); the
-    store checks it against the schema when it is put.
+    store checks it against the schema when it is put. A sample whose reward failed keeps
+    its reason in the row (the ledger records it) and gets advantage 0.
     """
-    results = [
-        [score(env, p, c.text) for c in group] for p, group in zip(problems, groups, strict=True)
-    ]
+    results = scorer.score(
+        problems,
+        [[c.text for c in group] for group in groups],
+        [[len(c.token_ids) for c in group] for group in groups],
+    )
     rewards = torch.tensor([[r.reward for r in row] for row in results])
-    advantages = group_advantages(rewards, scale_by_std=scale_by_std)
+    valid = torch.tensor([[r.error is None for r in row] for row in results])
+    advantages = group_advantages(rewards, scale_by_std=scale_by_std, valid=valid)
     now = datetime.now(UTC)
     # One entry per sample, group by group: (group index, sample index in its group).
     order = [(g, j) for g, group in enumerate(groups) for j in range(len(group))]
@@ -111,7 +118,7 @@ def scored_block(
         sample_ids=[f"{group_ids[g]}/{j}" for g, j in order],
         prompt_ids=[problems[g].prompt_id for g, _ in order],
         group_ids=[group_ids[g] for g, _ in order],
-        env=env.name,
+        env=env_name,
         prompts=[prompt_ids[g] for g, _ in order],
         responses=[c.token_ids for c in completions],
         logprobs=[c.logprobs for c in completions],
@@ -133,8 +140,18 @@ def scored_block(
         truncated=sum(not c.finished for c in completions),
         reward_errors=sum(r.error is not None for r in flat_results),
         behaviour_version=int(oldest) if oldest is not None else 0,
+        reward_metrics=_summed(r.metrics for r in flat_results),
+        reward_messages=tuple(r.error for r in flat_results if r.error)[:MESSAGES_KEPT],
     )
     return block, stats
+
+
+def _summed(metrics: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for one in metrics:
+        for name, value in one.items():
+            out[name] = out.get(name, 0.0) + value
+    return out
 
 
 class RolloutWorker:
@@ -143,6 +160,8 @@ class RolloutWorker:
 
     ``make_engine`` builds the engine once the process is set up (threads, credentials): in
     a run, vLLM (``engines/vllm_rollout.py``); in tests, any ``StreamingRolloutEngine``.
+    ``make_scorer`` builds the scorer (``envs/scoring.py``): the environment's verifier, or
+    the user's reward functions in their own processes.
     Without a store and parameter service a worker only ``generate``s (``sluice eval``).
     """
 
@@ -150,6 +169,7 @@ class RolloutWorker:
         self,
         make_engine: Callable[[], StreamingRolloutEngine],
         env: Environment,
+        make_scorer: Callable[[], Scorer],
         store: StoreClient | None,
         params: ParameterService | None,
         threads: int = 1,
@@ -159,6 +179,7 @@ class RolloutWorker:
             credentials.apply()  # trajectory files under an s3:// url
         torch.set_num_threads(threads)
         self.engine = make_engine()
+        self.scorer = make_scorer()
         self.env, self._store, self._params = env, store, params
         # Running totals kept on the worker, so they survive a pause of the stream.
         self.stream_counters = {"busy_s": 0.0, "idle_s": 0.0, "pull_s": 0.0, "weight_loads": 0.0}
@@ -198,7 +219,8 @@ class RolloutWorker:
         )
         version = self.engine.version()
         block, stats = scored_block(
-            self.env,
+            self.scorer,
+            self.env.name,
             problems,
             self.engine.prompt_ids(prompts),
             groups,
@@ -267,9 +289,10 @@ class _Stream:
     def __init__(
         self, worker: RolloutWorker, source: GroupSource, settings: StreamSettings
     ) -> None:
-        self.engine, self.env, self.store, self.params = (
+        self.engine, self.env, self.scorer, self.store, self.params = (
             worker.engine,
             worker.env,
+            worker.scorer,
             worker.store,
             worker.params,
         )
@@ -450,7 +473,8 @@ class _Stream:
             self.unsent_since = time.monotonic()
         completions = [s.done for s in group.samples if s.done is not None]
         block, stats = scored_block(
-            self.env,
+            self.scorer,
+            self.env.name,
             [group.problem],
             [group.prompt_ids],
             [completions],
@@ -469,6 +493,8 @@ class _Stream:
                 correct=stats.correct,
                 truncated=stats.truncated,
                 reward_errors=stats.reward_errors,
+                reward_metrics=stats.reward_metrics,
+                reward_messages=stats.reward_messages,
             )
         )
 
@@ -541,12 +567,14 @@ def launch_rollout_workers(
     env_vars: dict[str, str],
     count: int | None = None,
     gpus: float | None = None,
+    scorer: Callable[[], Scorer] | None = None,
 ) -> list[RolloutWorkerClient]:
     """``count`` (default ``rollout.workers``) actors, each asking for
     ``rollout.cpus_per_worker`` CPU slots, ``rollout.gpus_per_worker`` GPUs and the custom
     Ray ``rollout.resources``, so it lands only on a node that offers them; Ray restarts one
     whose process dies, ``rollout.max_restarts`` times. ``gpus``: the GPUs each asks for,
-    if the caller resolved them (``gpus_each``) already."""
+    if the caller resolved them (``gpus_each``) already. ``scorer`` builds each worker's
+    scorer in its process (default: ``env``'s verifier)."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
     gpus = gpus_each(r.gpus_per_worker) if gpus is None else gpus
     return [
@@ -569,6 +597,7 @@ def launch_rollout_workers(
                     gpu_memory_utilization=r.gpu_memory_utilization,
                 ),
                 env,
+                scorer if scorer is not None else partial(VerifierScorer, env),
                 store,
                 params,
                 threads=r.threads_per_worker,

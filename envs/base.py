@@ -29,10 +29,10 @@ import math
 import random
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,9 @@ class Problem:
     """One reference completion (for supervised warm start); does not include the prompt."""
     split: str
     """``"train"`` or ``"heldout"``."""
+    fields: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Further data of the problem that reaches a user's reward function (a dataset row's
+    mapped columns); ``answer`` is passed to it as well."""
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,13 @@ class RewardResult:
     """The verdict on one completion."""
 
     reward: float
-    """In [0, 1]."""
+    """In [0, 1] from a built-in verifier; any finite number from a user's reward."""
     correct: bool
     """Fully right (what accuracy counts)."""
     error: str | None = None
-    """Set when the verifier raised or returned something invalid."""
+    """Set when the verifier raised or returned something invalid: the sample failed."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Each user reward function's own reward and extra metrics, by name."""
 
 
 class Environment(Protocol):

@@ -3,9 +3,34 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from sluice.envs.base import Environment, Problem
+
+
+class PromptSource(Protocol):
+    """Training prompts, handed out in order; ``cursor`` is JSON data a checkpoint keeps,
+    and ``restore`` continues from it."""
+
+    def take(self, count: int) -> list[Problem]: ...
+
+    def cursor(self) -> dict[str, Any]: ...
+
+    def restore(self, cursor: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class StreamsPrompts(Protocol):
+    """An environment that streams its own training prompts (a data file, scanned)."""
+
+    def stream(self, seed: int) -> PromptSource: ...
+
+
+def training_prompts(env: Environment, pool_size: int, seed: int) -> PromptSource:
+    """``env``'s own stream if it has one, else a ``PromptStream`` over a drawn pool."""
+    if isinstance(env, StreamsPrompts):
+        return env.stream(seed)
+    return PromptStream(env, pool_size, seed)
 
 
 class PromptStream:

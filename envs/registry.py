@@ -1,25 +1,77 @@
-"""Registry of environments by name: ``make_env("addition", digits=3)``."""
+"""Registry of environments by name: ``make_env("addition", digits=3)``.
+
+A name is one of the built-ins, a name a pip-installed package registers under the
+``sluice.environments`` entry point group (``[project.entry-points."sluice.environments"]
+sorting = "mypkg.envs:Sorting"``), or an import path ``package.module:Class`` of the user's
+own. Whatever it names is called with the keyword arguments and must give an
+``Environment``. (``dataset`` is built by ``tasks/environment.py``, which owns the storage
+it reads from.)
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any
 
 from sluice.envs.addition import AdditionEnv
 from sluice.envs.base import Environment
 from sluice.envs.countdown import CountdownEnv
+from sluice.envs.rewards import import_function
 
-ENV_NAMES: tuple[str, ...] = ("addition", "countdown")
+ENTRY_POINTS = "sluice.environments"
 
-_FACTORIES: dict[str, Callable[..., Environment]] = {
+BUILTIN: dict[str, Callable[..., Environment]] = {
     "addition": AdditionEnv,
     "countdown": CountdownEnv,
 }
+ENV_NAMES: tuple[str, ...] = tuple(BUILTIN)
+
+
+def registered() -> dict[str, str]:
+    """Entry-point names -> what they load (``module:attr``), from installed packages."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
+
+
+def env_factory(name: str) -> Callable[..., Environment]:
+    """What ``name`` builds; ``ValueError`` naming the allowed names if nothing."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    for ep in entry_points(group=ENTRY_POINTS):
+        if ep.name == name:
+            try:
+                factory = ep.load()
+            except Exception as error:
+                raise ValueError(
+                    f"environment {name!r} (entry point {ep.value!r}) does not load: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            if not callable(factory):
+                raise ValueError(f"environment {name!r} ({ep.value!r}) is not callable")
+            return factory
+    if ":" in name:
+        return import_function(name)
+    known = [*ENV_NAMES, "dataset", *sorted(registered())]
+    raise ValueError(
+        f"unknown environment {name!r}; allowed: {', '.join(known)}, or an import path "
+        "'package.module:Class'"
+    )
 
 
 def make_env(name: str, **kwargs: Any) -> Environment:
-    """Build the environment called ``name`` with ``kwargs``; raise ``ValueError`` if unknown."""
-    factory = _FACTORIES.get(name)
-    if factory is None:
-        raise ValueError(f"unknown environment {name!r}; allowed: {', '.join(ENV_NAMES)}")
-    return factory(**kwargs)
+    """Build the environment called ``name`` with ``kwargs``; ``ValueError`` if it cannot be
+    built (unknown name, or a constructor that raised: its message is kept)."""
+    factory = env_factory(name)
+    try:
+        env = factory(**kwargs)
+    except Exception as error:
+        raise ValueError(
+            f"environment {name!r} raised in its constructor: {type(error).__name__}: {error}"
+        ) from error
+    for needed in ("name", "problems", "reward"):
+        if not hasattr(env, needed):
+            raise ValueError(
+                f"environment {name!r} built a {type(env).__name__} without {needed!r}: an "
+                "environment has name, problems(split, n, seed) and reward(problem, completion)"
+            )
+    return env

@@ -13,18 +13,28 @@ import torch
 STD_EPS = 1e-6
 
 
-def group_advantages(rewards: torch.Tensor, scale_by_std: bool = True) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, scale_by_std: bool = True, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """Advantages for rewards shaped [groups, n] (n samples per prompt), same shape out.
 
     With ``scale_by_std=False`` the advantage is only centred (Liu et al., "Understanding
     R1-Zero-Like Training", arXiv 2503.20783, "Dr. GRPO"), which avoids up-weighting prompts
-    that are almost always right or always wrong.
+    that are almost always right or always wrong. ``valid`` ([groups, n] bool): samples whose
+    reward failed are left out of their group's mean and std and get advantage 0, so a
+    failed reward teaches nothing rather than "this answer scored 0".
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [groups, n], got shape {tuple(rewards.shape)}")
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if valid is None:
+        valid = torch.ones_like(rewards, dtype=torch.bool)
+    weight = valid.to(rewards.dtype)
+    count = weight.sum(dim=1, keepdim=True).clamp(min=1.0)
+    mean = (rewards * weight).sum(dim=1, keepdim=True) / count
+    centred = (rewards - mean) * weight
     if not scale_by_std:
         return centred
-    # Population std (unbiased=False): a group of n equals n samples, not a sample of them.
-    std = rewards.std(dim=1, keepdim=True, unbiased=False)
+    # Population std (over the group's valid samples): a group of n is n samples, not a
+    # sample of them.
+    std = ((centred**2).sum(dim=1, keepdim=True) / count).sqrt()
     return centred / (std + STD_EPS)

@@ -8,6 +8,7 @@ given and what is allowed.
 from __future__ import annotations
 
 import re
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -112,10 +113,51 @@ class PolicyConfig(_Section):
         return self
 
 
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+# env.name values besides entry points and import paths (envs/registry.py builds them).
+BUILTIN_ENVS = ("addition", "countdown", "dataset")
+
+
+class DataConfig(_Section):
+    """A data file of prompts (``env.name: dataset``) and how its columns map to problems."""
+
+    path: str = Field(
+        description="A .jsonl or .parquet file (or a folder of Parquet files), or a folder "
+        "saved by Hugging Face datasets' save_to_disk; a local path or an s3:// URL."
+    )
+    prompt: str = Field(
+        "prompt", description="Column of the prompt: plain text, or a list of chat messages."
+    )
+    answer: str | None = Field(
+        "answer", description="Column of the reference answer (reaches the reward); empty: none."
+    )
+    fields: list[str] = Field(
+        default_factory=list, description="Further columns passed to the reward functions."
+    )
+    heldout_path: str | None = Field(
+        None,
+        description="Held-out prompts from this file. Empty: about 10% of the rows, chosen by "
+        "a stable hash of the prompt.",
+    )
+    split: str = Field("train", description="The split to read from a datasets folder.")
+
+
 class EnvConfig(_Section):
     """Which verifiable environment to train on, and its difficulty knobs."""
 
-    name: Literal["addition", "countdown"] = Field("addition", description="Environment.")
+    name: str = Field(
+        "addition",
+        description="Environment: addition, countdown, dataset (prompts from env.data), a "
+        "name a package registers under the sluice.environments entry point, or an import "
+        "path 'package.module:Class' of your own (built with env.args).",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of a plugin environment's constructor.",
+    )
+    data: DataConfig | None = Field(None, description="dataset: the data file and its columns.")
     digits: int = Field(2, ge=1, le=12, description="addition: most digits per operand.")
     scratch: bool = Field(
         True,
@@ -138,6 +180,86 @@ class EnvConfig(_Section):
         description="Seed that draws the training prompt pool (default: the run's seed). "
         "Retraining sets a fresh one; the held-out set does not depend on it.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _a_known_name(cls, name: str) -> str:
+        if name in BUILTIN_ENVS or _IMPORT_PATH.match(name):
+            return name
+        registered = sorted(ep.name for ep in entry_points(group="sluice.environments"))
+        if name in registered:
+            return name
+        raise ValueError(
+            f"unknown environment {name!r}; allowed: {', '.join([*BUILTIN_ENVS, *registered])}, "
+            "or an import path 'package.module:Class'"
+        )
+
+    @model_validator(mode="after")
+    def _data_goes_with_dataset(self) -> EnvConfig:
+        if (self.name == "dataset") != (self.data is not None):
+            raise ValueError(
+                "env.data (the data file) is what env.name=dataset reads, and only it: "
+                "set both or neither"
+            )
+        return self
+
+
+class RewardFunctionConfig(_Section):
+    """One reward function of the weighted sum."""
+
+    fn: str = Field(description="Import path of the function, 'package.module:function'.")
+    weight: float = Field(1.0, description="Its weight in the summed reward.")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Fixed keyword arguments of every call (e.g. a format reward's pattern).",
+    )
+
+    @field_validator("fn")
+    @classmethod
+    def _an_import_path(cls, fn: str) -> str:
+        if not _IMPORT_PATH.match(fn):
+            raise ValueError(f"{fn!r} is not an import path of the form 'package.module:function'")
+        return fn
+
+
+class RewardConfig(_Section):
+    """Reward functions of the user's own, run isolated in a pool of processes per rollout
+    worker. Empty: the environment's built-in verifier scores in-process."""
+
+    functions: list[RewardFunctionConfig] = Field(
+        default_factory=list,
+        description="The functions whose weighted sum is the reward. In a config, `reward:` "
+        "may also be one import path, or a list of paths and {fn, weight} entries.",
+    )
+    timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        description="Longest one call may take; a call still running then fails its sample "
+        "and its process is replaced.",
+    )
+    workers: int = Field(1, ge=1, description="Reward processes per rollout worker.")
+    memory_mib: int = Field(
+        4096, ge=64, description="Address-space limit of each reward process, in MiB."
+    )
+    correct_at: float = Field(
+        1.0,
+        description="A sample counts as correct (accuracy, held-out) when its summed reward "
+        "reaches this, unless a function returns 'correct' itself.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            value = {"functions": value}
+        if isinstance(value, dict) and isinstance(value.get("functions"), list):
+            value = {
+                **value,
+                "functions": [{"fn": f} if isinstance(f, str) else f for f in value["functions"]],
+            }
+        return value
 
 
 class RolloutConfig(_Section):
@@ -456,6 +578,9 @@ class RunConfig(_Section):
     )
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Starting policy.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig, description="The user's reward functions, if any."
+    )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation.")

@@ -7,9 +7,10 @@ flows and the CLI), ``sluice.tasks`` (the Prefect tasks they compose), ``sluice.
 data planes and records), ``sluice.rl`` (pure algorithm code), ``sluice.envs``
 (environments), ``sluice.sim`` (the simulator) and ``sluice.benchmarks``.
 
-What a user's own code is written against is re-exported here: the environment types, the
-config tree and its loader, and :func:`run`, which runs one RL job as the ``sluice run``
-command does. Importing ``sluice`` imports neither Ray, Prefect nor torch.
+What a user's own code is written against is re-exported here: the environment types,
+``batched`` for reward functions that take a whole group, the config tree and its loader,
+and :func:`run`, which runs one RL job as the ``sluice run`` command does. Importing
+``sluice`` imports neither Ray, Prefect nor torch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sluice.envs import Environment, Problem, RewardResult, make_env, score
+from sluice.envs.rewards import batched
 from sluice.rl.config import ConfigError, RunConfig, build_config, load_config
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ __all__ = [
     "Problem",
     "RewardResult",
     "RunConfig",
+    "batched",
     "build_config",
     "load_config",
     "make_env",

@@ -4,22 +4,94 @@ before anything starts."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
-from sluice.envs import Environment, make_env
-from sluice.rl.config import ConfigError, EnvConfig, PolicyConfig, RunConfig
+from sluice.envs import Environment, Problem, make_env
+from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Renderer
+from sluice.envs.rewards import RewardFunction, check_signature, import_function, module_root
+from sluice.envs.scoring import Scorer, make_scorer
+from sluice.rl.config import (
+    ConfigError,
+    DataConfig,
+    EnvConfig,
+    PolicyConfig,
+    RewardConfig,
+    RunConfig,
+)
+from sluice.storage.urls import open_url
 
 
-def make_environment(cfg: EnvConfig) -> tuple[Environment, str]:
-    """The environment and a signature string that changes whenever its problems would."""
-    if cfg.name == "addition":
-        env = make_env("addition", digits=cfg.digits, long_tail=cfg.long_tail, scratch=cfg.scratch)
-        knobs = {"digits": cfg.digits, "long_tail": cfg.long_tail, "scratch": cfg.scratch}
-    else:
-        env = make_env(
-            "countdown", count=cfg.count, max_number=cfg.max_number, long_tail=cfg.long_tail
-        )
-        knobs = {"count": cfg.count, "max_number": cfg.max_number, "long_tail": cfg.long_tail}
-    return env, json.dumps({"name": cfg.name, **knobs}, sort_keys=True)
+def make_environment(cfg: EnvConfig, policy: PolicyConfig | None = None) -> tuple[Environment, str]:
+    """The environment and a signature string that changes whenever its problems would.
+
+    ``policy``: renders a dataset's chat-message prompts with its model folder's chat
+    template. A ConfigError names an environment that cannot be built.
+    """
+    try:
+        if cfg.name == "addition":
+            env = make_env(
+                "addition", digits=cfg.digits, long_tail=cfg.long_tail, scratch=cfg.scratch
+            )
+            knobs: dict[str, Any] = {
+                "digits": cfg.digits,
+                "long_tail": cfg.long_tail,
+                "scratch": cfg.scratch,
+            }
+        elif cfg.name == "countdown":
+            env = make_env(
+                "countdown", count=cfg.count, max_number=cfg.max_number, long_tail=cfg.long_tail
+            )
+            knobs = {"count": cfg.count, "max_number": cfg.max_number, "long_tail": cfg.long_tail}
+        elif cfg.name == "dataset":
+            assert cfg.data is not None  # the config requires it
+            env = dataset_environment(cfg.data, policy)
+            knobs = {"data": cfg.data.model_dump()}
+        else:
+            env = make_env(cfg.name, **cfg.args)
+            knobs = {"args": cfg.args}
+    except ValueError as error:  # DataError is one
+        raise ConfigError(f"env: {error}") from None
+    return env, json.dumps({"name": cfg.name, **knobs}, sort_keys=True, default=str)
+
+
+def dataset_environment(data: DataConfig, policy: PolicyConfig | None) -> DatasetEnv:
+    """The data file (local or s3://, through the run's storage code) as an environment."""
+
+    def source(path: str) -> DataSource:
+        fs, root = open_url(path)
+        return DataSource(root, fs, data.split)
+
+    columns = Columns(data.prompt, data.answer, tuple(data.fields))
+    heldout = source(data.heldout_path) if data.heldout_path else None
+    render = chat_renderer(policy.path) if policy is not None and policy.path else None
+    return DatasetEnv(source(data.path), columns, heldout, render)
+
+
+def chat_renderer(model_dir: str) -> Renderer | None:
+    """Chat messages -> the prompt text the model's chat template makes of them, ending with
+    its generation prompt; None when the folder's tokenizer has no chat template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not tokenizer.chat_template:
+        return None
+
+    def render(messages: Messages) -> str:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return str(text)
+
+    return render
+
+
+def eval_tokens(cfg: RunConfig, heldout: list[Problem]) -> int:
+    """How many tokens a held-out answer may take: the built-in policy spells one token per
+    character, so a little more than the longest reference answer; otherwise (or without
+    reference answers) ``rollout.max_new_tokens``."""
+    if cfg.policy.path is None and all(p.answer for p in heldout):
+        return max(len(p.answer) for p in heldout) + 4
+    return cfg.rollout.max_new_tokens
 
 
 def max_model_len(policy: PolicyConfig) -> int | None:
@@ -37,7 +109,7 @@ def check_context(cfg: RunConfig) -> None:
     """
     if cfg.policy.path is not None:
         return
-    env, _ = make_environment(cfg.env)
+    env, _ = make_environment(cfg.env, cfg.policy)
     seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
     prompts = [
         *env.problems("train", cfg.env.train_prompts, seed),
@@ -52,3 +124,58 @@ def check_context(cfg: RunConfig) -> None:
             f"than policy.max_positions ({cfg.policy.max_positions}); raise max_positions or "
             "lower max_new_tokens"
         )
+
+
+def reward_fields(cfg: EnvConfig) -> list[str]:
+    """What a reward function is called with besides the prompt and the completion."""
+    return ["answer", "completion_tokens", *(cfg.data.fields if cfg.data is not None else [])]
+
+
+def check_rewards(cfg: RunConfig) -> None:
+    """Each configured reward function imports, is callable, and takes what the run passes
+    (``check_signature``); an environment without a verifier has one. A ConfigError
+    naming the first problem."""
+    if cfg.env.name == "dataset" and not cfg.reward.functions:
+        raise ConfigError(
+            "reward: a dataset has no verifier of its own; name your reward function "
+            "(reward: mypkg.rewards:exact_match, or a built-in such as "
+            "sluice.envs.verifiers:exact_match)"
+        )
+    for f in cfg.reward.functions:
+        try:
+            check_signature(f.fn, import_function(f.fn), [*reward_fields(cfg.env), *f.args])
+        except ValueError as error:
+            raise ConfigError(f"reward: {error}") from None
+
+
+def check_environment(cfg: RunConfig) -> None:
+    """The environment builds and, for a dataset, its columns and prompts are usable: a
+    ConfigError before anything starts."""
+    env, _ = make_environment(cfg.env, cfg.policy)
+    if isinstance(env, DatasetEnv):
+        try:
+            env.check()
+            if not env.problems("heldout", 1, cfg.seed + 1):
+                raise ValueError(
+                    f"data {cfg.env.data.path if cfg.env.data else ''!r} yields no held-out "
+                    "rows; give env.data.heldout_path or more rows"
+                )
+        except ValueError as error:
+            raise ConfigError(f"env.data: {error}") from None
+
+
+def scorer_factory(env: Environment, cfg: RewardConfig) -> Callable[[], Scorer]:
+    """What a rollout worker (or the driver) calls to build its scorer, picklable for Ray:
+    the user's reward functions in a pool, with the folders their modules import from, or
+    the environment's verifier when there are none."""
+    roots = sorted({root for f in cfg.functions if (root := module_root(f.fn)) is not None})
+    return partial(
+        make_scorer,
+        env,
+        [RewardFunction(f.fn, f.weight, f.args) for f in cfg.functions],
+        cfg.workers,
+        cfg.timeout_s,
+        cfg.memory_mib,
+        cfg.correct_at,
+        roots,
+    )

@@ -9,14 +9,19 @@ from prefect.cache_policies import NO_CACHE
 from sluice.engines.cluster import child_env
 from sluice.engines.rollout_worker import launch_rollout_workers
 from sluice.rl.config import RunConfig
-from sluice.tasks.environment import make_environment, max_model_len
+from sluice.tasks.environment import (
+    eval_tokens,
+    make_environment,
+    max_model_len,
+    scorer_factory,
+)
 from sluice.tasks.rollouts import evaluate
 
 
 @task(name="evaluate-policy", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
     """Greedy held-out accuracy of ``policy_dir`` with one vLLM rollout worker."""
-    env, _ = make_environment(cfg.env)
+    env, _ = make_environment(cfg.env, cfg.policy)
     heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
     (worker,) = launch_rollout_workers(
         cfg.rollout,
@@ -29,7 +34,9 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
         child_env(),
         count=1,
     )
+    scorer = scorer_factory(env, cfg.reward)()  # here: the worker only generates
     try:
-        return evaluate([worker], env, heldout, max(len(p.answer) for p in heldout) + 4)
+        return evaluate([worker], scorer, heldout, eval_tokens(cfg, heldout))
     finally:
+        scorer.close()
         ray.kill(worker.handle)

@@ -29,7 +29,7 @@ from sluice.storage.layout import RunLayout, durable_state
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 from sluice.storage.urls import redact
 from sluice.tasks import plots, registry
-from sluice.tasks.environment import make_environment
+from sluice.tasks.environment import make_environment, scorer_factory
 from sluice.tasks.session import Session, latest_checkpoint
 from sluice.tasks.tracking import MetricLogger, MlflowLogger
 
@@ -122,8 +122,14 @@ class Job:
 
 @task(name="prepare-policy", cache_policy=NO_CACHE)
 def prepare_policy_task(cfg: RunConfig) -> str:
-    env, signature = make_environment(cfg.env)
-    return str(prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir))
+    env, signature = make_environment(cfg.env, cfg.policy)
+    if cfg.reward.functions:  # the warm start's accuracy is the user's reward's
+        signature += json.dumps(cfg.reward.model_dump(), sort_keys=True)
+    scorer = scorer_factory(env, cfg.reward)()
+    try:
+        return str(prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir, scorer))
+    finally:
+        scorer.close()
 
 
 @task(name="start-ray", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,8 +37,9 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from sluice.engines.dispatcher import DispatcherClient
 from sluice.engines.messages import BatchShard, RolloutStats, StreamSettings
 from sluice.engines.rollout_worker import RolloutWorkerClient
-from sluice.envs import Environment, Problem, score
-from sluice.envs.prompts import PromptStream
+from sluice.envs import Problem
+from sluice.envs.prompts import PromptSource
+from sluice.envs.scoring import Scorer
 from sluice.rl.config import RunConfig
 
 log = logging.getLogger("sluice")
@@ -170,7 +171,7 @@ class Schedule:
         self,
         cfg: RunConfig,
         workers: list[RolloutWorkerClient],
-        prompts: PromptStream,
+        prompts: PromptSource,
         wait: Waiter,
         tag: str,
         dispatcher: DispatcherClient | None,
@@ -204,6 +205,37 @@ class RolloutResult:
     truncated: float
     reward_errors: int
     behaviour_version: int
+    reward_metrics: dict[str, float]  # summed over the samples that scored
+    reward_messages: tuple[str, ...]
+
+
+# Failed rewards whose reasons the console shows; the rest are counted
+# (rollout/reward_errors) and their reasons recorded in the ledger.
+SHOW_REWARD_FAILURES = 5
+
+
+class RewardFailures:
+    """Shows the first few failed rewards' reasons on the console, once each run."""
+
+    def __init__(self) -> None:
+        self.shown = 0
+
+    def show(self, messages: Sequence[str]) -> None:
+        for message in messages:
+            if self.shown >= SHOW_REWARD_FAILURES:
+                return
+            self.shown += 1
+            log.warning("a sample's reward failed (recorded in the ledger): %s", message)
+            if self.shown == SHOW_REWARD_FAILURES:
+                log.warning(
+                    "further reward failures are counted in rollout/reward_errors and their "
+                    "reasons recorded in the ledger (sluice ledger RUN)"
+                )
+
+
+def reward_function_metrics(sums: dict[str, float], scored: int) -> dict[str, float]:
+    """Each user reward function's mean reward and metrics over the samples that scored."""
+    return {f"rollout/reward/{name}": total / scored for name, total in sums.items() if scored}
 
 
 @dataclass(frozen=True)
@@ -278,12 +310,17 @@ def summed(parts: list[RolloutStats]) -> RolloutResult:
         truncated=sum(p.truncated for p in parts) / samples,
         reward_errors=sum(p.reward_errors for p in parts),
         behaviour_version=min(p.behaviour_version for p in parts),
+        reward_metrics={
+            name: sum(p.reward_metrics.get(name, 0.0) for p in parts)
+            for name in {name for p in parts for name in p.reward_metrics}
+        },
+        reward_messages=tuple(m for p in parts for m in p.reward_messages),
     )
 
 
 def evaluate(
     workers: list[RolloutWorkerClient],
-    env: Environment,
+    scorer: Scorer,
     problems: list[Problem],
     max_new_tokens: int,
 ) -> float:
@@ -316,10 +353,12 @@ def evaluate(
                 live.remove(w)
                 left += shard
                 continue
-            correct += sum(
-                score(env, problems[i], g[0].text).correct
-                for i, g in zip(shard, groups, strict=True)
+            results = scorer.score(
+                [problems[i] for i in shard],
+                [[g[0].text] for g in groups],
+                [[len(g[0].token_ids)] for g in groups],
             )
+            correct += sum(r[0].correct for r in results)
     return correct / len(problems)
 
 
@@ -330,6 +369,7 @@ def rollout_metrics(result: RolloutResult) -> dict[str, float]:
         "rollout/response_length": result.mean_length,
         "rollout/truncated": result.truncated,
         "rollout/reward_errors": float(result.reward_errors),
+        **reward_function_metrics(result.reward_metrics, result.samples - result.reward_errors),
     }
 
 
@@ -344,7 +384,7 @@ class BatchRollouts:
         self,
         cfg: RunConfig,
         workers: list[RolloutWorkerClient],
-        prompts: PromptStream,
+        prompts: PromptSource,
         wait: Waiter,
         tag: str = "",
     ) -> None:
@@ -354,6 +394,7 @@ class BatchRollouts:
         self.pending: PendingRollout | None = None
         self.result: RolloutResult | None = None
         self.restarts = Restarts(workers, cfg.rollout.max_restarts)
+        self.failures = RewardFailures()
         self.step = 0  # the trainer's version when ``start`` is called
 
     def _submit(self, step: int) -> None:
@@ -419,7 +460,10 @@ class BatchRollouts:
             self._submit(step + 1)
 
     def drain(self, step: int, dropped_groups: int = 0) -> dict[str, float]:
-        return rollout_metrics(self.result) if self.result else {}
+        if self.result is None:
+            return {}
+        self.failures.show(self.result.reward_messages)
+        return rollout_metrics(self.result)
 
     def live(self) -> list[RolloutWorkerClient]:
         """The workers that evaluate: all of them (a dead one was waited for)."""
@@ -463,6 +507,7 @@ class StreamRollouts:
         self.last: dict[int, dict[str, float]] = {}  # each worker's counters at the last drain
         self.restarts = Restarts(workers, cfg.rollout.max_restarts)
         self.restarting: set[int] = set()  # died; its stream resumes once Ray has it back
+        self.failures = RewardFailures()
 
     def start(self) -> None:
         self.dispatcher.resume()
@@ -551,8 +596,10 @@ class StreamRollouts:
                     "rollout/truncated": t.truncated / t.samples,
                     "rollout/reward_errors": float(t.reward_errors),
                     "rollout/groups": float(t.groups),
+                    **reward_function_metrics(t.reward_metrics, t.samples - t.reward_errors),
                 }
             )
+        self.failures.show(t.reward_messages)
         metrics["rollout/repacked_groups"] = float(t.repacked)
         for w, c in state["workers"].items():
             before = self.last.get(w, {})

@@ -32,14 +32,19 @@ from sluice.engines.placement import wait_placed
 from sluice.engines.rollout_worker import RolloutWorkerClient, launch_rollout_workers
 from sluice.engines.trainer_actor import TrainerClient, launch_trainer
 from sluice.engines.trainer_core import MODEL_FILE
-from sluice.envs.prompts import PromptStream
+from sluice.envs.prompts import training_prompts
 from sluice.rl.config import RunConfig
 from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
 from sluice.storage.ledger import Ledger
 from sluice.storage.params import ParameterService
 from sluice.storage.trajectory_index import LeaseGrant
 from sluice.storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
-from sluice.tasks.environment import make_environment, max_model_len
+from sluice.tasks.environment import (
+    eval_tokens,
+    make_environment,
+    max_model_len,
+    scorer_factory,
+)
 from sluice.tasks.rollouts import Rollouts, evaluate, schedule
 from sluice.tasks.step_log import StoreMetrics, Totals
 from sluice.tasks.tracking import MetricLogger
@@ -58,9 +63,11 @@ class Session:
     def __init__(self, cfg: RunConfig, policy_dir: str, tracker: MetricLogger) -> None:
         self.cfg, self.policy_dir, self.tracker = cfg, policy_dir, tracker
         self.schedule = schedule(cfg)
-        self.env, _ = make_environment(cfg.env)
+        self.env, _ = make_environment(cfg.env, cfg.policy)
+        self.make_scorer = scorer_factory(self.env, cfg.reward)
+        self.scorer = self.make_scorer()  # the driver's, for held-out evaluation
         self.heldout = self.env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
-        self.eval_tokens = max(len(p.answer) for p in self.heldout) + 4
+        self.eval_tokens = eval_tokens(cfg, self.heldout)
         self.batch_size = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
         self.step = 0  # the trainer's version
         self.start_accuracy: float | None = None
@@ -102,7 +109,7 @@ class Session:
             )
         if checkpoint is None:
             self.start_accuracy = self.end_accuracy = evaluate(
-                live, self.env, self.heldout, self.eval_tokens
+                live, self.scorer, self.heldout, self.eval_tokens
             )
             log.info(
                 "step    0/%d | held-out %5.1f%% (starting policy)",
@@ -127,6 +134,7 @@ class Session:
     def close(self) -> None:
         """Kill every actor this session started, and wait until they are gone: a store
         still flushing its ledger must not write after a resume has rolled the ledger back."""
+        self.scorer.close()
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         deadline = time.monotonic() + ACTOR_EXIT_TIMEOUT_S
@@ -232,7 +240,7 @@ class Session:
         self.store.drain(True)  # nothing consumes while paused: puts must not wait for room
         self.rollouts.pause()  # async: workers hand vLLM back, then load the version
         workers = self.synced(self.rollouts.live())  # async: one whose node is gone is out
-        accuracy = evaluate(workers, self.env, self.heldout, self.eval_tokens)
+        accuracy = evaluate(workers, self.scorer, self.heldout, self.eval_tokens)
         self.store.drain(False)
         self.rollouts.resume()
         return accuracy
@@ -311,11 +319,12 @@ class Session:
             params,
             env_vars,
             gpus=self.worker_gpus,
+            scorer=self.make_scorer,
         )
         self.actors = [handle, self.trainer.handle, *(w.handle for w in self.workers)]
         self.actors += params.relays
         train_seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
-        prompts = PromptStream(self.env, cfg.env.train_prompts, train_seed)
+        prompts = training_prompts(self.env, cfg.env.train_prompts, train_seed)
         dispatcher = None
         if streaming:
             dispatcher = launch_dispatcher(cfg, self.store, prompts, self.env.name)

@@ -13,6 +13,7 @@ from sluice.engines.messages import (
 )
 from sluice.engines.protocols import Completion
 from sluice.engines.rollout_worker import RolloutWorker, _as_reported, _Stream, scored_block
+from sluice.envs.scoring import VerifierScorer
 from sluice.rl.config import EnvConfig
 from sluice.storage.schema import validate_batch
 from sluice.tasks.environment import make_environment
@@ -31,7 +32,14 @@ def test_groups_become_contiguous_scored_rows_with_token_versions():
     # Group b's first sample saw a weight load after its first token.
     runs = [[[(0, 3)], [(0, 3)]], [[(0, 2), (1, 4)], [(0, 4)]]]
     block, stats = scored_block(
-        env, problems, [[1, 2], [1, 3, 4]], groups, runs, ["a@t", "b@t"], scale_by_std=False
+        VerifierScorer(env),
+        env.name,
+        problems,
+        [[1, 2], [1, 3, 4]],
+        groups,
+        runs,
+        ["a@t", "b@t"],
+        scale_by_std=False,
     )
     validate_batch(block)
     assert block.column("sample_id").to_pylist() == ["a@t/0", "a@t/1", "b@t/0", "b@t/1"]
@@ -98,6 +106,7 @@ def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
     worker = SimpleNamespace(
         engine=SimpleNamespace(version=lambda: 0),
         env=None,
+        scorer=None,
         store=store,
         params=None,
         stream_counters={},
@@ -156,7 +165,7 @@ def test_a_restarted_worker_loads_the_batchs_version_before_it_generates():
     policy folder (version 0), and a batch of version 3 must not be generated with that."""
     env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
     puts, engine = _Puts(), _Engine()
-    worker = RolloutWorker(lambda: engine, env, puts, _Relay())
+    worker = RolloutWorker(lambda: engine, env, lambda: VerifierScorer(env), puts, _Relay())
     shard = BatchShard(2, 4, 1.0, 0, "t", False, version=3, pull_timeout_s=5.0)
     worker.rollout(env.problems("train", 1, seed=0), shard)
     assert engine.loaded == [3]

@@ -38,3 +38,17 @@ def test_group_advantages_sum_to_zero_per_group():
 def test_group_advantages_rejects_flat_input():
     with pytest.raises(ValueError, match=r"\[groups, n\]"):
         group_advantages(torch.zeros(8))
+
+
+@pytest.mark.parametrize(
+    ("scale", "expected"),
+    # valid [1, 0] of [1, 0, 5]: mean 0.5, std 0.5; the failed sample's 5 counts for nothing
+    [(True, [1.0, -1.0, 0.0]), (False, [0.5, -0.5, 0.0])],
+    ids=["scaled", "centred"],
+)
+def test_failed_samples_are_left_out_of_their_group(scale: bool, expected: list[float]) -> None:
+    rewards = torch.tensor([[1.0, 0.0, 5.0], [2.0, 2.0, 2.0]])
+    valid = torch.tensor([[True, True, False], [False, False, False]])
+    out = group_advantages(rewards, scale_by_std=scale, valid=valid)
+    torch.testing.assert_close(out[0], torch.tensor(expected), atol=1e-5, rtol=0)
+    assert out[1].tolist() == [0.0, 0.0, 0.0]  # a group that failed whole teaches nothing
