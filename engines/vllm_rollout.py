@@ -88,7 +88,13 @@ class VLLMRolloutEngine:
         self._version = 0
 
     def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
-        return [self._tokenizer(p)["input_ids"] for p in prompts]
+        """Token ids of each prompt. A prompt a chat template rendered may begin with the
+        BOS token's text already; the tokenizer then adds no second one."""
+        bos = self._tokenizer.bos_token
+        return [
+            self._tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"]
+            for p in prompts
+        ]
 
     def generate(
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
@@ -103,7 +109,8 @@ class VLLMRolloutEngine:
             seed=seed,
             detokenize=False,  # see decode
         )
-        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        tokenized = [{"prompt_token_ids": ids} for ids in self.prompt_ids(prompts)]
+        outputs = self._llm.generate(tokenized, params, use_tqdm=False)  # type: ignore[arg-type]
         return [[_completion(c, self.decode(c.token_ids)) for c in out.outputs] for out in outputs]
 
     def decode(self, token_ids: list[int]) -> str:

@@ -76,3 +76,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in gpu_tests:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def bpe_policy(session_dir: Path) -> Path:
+    """A model folder with a byte-level BPE tokenizer and a ChatML chat template, built once
+    per session (``tests/support/bpe_policy.py``)."""
+    from tests.support.bpe_policy import build_bpe_policy
+
+    return build_bpe_policy(session_dir / "bpe-policy")

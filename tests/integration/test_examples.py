@@ -5,6 +5,7 @@ about a minute each)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -71,3 +72,55 @@ def test_the_environment_example_trains_the_users_class(tmp_path: Path, shared_c
     table = Ledger((runs / "my-reverse").as_uri()).read()
     assert check_exactly_once(table) == []
     assert all(p.startswith("reverse/") for p in table["prompt_id"].to_pylist())
+
+
+CHAT_REWARD = """
+def sum_in_reply(completion, answer, level):
+    assert "<|im_end|>" not in completion and "<|im_start|>" not in completion
+    return float(str(answer) in completion) + 0.0 * level
+"""
+
+
+def test_a_chat_dataset_trains_a_model_folder_with_a_bpe_tokenizer_and_template(
+    tmp_path: Path, shared_cache: Path, bpe_policy: Path
+) -> None:
+    """A user's model folder (subword tokenizer, chat template, end-of-turn EOS), chat-message
+    prompts from a JSONL file rendered with its template, a column passed on to the reward
+    (which also checks that no special token reached it): vLLM generates, the trainer
+    trains, the weights go back to vLLM, every sample is accounted for."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "chat_rewards.py").write_text(CHAT_REWARD)
+    rows = [
+        {
+            "messages": [{"role": "user", "content": f"what is {a}+{b}?"}],
+            "answer": str(a + b),
+            "level": a % 3,
+        }
+        for a, b in ((i * 7 % 100, i * 13 % 100) for i in range(300))
+    ]
+    data = project / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["run", "configs/smoke.yaml"]
+    for setting in (
+        f"root={tmp_path / 'runs'}",
+        f"cache={shared_cache}",
+        "mode=async",
+        f"policy.path={bpe_policy}",
+        "env.name=dataset",
+        f"env.data.path={data}",
+        "env.data.prompt=messages",
+        "env.data.fields=[level]",
+        "reward=chat_rewards:sum_in_reply",
+        "rollout.max_new_tokens=16",
+    ):
+        args += ["--set", setting]
+    result = sluice(*args, env={**os.environ, "PYTHONPATH": str(project)})
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "step    4/4" in out
+    table = Ledger((tmp_path / "runs" / "smoke").as_uri()).read()
+    assert check_exactly_once(table) == []
+    # the reward's assertion never failed: no sample carries a reason
+    assert not [r for r in table["reason"].to_pylist() if r and "AssertionError" in r]
+    assert "trained" in set(table["event"].to_pylist())
