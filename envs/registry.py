@@ -17,6 +17,7 @@ from typing import Any
 from sluice.envs.addition import AdditionEnv
 from sluice.envs.base import Environment
 from sluice.envs.countdown import CountdownEnv
+from sluice.envs.reasoning_gym import ReasoningGymEnv
 from sluice.envs.rewards import import_function
 
 ENTRY_POINTS = "sluice.environments"
@@ -24,6 +25,7 @@ ENTRY_POINTS = "sluice.environments"
 BUILTIN: dict[str, Callable[..., Environment]] = {
     "addition": AdditionEnv,
     "countdown": CountdownEnv,
+    "reasoning_gym": ReasoningGymEnv,
 }
 ENV_NAMES: tuple[str, ...] = tuple(BUILTIN)
 

@@ -261,7 +261,8 @@ def evaluate(
     ] = None,
     debug: DebugOption = False,
 ) -> None:
-    """Held-out accuracy of a policy (a folder or a registered model version)."""
+    """Held-out accuracy of a policy (a folder or a registered model version); with
+    eval.k > 1 also mean@k and pass@k at eval.temperature."""
     _setup_logging(debug)
     if (model is None) == (policy is None):
         _fail("give exactly one of --model NAME@ALIAS and --policy FOLDER", debug, ValueError())
@@ -276,9 +277,14 @@ def evaluate(
     except Exception as error:
         _fail(f"evaluation failed: {type(error).__name__}: {error}", debug, error)
         return
+    sampled = "".join(
+        f", {name.removeprefix('eval/').replace('_at_', '@')} {100 * value:.1f}%"
+        for name, value in result["metrics"].items()
+        if name != "eval/accuracy"
+    )
     typer.echo(
-        f"held-out accuracy {100 * result['accuracy']:.1f}% on {result['prompts']} prompts "
-        f"({result['policy']})"
+        f"held-out accuracy {100 * result['accuracy']:.1f}%{sampled} on {result['prompts']} "
+        f"prompts ({result['policy']})"
     )
 
 

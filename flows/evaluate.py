@@ -73,14 +73,20 @@ def eval_flow(
     cluster.start(cfg.rollout.cpus_per_worker, cfg.rollout.resources, layout.ray_temp)
     status = "FAILED"
     try:
-        accuracy = evaluate_policy(cfg, policy)
+        held_out = evaluate_policy(cfg, policy)
+        accuracy = held_out["eval/accuracy"]
         tracker.log_params({"eval_policy": model or policy, "eval_prompts": cfg.eval.prompts})
-        tracker.log_metrics(0, {"eval/accuracy": accuracy})
+        tracker.log_metrics(0, held_out)
         if name and version:
             tracker.client.set_model_version_tag(name, version, "eval_accuracy", f"{accuracy:.6f}")
         status = "FINISHED"
         log.info("held-out accuracy %.1f%% (%s)", 100 * accuracy, model or policy)
-        return {"accuracy": accuracy, "prompts": cfg.eval.prompts, "policy": model or policy}
+        return {
+            "accuracy": accuracy,
+            "metrics": held_out,
+            "prompts": cfg.eval.prompts,
+            "policy": model or policy,
+        }
     finally:
         tracker.close(status)
         ray.shutdown()

@@ -117,7 +117,7 @@ _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 # env.name values besides entry points and import paths (envs/registry.py builds them).
-BUILTIN_ENVS = ("addition", "countdown", "dataset")
+BUILTIN_ENVS = ("addition", "countdown", "dataset", "reasoning_gym")
 
 
 class DataConfig(_Section):
@@ -149,9 +149,10 @@ class EnvConfig(_Section):
 
     name: str = Field(
         "addition",
-        description="Environment: addition, countdown, dataset (prompts from env.data), a "
-        "name a package registers under the sluice.environments entry point, or an import "
-        "path 'package.module:Class' of your own (built with env.args).",
+        description="Environment: addition, countdown, dataset (prompts from env.data), "
+        "reasoning_gym (env.args: {task: <name>, size, seed, config}), a name a package "
+        "registers under the sluice.environments entry point, or an import path "
+        "'package.module:Class' of your own (built with env.args).",
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
@@ -454,10 +455,18 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
-    """Held-out evaluation with greedy decoding."""
+    """Held-out evaluation: greedy accuracy, and mean@k / pass@k when k > 1."""
 
     every: int = Field(50, ge=1, description="Evaluate every this many RL steps (and at 0, end).")
     prompts: int = Field(256, ge=1, description="Held-out prompts per evaluation.")
+    k: int = Field(
+        1,
+        ge=1,
+        description="Above 1: also k samples per held-out prompt at eval.temperature, logged "
+        "as eval/mean_at_<k> (share of right samples) and eval/pass_at_<k> (share of prompts "
+        "with a right one), beside the greedy eval/accuracy.",
+    )
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for k > 1.")
 
 
 class StorageConfig(_Section):

@@ -19,8 +19,9 @@ from sluice.tasks.rollouts import evaluate
 
 
 @task(name="evaluate-policy", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
-    """Greedy held-out accuracy of ``policy_dir`` with one vLLM rollout worker."""
+def evaluate_policy(cfg: RunConfig, policy_dir: str) -> dict[str, float]:
+    """Held-out metrics of ``policy_dir`` with one vLLM rollout worker: greedy accuracy, and
+    mean@k / pass@k with ``eval.k > 1``."""
     env, _ = make_environment(cfg.env, cfg.policy)
     heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
     (worker,) = launch_rollout_workers(
@@ -36,7 +37,8 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> float:
     )
     scorer = scorer_factory(env, cfg.reward)()  # here: the worker only generates
     try:
-        return evaluate([worker], scorer, heldout, eval_tokens(cfg, heldout))
+        e = cfg.eval
+        return evaluate([worker], scorer, heldout, eval_tokens(cfg, heldout), e.k, e.temperature)
     finally:
         scorer.close()
         ray.kill(worker.handle)

@@ -323,20 +323,50 @@ def evaluate(
     scorer: Scorer,
     problems: list[Problem],
     max_new_tokens: int,
-) -> float:
-    """Held-out accuracy with greedy decoding (completions come back here, not to the store).
+    k: int = 1,
+    temperature: float = 1.0,
+) -> dict[str, float]:
+    """Held-out metrics (completions come back here, not to the store): ``eval/accuracy``
+    with greedy decoding, and with ``k > 1`` also ``eval/mean_at_<k>`` (the share of right
+    samples) and ``eval/pass_at_<k>`` (the share of prompts with a right one) over ``k``
+    samples per prompt at ``temperature``.
 
     A worker that dies meanwhile is left out (Ray restarts it; the next call the rollouts
     make to it waits for the new process): its prompts run again on the workers still
     there. Fails only when none is left.
     """
-    live, left, correct = list(workers), list(range(len(problems))), 0
+    live = list(workers)
+    greedy = _correct(live, scorer, problems, 1, max_new_tokens, 0.0)
+    metrics = {"eval/accuracy": sum(c[0] for c in greedy) / len(problems)}
+    if k > 1:
+        sampled = _correct(live, scorer, problems, k, max_new_tokens, temperature)
+        metrics[f"eval/mean_at_{k}"] = sum(sum(c) for c in sampled) / (k * len(problems))
+        metrics[f"eval/pass_at_{k}"] = sum(any(c) for c in sampled) / len(problems)
+    return metrics
+
+
+def _correct(
+    live: list[RolloutWorkerClient],
+    scorer: Scorer,
+    problems: list[Problem],
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+) -> list[list[bool]]:
+    """Whether each of ``n`` completions of each problem is correct; ``live`` loses the
+    workers that die meanwhile."""
+    out: list[list[bool]] = [[] for _ in problems]
+    left = list(range(len(problems)))
     while left:
         if not live:
             raise RolloutFailure("every rollout worker died during the held-out evaluation")
         asked = [
-            (w, shard, w.generate([problems[i].prompt for i in shard], 1, max_new_tokens, 0.0, 0))
-            for w, shard in zip(live, (left[k :: len(live)] for k in range(len(live))), strict=True)
+            (
+                w,
+                shard,
+                w.generate([problems[i].prompt for i in shard], n, max_new_tokens, temperature, 0),
+            )
+            for w, shard in zip(live, (left[j :: len(live)] for j in range(len(live))), strict=True)
             if shard
         ]
         left = []
@@ -355,11 +385,12 @@ def evaluate(
                 continue
             results = scorer.score(
                 [problems[i] for i in shard],
-                [[g[0].text] for g in groups],
-                [[len(g[0].token_ids)] for g in groups],
+                [[c.text for c in g] for g in groups],
+                [[len(c.token_ids) for c in g] for g in groups],
             )
-            correct += sum(r[0].correct for r in results)
-    return correct / len(problems)
+            for i, row in zip(shard, results, strict=True):
+                out[i] = [r.correct for r in row]
+    return out
 
 
 def rollout_metrics(result: RolloutResult) -> dict[str, float]:

@@ -108,15 +108,14 @@ class Session:
                 ", ".join(seen[1:]),
             )
         if checkpoint is None:
-            self.start_accuracy = self.end_accuracy = evaluate(
-                live, self.scorer, self.heldout, self.eval_tokens
-            )
+            held_out = self._held_out(live)
+            self.start_accuracy = self.end_accuracy = held_out["eval/accuracy"]
             log.info(
                 "step    0/%d | held-out %5.1f%% (starting policy)",
                 cfg.train.steps,
                 100 * self.start_accuracy,
             )
-            self.tracker.log_metrics(0, {"eval/accuracy": self.start_accuracy})
+            self.tracker.log_metrics(0, held_out)
         else:
             meta = checkpoint.meta
             self.step = int(ray.get(self.trainer.restore(checkpoint.files, meta)))
@@ -235,15 +234,20 @@ class Session:
             )
         return grant
 
-    def evaluate(self) -> float:
-        """Held-out accuracy of the trainer's current version."""
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics of the trainer's current version (``eval/accuracy``, and with
+        ``eval.k > 1`` mean@k and pass@k)."""
         self.store.drain(True)  # nothing consumes while paused: puts must not wait for room
         self.rollouts.pause()  # async: workers hand vLLM back, then load the version
         workers = self.synced(self.rollouts.live())  # async: one whose node is gone is out
-        accuracy = evaluate(workers, self.scorer, self.heldout, self.eval_tokens)
+        held_out = self._held_out(workers)
         self.store.drain(False)
         self.rollouts.resume()
-        return accuracy
+        return held_out
+
+    def _held_out(self, workers: list[RolloutWorkerClient]) -> dict[str, float]:
+        e = self.cfg.eval
+        return evaluate(workers, self.scorer, self.heldout, self.eval_tokens, e.k, e.temperature)
 
     def checkpoint(self) -> str:
         """Model, optimiser and RNG (written by the trainer) with the data cursor and watermark."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from pathlib import Path
 
@@ -36,9 +37,9 @@ SMALL = [
 ]
 
 
-def _run(config: str, tmp_path: Path, cache: Path) -> tuple[str, Path]:
+def _run(config: str, tmp_path: Path, cache: Path, *more: str) -> tuple[str, Path]:
     args = ["run", str(EXAMPLE / config)]
-    for setting in (f"root={tmp_path / 'runs'}", f"cache={cache}", *SMALL):
+    for setting in (f"root={tmp_path / 'runs'}", f"cache={cache}", *SMALL, *more):
         args += ["--set", setting]
     result = sluice(*args, env={**os.environ, "PYTHONPATH": str(EXAMPLE)})
     out = result.stdout + result.stderr
@@ -66,12 +67,35 @@ def test_the_dataset_example_trains_on_its_jsonl_with_the_users_reward(
     assert "rollout/reward/final_sum/answered" in keys
 
 
-def test_the_environment_example_trains_the_users_class(tmp_path: Path, shared_cache: Path) -> None:
-    out, runs = _run("reverse.yaml", tmp_path, shared_cache)
+def test_the_environment_example_trains_the_users_class_and_evaluates_pass_at_k(
+    tmp_path: Path, shared_cache: Path
+) -> None:
+    out, runs = _run("reverse.yaml", tmp_path, shared_cache, "eval.k=4")
     assert "step    4/4" in out
     table = Ledger((runs / "my-reverse").as_uri()).read()
     assert check_exactly_once(table) == []
     assert all(p.startswith("reverse/") for p in table["prompt_id"].to_pylist())
+    with sqlite3.connect(runs / "mlflow.db") as db:
+        rows = db.execute(
+            "SELECT key, step, value FROM metrics WHERE key LIKE 'eval/%' ORDER BY step"
+        ).fetchall()
+    at = {(key, step): value for key, step, value in rows}
+    for step in (0, 2, 4):  # the start, every eval.every steps, the end
+        mean, passed = at[("eval/mean_at_4", step)], at[("eval/pass_at_4", step)]
+        assert 0.0 <= mean <= passed <= 1.0  # a prompt with a right sample counts for pass
+
+    result = sluice(
+        "eval",
+        str(EXAMPLE / "reverse.yaml"),
+        "--policy",
+        str(runs / "my-reverse" / "policy"),
+        *("--set", f"root={tmp_path / 'eval'}", "--set", f"cache={shared_cache}"),
+        *("--set", "eval.k=4", "--set", "eval.prompts=16", "--set", "rollout.kv_cache_gib=0.25"),
+        env={**os.environ, "PYTHONPATH": str(EXAMPLE)},
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    printed = r"held-out accuracy [\d.]+%, mean@4 [\d.]+%, pass@4 [\d.]+% on 16 prompts"
+    assert re.search(printed, result.stdout), result.stdout
 
 
 CHAT_REWARD = """
@@ -124,3 +148,32 @@ def test_a_chat_dataset_trains_a_model_folder_with_a_bpe_tokenizer_and_template(
     # the reward's assertion never failed: no sample carries a reason
     assert not [r for r in table["reason"].to_pylist() if r and "AssertionError" in r]
     assert "trained" in set(table["event"].to_pylist())
+
+
+def test_a_reasoning_gym_task_trains_for_a_few_steps(
+    tmp_path: Path, shared_cache: Path, bpe_policy: Path
+) -> None:
+    """Any reasoning-gym task by name: its entries are the prompts, its scorer the reward."""
+    args = ["run", "configs/smoke.yaml"]
+    for setting in (
+        f"root={tmp_path / 'runs'}",
+        f"cache={shared_cache}",
+        "mode=async",
+        f"policy.path={bpe_policy}",
+        "env.name=reasoning_gym",
+        "env.args={task: basic_arithmetic, size: 400, seed: 1}",
+        "rollout.max_new_tokens=16",
+    ):
+        args += ["--set", setting]
+    result = sluice(*args)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "step    4/4" in out
+    table = Ledger((tmp_path / "runs" / "smoke").as_uri()).read()
+    assert check_exactly_once(table) == []
+    trained = [
+        p
+        for p, e in zip(table["prompt_id"].to_pylist(), table["event"].to_pylist(), strict=True)
+        if e == "trained"
+    ]
+    assert trained and all(p.startswith("reasoning_gym/basic_arithmetic/train/") for p in trained)

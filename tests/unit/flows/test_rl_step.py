@@ -90,9 +90,9 @@ class FakeSession:
         self.calls("lease", self.step)
         return f"lease-{self.step + 1}"
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict[str, float]:
         self.calls("evaluate", self.step)
-        return 0.5
+        return {"eval/accuracy": 0.5, "eval/pass_at_4": 0.75}
 
 
 class FakeTracker:
@@ -140,6 +140,7 @@ def test_held_out_evaluation_runs_every_n_steps_and_at_the_end(step: int, evalua
     assert ("evaluate" in s.calls.names) == evaluates
     logged = tracker.logged[0][1]
     assert ("eval/accuracy" in logged) == evaluates
+    assert ("eval/pass_at_4" in logged) == evaluates  # every held-out metric is logged
     assert s.end_accuracy == (0.5 if evaluates else None)
 
 
