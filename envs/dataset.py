@@ -131,7 +131,15 @@ class DataSource:
 
     def batches(self, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
         if self._format is not None:
-            yield from self._dataset().to_batches(columns=list(columns), batch_size=BATCH_ROWS)
+            yield from self._dataset().to_batches(
+                columns=list(columns),
+                batch_size=BATCH_ROWS,
+                # One batch at a time: with threads the scanner decodes row groups ahead
+                # (30-40 MB of a 10 MB file in a measurement); the driver needs a few rows.
+                use_threads=False,
+                batch_readahead=1,
+                fragment_readahead=1,
+            )
             return
         assert self._arrow_files is not None
         for name in self._arrow_files:
@@ -181,6 +189,7 @@ class DatasetEnv:
                         f"(column {self.columns.prompt!r}); remove the row or fill it"
                     )
                 row += batch.num_rows
+            pa.default_memory_pool().release_unused()
 
     def _problem(self, split: Split, index: int, row: dict[str, Any]) -> Problem:
         prompt = row[self.columns.prompt]
@@ -261,6 +270,9 @@ class DatasetPrompts:
             self.epoch, self.taken = self.epoch + 1, 0
             self._restart()
             return self._fill()
+        # Arrow's allocator keeps the pages of decoded batches; hand them back each window,
+        # so that the driver's memory stays flat however far the stream goes.
+        pa.default_memory_pool().release_unused()
         random.Random(f"{self.seed}/{self.epoch}/{self._windows}").shuffle(window)
         self._windows += 1
         self._window = window[::-1]  # pop() from the end hands them out in shuffled order
