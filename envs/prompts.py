@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from sluice.envs.base import Environment, Problem
+
+# A stream that has gone round this many times without one prompt that fits is all too long.
+EPOCHS_WITHOUT_A_FIT = 2
 
 
 class PromptSource(Protocol):
@@ -74,3 +78,60 @@ class PromptStream:
                 self.epoch += 1
             out.append(self._pool[self._order.pop()])
         return out
+
+
+class PromptsTooLong(ValueError):
+    """No training prompt fits the model's context with room for the response."""
+
+
+class SkipSink(Protocol):
+    """Where a passed-over prompt is recorded (the ledger, through the trajectory store)."""
+
+    def skipped(self, problem: Problem, reason: str) -> None: ...
+
+
+class FittingPrompts:
+    """The prompts of ``inner`` whose ``length`` (in tokens) is at most ``limit``; each one
+    longer is passed over and recorded with ``sink``, with the reason. ``PromptsTooLong``
+    names the count and the longest when the stream goes round ``EPOCHS_WITHOUT_A_FIT``
+    times without a prompt that fits."""
+
+    def __init__(
+        self,
+        inner: PromptSource,
+        length: Callable[[str], int],
+        limit: int,
+        sink: SkipSink,
+        why: str,
+    ) -> None:
+        self.inner, self.length, self.limit, self.sink, self.why = inner, length, limit, sink, why
+        self.passed_over = 0
+        self._longest = 0
+        self._since_fit = 0
+
+    def take(self, count: int) -> list[Problem]:
+        out: list[Problem] = []
+        start = getattr(self.inner, "epoch", 0)
+        while len(out) < count:
+            for problem in self.inner.take(count - len(out)):
+                tokens = self.length(problem.prompt)
+                if tokens <= self.limit:
+                    out.append(problem)
+                    self._since_fit = 0
+                    continue
+                self.passed_over += 1
+                self._since_fit += 1
+                self._longest = max(self._longest, tokens)
+                self.sink.skipped(problem, f"the prompt is {tokens} tokens: {self.why}")
+            if not out and getattr(self.inner, "epoch", 0) - start >= EPOCHS_WITHOUT_A_FIT:
+                raise PromptsTooLong(
+                    f"every training prompt is too long: {self._since_fit} in a row passed "
+                    f"over, the longest {self._longest} tokens ({self.why})"
+                )
+        return out
+
+    def cursor(self) -> dict[str, Any]:
+        return self.inner.cursor()
+
+    def restore(self, cursor: dict[str, Any]) -> None:
+        self.inner.restore(cursor)

@@ -4,12 +4,18 @@ before anything starts."""
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+from sluice.engines.dispatcher import LedgerSink
 from sluice.envs import Environment, Problem, make_env
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Renderer
+from sluice.envs.prompts import FittingPrompts, PromptSource
 from sluice.envs.rewards import RewardFunction, check_signature, import_function, module_root
 from sluice.envs.scoring import Scorer, make_scorer
 from sluice.rl.config import (
@@ -20,7 +26,10 @@ from sluice.rl.config import (
     RewardConfig,
     RunConfig,
 )
+from sluice.storage.ledger import LedgerEvent
 from sluice.storage.urls import open_url
+
+log = logging.getLogger("sluice")
 
 
 def make_environment(cfg: EnvConfig, policy: PolicyConfig | None = None) -> tuple[Environment, str]:
@@ -179,3 +188,77 @@ def scorer_factory(env: Environment, cfg: RewardConfig) -> Callable[[], Scorer]:
         cfg.correct_at,
         roots,
     )
+
+
+def model_context(model_dir: str) -> int | None:
+    """The context length of a model folder (``max_position_embeddings`` in config.json,
+    which vLLM takes as its ``max_model_len``); None when the config does not say."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return None
+
+
+class PromptTokens:
+    """How many tokens a prompt is to vLLM (``engines/vllm_rollout.py: prompt_ids``): the
+    model folder's tokenizer, no second BOS after a template's. Picklable (the tokenizer
+    is loaded where it is first used)."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.model_dir = model_dir
+        self._tokenizer: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"model_dir": self.model_dir, "_tokenizer": None}
+
+    def __call__(self, prompt: str) -> int:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        bos = self._tokenizer.bos_token
+        add = not (bos and prompt.startswith(bos))
+        return len(self._tokenizer(prompt, add_special_tokens=add)["input_ids"])
+
+
+@dataclass
+class LedgerSkips:
+    """Records a passed-over prompt as a ``dropped`` sample with the reason (``FittingPrompts``
+    calls it), through the trajectory store's ledger."""
+
+    ledger: LedgerSink
+
+    def skipped(self, problem: Problem, reason: str) -> None:
+        sample = f"{problem.prompt_id}@too-long-{uuid.uuid4().hex[:8]}/0"
+        self.ledger.record([LedgerEvent(sample, problem.prompt_id, "dropped", reason=reason)])
+
+
+def fitting(
+    cfg: RunConfig, prompts: PromptSource, heldout: list[Problem], ledger: LedgerSink
+) -> tuple[PromptSource, list[Problem]]:
+    """With a model folder, the prompts that leave ``rollout.max_new_tokens`` of its context
+    for the response: longer training prompts are passed over (recorded in the ledger),
+    longer held-out ones left out of the evaluation (with a warning)."""
+    if cfg.policy.path is None:
+        return prompts, heldout  # check_context made sure that every prompt fits
+    context = model_context(cfg.policy.path)
+    if context is None:
+        return prompts, heldout
+    limit = context - cfg.rollout.max_new_tokens
+    why = (
+        f"the model's context ({context}) less rollout.max_new_tokens "
+        f"({cfg.rollout.max_new_tokens}) leaves {limit}"
+    )
+    length = PromptTokens(cfg.policy.path)
+    fit = [p for p in heldout if length(p.prompt) <= limit]
+    if len(fit) < len(heldout):
+        log.warning(
+            "%d of %d held-out prompts are too long (%s): left out",
+            len(heldout) - len(fit),
+            len(heldout),
+            why,
+        )
+    if not fit:
+        raise ConfigError(f"every held-out prompt is too long: {why}")
+    return FittingPrompts(prompts, length, limit, LedgerSkips(ledger), why), fit

@@ -41,6 +41,7 @@ from sluice.storage.trajectory_index import LeaseGrant
 from sluice.storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
 from sluice.tasks.environment import (
     eval_tokens,
+    fitting,
     make_environment,
     max_model_len,
     scorer_factory,
@@ -328,7 +329,12 @@ class Session:
         self.actors = [handle, self.trainer.handle, *(w.handle for w in self.workers)]
         self.actors += params.relays
         train_seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
-        prompts = training_prompts(self.env, cfg.env.train_prompts, train_seed)
+        prompts, self.heldout = fitting(
+            cfg,
+            training_prompts(self.env, cfg.env.train_prompts, train_seed),
+            self.heldout,
+            self.store,
+        )
         dispatcher = None
         if streaming:
             dispatcher = launch_dispatcher(cfg, self.store, prompts, self.env.name)

@@ -111,7 +111,8 @@ def test_a_chat_dataset_trains_a_model_folder_with_a_bpe_tokenizer_and_template(
     """A user's model folder (subword tokenizer, chat template, end-of-turn EOS), chat-message
     prompts from a JSONL file rendered with its template, a column passed on to the reward
     (which also checks that no special token reached it): vLLM generates, the trainer
-    trains, the weights go back to vLLM, every sample is accounted for."""
+    trains, the weights go back to vLLM, every sample is accounted for; prompts too long
+    for the context are passed over and recorded."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "chat_rewards.py").write_text(CHAT_REWARD)
@@ -122,6 +123,15 @@ def test_a_chat_dataset_trains_a_model_folder_with_a_bpe_tokenizer_and_template(
             "level": a % 3,
         }
         for a, b in ((i * 7 % 100, i * 13 % 100) for i in range(300))
+    ]
+    # Prompts longer than the folder's context (512) less max_new_tokens (16).
+    rows += [
+        {
+            "messages": [{"role": "user", "content": f"{i} " + "plus one " * 300}],
+            "answer": "0",
+            "level": 0,
+        }
+        for i in range(40)
     ]
     data = project / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -145,8 +155,13 @@ def test_a_chat_dataset_trains_a_model_folder_with_a_bpe_tokenizer_and_template(
     assert "step    4/4" in out
     table = Ledger((tmp_path / "runs" / "smoke").as_uri()).read()
     assert check_exactly_once(table) == []
-    # the reward's assertion never failed: no sample carries a reason
-    assert not [r for r in table["reason"].to_pylist() if r and "AssertionError" in r]
+    reasons = [r for r in table["reason"].to_pylist() if r]
+    # the reward's assertion never failed: no sample carries that reason
+    assert not [r for r in reasons if "AssertionError" in r]
+    # the too-long prompts were passed over, each recorded with the reason
+    assert any(
+        re.search(r"the prompt is \d+ tokens: the model's context \(512\) less", r) for r in reasons
+    ), sorted(set(reasons))
     assert "trained" in set(table["event"].to_pylist())
 
 

@@ -15,6 +15,7 @@ import pytest
 from sluice.envs import dataset as ds
 from sluice.envs.base import split_of
 from sluice.envs.dataset import Columns, DataError, DatasetEnv, DataSource
+from sluice.envs.prompts import FittingPrompts, PromptsTooLong
 
 ROWS = [{"q": f"{i}+{i}=", "a": str(2 * i), "level": i % 3} for i in range(200)]
 
@@ -122,3 +123,38 @@ def test_the_stream_shuffles_windows_covers_each_epoch_and_resumes_from_its_curs
     copy = pickle.loads(pickle.dumps(again))  # the dispatcher's copy, in async
     assert copy.cursor() == again.cursor()
     assert [p.prompt_id for p in copy.take(9)] == [p.prompt_id for p in again.take(9)]
+
+
+class _Skips:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def skipped(self, problem, reason: str) -> None:  # type: ignore[no-untyped-def]
+        self.seen.append((problem.prompt_id, reason))
+
+
+def test_prompts_longer_than_the_limit_are_passed_over_and_recorded(tmp_path: Path) -> None:
+    rows = [{"q": f"{i:03d}" + "x" * (0 if i % 4 else 37), "a": "y"} for i in range(64)]
+    env = DatasetEnv(DataSource(_jsonl(tmp_path / "p.jsonl", rows)), Columns("q", "a"))
+    sink = _Skips()
+    fitting = FittingPrompts(env.stream(seed=0), len, 10, sink, "the context leaves 10")
+    taken = fitting.take(20)
+    assert len(taken) == 20 and all(len(p.prompt) <= 10 for p in taken)
+    assert sink.seen and all(
+        r == "the prompt is 40 tokens: the context leaves 10" for _, r in sink.seen
+    )
+    assert fitting.passed_over == len(sink.seen)
+    assert fitting.cursor() == fitting.inner.cursor()
+
+
+def test_a_stream_of_only_too_long_prompts_fails_with_the_count_and_the_longest(
+    tmp_path: Path,
+) -> None:
+    rows = [{"q": "x" * (20 + i), "a": "y"} for i in range(30)]
+    env = DatasetEnv(DataSource(_jsonl(tmp_path / "p.jsonl", rows)), Columns("q", "a"))
+    fitting = FittingPrompts(env.stream(seed=0), len, 10, _Skips(), "the context leaves 10")
+    with pytest.raises(
+        PromptsTooLong,
+        match=r"every training prompt is too long: \d+ in a row passed over, the longest 4\d",
+    ):
+        fitting.take(4)
