@@ -34,6 +34,7 @@ from sluice.envs.base import Problem, RewardResult, Split, check_split, split_of
 BATCH_ROWS = 4096
 WINDOW_ROWS = 4096
 
+_JSON = (".jsonl", ".json")
 Messages = list[dict[str, str]]
 Renderer = Callable[[Messages], str]
 
@@ -86,7 +87,8 @@ class DataSource:
         elif self._isdir(path) and self._exists(posixpath.join(path, "state.json")):
             self._arrow_files = self._hf_files(path)
         else:
-            fmt = self._format = "json" if path.endswith((".jsonl", ".json")) else "parquet"
+            named = self._data_files() if self._isdir(path) else [path]
+            fmt = self._format = "json" if named[0].endswith(_JSON) else "parquet"
             try:
                 self._dataset().schema  # noqa: B018 - reading it surfaces a bad file here
             except (pa.ArrowInvalid, OSError) as error:
@@ -95,8 +97,32 @@ class DataSource:
                     "or a folder saved by datasets' save_to_disk"
                 ) from None
 
+    def _data_files(self) -> list[str]:
+        """A folder's data files: its JSONL files if it has any, else every other file
+        (Parquet), in path order; hidden files and ``_``-prefixed markers left out."""
+        if _local(self.filesystem):
+            import os
+
+            found = [
+                os.path.join(top, f)
+                for top, _, files in os.walk(self.path)
+                for f in files
+                if not f.startswith((".", "_"))
+            ]
+        else:
+            found = [
+                f
+                for f in self.filesystem.find(self.path)
+                if not posixpath.basename(f).startswith((".", "_"))
+            ]
+        if not found:
+            raise DataError(f"data folder {self.path!r} holds no data files")
+        json_files = [f for f in found if f.endswith(_JSON)]
+        return sorted(json_files or found)
+
     def _dataset(self) -> pads.Dataset:
-        return pads.dataset(self.path, format=self._format, filesystem=self._fs)
+        files = self._data_files() if self._isdir(self.path) else self.path
+        return pads.dataset(files, format=self._format, filesystem=self._fs)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_exists", "_isdir", "_open")}
@@ -130,22 +156,33 @@ class DataSource:
             return pa.ipc.open_stream(f).schema
 
     def batches(self, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+        for _, batch in self.file_batches(columns):
+            yield batch
+
+    def file_batches(self, columns: Sequence[str]) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Record batches of ``columns`` with the file each comes from: its path below the
+        folder for a folder of data files (one of several shards of a datasets folder), ""
+        for a single file."""
         if self._format is not None:
-            yield from self._dataset().to_batches(
-                columns=list(columns),
-                batch_size=BATCH_ROWS,
-                # One batch at a time: with threads the scanner decodes row groups ahead
-                # (30-40 MB of a 10 MB file in a measurement); the driver needs a few rows.
-                use_threads=False,
-                batch_readahead=1,
-                fragment_readahead=1,
-            )
+            folder = self._isdir(self.path)
+            for fragment in sorted(self._dataset().get_fragments(), key=lambda f: f.path):
+                key = posixpath.relpath(fragment.path, self.path) if folder else ""
+                for batch in fragment.to_batches(
+                    columns=list(columns),
+                    batch_size=BATCH_ROWS,
+                    # One batch at a time: with threads the scanner decodes row groups ahead
+                    # (30-40 MB of a 10 MB file in a measurement); the driver needs a few.
+                    use_threads=False,
+                    batch_readahead=1,
+                ):
+                    yield key, batch
             return
         assert self._arrow_files is not None
         for name in self._arrow_files:
+            key = posixpath.basename(name) if len(self._arrow_files) > 1 else ""
             with self._open(name, "rb") as f:
                 for batch in pa.ipc.open_stream(f):
-                    yield batch.select(list(columns))
+                    yield key, batch.select(list(columns))
 
 
 class DatasetEnv:
@@ -159,8 +196,10 @@ class DatasetEnv:
         columns: Columns,
         heldout: DataSource | None = None,
         render: Renderer | None = None,
+        skip: frozenset[str] = frozenset(),
     ) -> None:
         self.source, self.columns, self.heldout, self.render = source, columns, heldout, render
+        self.skip = skip  # prompt ids of training rows to leave out (trained in earlier runs)
 
     def check(self) -> None:
         """The mapped columns exist and no prompt is empty; a ``DataError`` naming the first
@@ -191,18 +230,18 @@ class DatasetEnv:
                 row += batch.num_rows
             pa.default_memory_pool().release_unused()
 
-    def _problem(self, split: Split, index: int, row: dict[str, Any]) -> Problem:
+    def _problem(self, split: Split, row_id: str, row: dict[str, Any]) -> Problem:
         prompt = row[self.columns.prompt]
         if not isinstance(prompt, str):
             if self.render is None:
                 raise DataError(
-                    f"row {index}: the prompt is a list of chat messages, and the policy has "
+                    f"row {row_id}: the prompt is a list of chat messages, and the policy has "
                     "no chat template to render it (set policy.path to a model folder with one)"
                 )
             prompt = self.render(list(prompt))
         answer = row.get(self.columns.answer) if self.columns.answer else None
         return Problem(
-            prompt_id=f"{self.name}/{split}/{index}",
+            prompt_id=f"{self.name}/{split}/{row_id}",
             env=self.name,
             prompt=prompt,
             answer="" if answer is None else str(answer),
@@ -210,26 +249,35 @@ class DatasetEnv:
             fields={f: row[f] for f in self.columns.fields},
         )
 
-    def rows(self, split: Split) -> Iterator[tuple[int, dict[str, Any]]]:
-        """(row number in its file, row) of ``split``, in file order."""
+    def rows(self, split: Split) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(row id, row) of ``split`` in file order: the row's number in its file, after
+        the file's path for a folder of files (``part-2.parquet/17``), so that a file added
+        later leaves the other rows' ids as they were. Training rows whose
+        prompt id is in ``skip`` are left out."""
         source = self.heldout if split == "heldout" and self.heldout else self.source
         hashed = self.heldout is None
-        index = 0
-        for batch in source.batches(self.columns.read):
+        file, index = None, 0
+        for key, batch in source.file_batches(self.columns.read):
+            if key != file:
+                file, index = key, 0
             for row in batch.to_pylist():
-                if not hashed or split_of(self.name, _canonical(row[self.columns.prompt])) == split:
-                    yield index, row
+                row_id = f"{key}/{index}" if key else str(index)
                 index += 1
+                if hashed and split_of(self.name, _canonical(row[self.columns.prompt])) != split:
+                    continue
+                if split == "train" and f"{self.name}/train/{row_id}" in self.skip:
+                    continue
+                yield row_id, row
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """The first ``n`` problems of ``split`` in file order (``seed`` is not used: a data
         file's order is its own; the training stream shuffles)."""
         checked = check_split(split)
         out: list[Problem] = []
-        for index, row in self.rows(checked):
+        for row_id, row in self.rows(checked):
             if len(out) == n:
                 break
-            out.append(self._problem(checked, index, row))
+            out.append(self._problem(checked, row_id, row))
         return out
 
     def reward(self, problem: Problem, completion: str) -> RewardResult:
@@ -254,8 +302,8 @@ class DatasetPrompts:
     def __init__(self, env: DatasetEnv, seed: int) -> None:
         self.env, self.seed = env, seed
         self.epoch, self.taken = 1, 0  # rows of this epoch handed out
-        self._rows: Iterator[tuple[int, dict[str, Any]]] = iter(())
-        self._window: list[tuple[int, dict[str, Any]]] = []
+        self._rows: Iterator[tuple[str, dict[str, Any]]] = iter(())
+        self._window: list[tuple[str, dict[str, Any]]] = []
         self._windows = 0  # windows read this epoch
         self._restart()
 
@@ -282,9 +330,9 @@ class DatasetPrompts:
         for _ in range(count):
             if not self._window:
                 self._fill()
-            index, row = self._window.pop()
+            row_id, row = self._window.pop()
             self.taken += 1
-            out.append(self.env._problem("train", index, row))
+            out.append(self.env._problem("train", row_id, row))
         return out
 
     def cursor(self) -> dict[str, Any]:

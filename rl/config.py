@@ -142,6 +142,11 @@ class DataConfig(_Section):
         "a stable hash of the prompt.",
     )
     split: str = Field("train", description="The split to read from a datasets folder.")
+    skip_trained_in: list[str] = Field(
+        default_factory=list,
+        description="Storage URLs of earlier runs: training rows their ledgers record as "
+        "trained are left out (retrain sets this, to train on fresh rows only).",
+    )
 
 
 class EnvConfig(_Section):

@@ -26,7 +26,7 @@ from sluice.rl.config import (
     RewardConfig,
     RunConfig,
 )
-from sluice.storage.ledger import LedgerEvent
+from sluice.storage.ledger import Ledger, LedgerEvent
 from sluice.storage.urls import open_url
 
 log = logging.getLogger("sluice")
@@ -75,7 +75,25 @@ def dataset_environment(data: DataConfig, policy: PolicyConfig | None) -> Datase
     columns = Columns(data.prompt, data.answer, tuple(data.fields))
     heldout = source(data.heldout_path) if data.heldout_path else None
     render = chat_renderer(policy.path) if policy is not None and policy.path else None
-    return DatasetEnv(source(data.path), columns, heldout, render)
+    skip = trained_prompts(data.skip_trained_in)
+    return DatasetEnv(source(data.path), columns, heldout, render, skip)
+
+
+def trained_prompts(urls: list[str]) -> frozenset[str]:
+    """Prompt ids the ledgers of the runs at ``urls`` record as trained (a run without a
+    ledger has trained none)."""
+    trained: set[str] = set()
+    for url in urls:
+        ledger = Ledger(url)
+        if not ledger.watermark():  # nothing flushed: nothing trained
+            continue
+        table = ledger.read().select(["prompt_id", "event"])
+        trained.update(
+            p
+            for p, e in zip(*(table[c].to_pylist() for c in ("prompt_id", "event")), strict=True)
+            if e == "trained"
+        )
+    return frozenset(trained)
 
 
 def chat_renderer(model_dir: str) -> Renderer | None:
