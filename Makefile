@@ -19,7 +19,7 @@ run: setup
 	$(VENV)/bin/sluice run $(CONFIG)
 
 test: setup
-	$(PYTEST) -m "not slow and not gpu and not ui"
+	$(PYTEST) --durations=15 -m "not slow and not gpu and not ui"
 
 # The multi-node Ray test (marker `slow`): a cluster of five nodes on 127.0.0.1 that grows,
 # loses a node and regrows under a real job (~3 minutes). CI runs it after `make test`.
