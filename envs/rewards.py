@@ -377,7 +377,8 @@ class RewardPool:
                 job = queue.popleft()
                 try:
                     self._live(i).send(job)
-                except (RuntimeError, OSError) as error:  # could not start, or it just died
+                except (RuntimeError, OSError, TypeError, ValueError) as error:
+                    # could not start, it just died, or the call is not JSON data
                     fail(job, str(error))
                     continue
                 running[i] = (job, time.monotonic() + self.timeout_s)

@@ -1,5 +1,6 @@
-"""Scoring completions: the environment's built-in verifier in-process, or the user's reward
-functions in an isolated pool (``envs/rewards.py``), behind one ``Scorer`` Protocol.
+"""Scoring completions: a built-in environment's verifier in-process, or user code (the
+user's reward functions, or a plugin environment's ``reward``) in an isolated pool
+(``envs/rewards.py``), behind one ``Scorer`` Protocol.
 
 A rollout worker builds its scorer once it runs (``make_scorer``, handed over as a
 picklable factory) and scores each finished group with it; the driver does the same for
@@ -8,9 +9,11 @@ held-out evaluation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
+from sluice.envs import environment_reward
 from sluice.envs.base import Environment, Problem, RewardResult, score
 from sluice.envs.rewards import RewardCall, RewardFunction, RewardPool
 
@@ -53,10 +56,17 @@ class VerifierScorer:
 
 
 class PoolScorer:
-    """The user's reward functions in a ``RewardPool``; a group is scored in one call."""
+    """Reward functions in a ``RewardPool``; a group is scored in one call. ``whole_problem``:
+    the functions take the problem itself (a plugin environment's ``reward``), not its
+    prompt and fields."""
 
-    def __init__(self, pool: RewardPool) -> None:
-        self.pool = pool
+    def __init__(self, pool: RewardPool, whole_problem: bool = False) -> None:
+        self.pool, self.whole_problem = pool, whole_problem
+
+    def _fields(self, problem: Problem, tokens: int) -> dict[str, Any]:
+        if self.whole_problem:
+            return {"problem": {**dataclasses.asdict(problem), "fields": dict(problem.fields)}}
+        return {"answer": problem.answer, "completion_tokens": tokens, **problem.fields}
 
     def score(
         self,
@@ -65,7 +75,7 @@ class PoolScorer:
         lengths: Sequence[Sequence[int]],
     ) -> list[list[RewardResult]]:
         calls = [
-            RewardCall(p.prompt, c, {"answer": p.answer, "completion_tokens": n, **p.fields})
+            RewardCall(p.prompt, c, self._fields(p, n))
             for p, group, sizes in zip(problems, completions, lengths, strict=True)
             for c, n in zip(group, sizes, strict=True)
         ]
@@ -90,8 +100,17 @@ def make_scorer(
     memory_mib: int | None = 4096,
     correct_at: float = 1.0,
     roots: Sequence[str] = (),
+    plugin: tuple[str, Mapping[str, Any]] | None = None,
 ) -> Scorer:
-    """The user's functions in a pool if there are any, else ``env``'s verifier."""
-    if not functions:
-        return VerifierScorer(env)
-    return PoolScorer(RewardPool(functions, workers, timeout_s, memory_mib, correct_at, roots))
+    """The user's functions in a pool if there are any; else, for a ``plugin`` environment
+    (its name and constructor arguments), its ``reward`` in a pool; else ``env``'s verifier
+    in this process."""
+    if functions:
+        pool = RewardPool(functions, workers, timeout_s, memory_mib, correct_at, roots)
+        return PoolScorer(pool)
+    if plugin is not None:
+        name, args = plugin
+        own = RewardFunction(environment_reward.PATH, 1.0, {"env_name": name, "env_args": args})
+        pool = RewardPool([own], workers, timeout_s, memory_mib, correct_at, roots)
+        return PoolScorer(pool, whole_problem=True)
+    return VerifierScorer(env)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.engines.dispatcher import LedgerSink
-from sluice.envs import Environment, Problem, make_env
+from sluice.envs import ENV_NAMES, Environment, Problem, make_env
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Renderer
 from sluice.envs.prompts import FittingPrompts, PromptSource
 from sluice.envs.rewards import RewardFunction, check_signature, import_function, module_root
@@ -191,11 +191,17 @@ def check_environment(cfg: RunConfig) -> None:
             raise ConfigError(f"env.data: {error}") from None
 
 
-def scorer_factory(env: Environment, cfg: RewardConfig) -> Callable[[], Scorer]:
+def scorer_factory(env: Environment, cfg: RewardConfig, env_cfg: EnvConfig) -> Callable[[], Scorer]:
     """What a rollout worker (or the driver) calls to build its scorer, picklable for Ray:
-    the user's reward functions in a pool, with the folders their modules import from, or
-    the environment's verifier when there are none."""
-    roots = sorted({root for f in cfg.functions if (root := module_root(f.fn)) is not None})
+    the user's reward functions in a pool, with the folders their modules import from; else
+    a plugin environment's own ``reward`` in a pool (user code too); else the built-in
+    environment's verifier."""
+    paths = [f.fn for f in cfg.functions]
+    plugin = None
+    if not paths and env_cfg.name not in (*ENV_NAMES, "dataset"):
+        plugin = (env_cfg.name, dict(env_cfg.args))
+        paths = [env_cfg.name] if ":" in env_cfg.name else []
+    roots = sorted({root for path in paths if (root := module_root(path)) is not None})
     return partial(
         make_scorer,
         env,
@@ -205,6 +211,7 @@ def scorer_factory(env: Environment, cfg: RewardConfig) -> Callable[[], Scorer]:
         cfg.memory_mib,
         cfg.correct_at,
         roots,
+        plugin,
     )
 
 

@@ -35,7 +35,7 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> dict[str, float]:
         child_env(),
         count=1,
     )
-    scorer = scorer_factory(env, cfg.reward)()  # here: the worker only generates
+    scorer = scorer_factory(env, cfg.reward, cfg.env)()  # here: the worker only generates
     try:
         e = cfg.eval
         return evaluate([worker], scorer, heldout, eval_tokens(cfg, heldout), e.k, e.temperature)

@@ -125,7 +125,7 @@ def prepare_policy_task(cfg: RunConfig) -> str:
     env, signature = make_environment(cfg.env, cfg.policy)
     if cfg.reward.functions:  # the warm start's accuracy is the user's reward's
         signature += json.dumps(cfg.reward.model_dump(), sort_keys=True)
-    scorer = scorer_factory(env, cfg.reward)()
+    scorer = scorer_factory(env, cfg.reward, cfg.env)()
     try:
         return str(prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir, scorer))
     finally:

@@ -65,7 +65,7 @@ class Session:
         self.cfg, self.policy_dir, self.tracker = cfg, policy_dir, tracker
         self.schedule = schedule(cfg)
         self.env, _ = make_environment(cfg.env, cfg.policy)
-        self.make_scorer = scorer_factory(self.env, cfg.reward)
+        self.make_scorer = scorer_factory(self.env, cfg.reward, cfg.env)
         self.scorer = self.make_scorer()  # the driver's, for held-out evaluation
         self.heldout = self.env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
         self.eval_tokens = eval_tokens(cfg, self.heldout)
