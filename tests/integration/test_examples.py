@@ -1,11 +1,11 @@
 """The worked example of docs/tutorial.md, as a user runs it: ``examples/my_project`` holds
 a JSONL data set, a reward module and an environment class outside the package, and
 ``sluice run`` trains on each in ``async`` mode (at the smoke config's size, so it takes
-about a minute each)."""
+about a minute each); ``chat.yaml`` runs a model folder with a BPE tokenizer and a chat
+template, built here as a user's would be."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sqlite3
@@ -37,9 +37,12 @@ SMALL = [
 ]
 
 
-def _run(config: str, tmp_path: Path, cache: Path, *more: str) -> tuple[str, Path]:
+def _run(
+    config: str, tmp_path: Path, cache: Path, *more: str, small: bool = True
+) -> tuple[str, Path]:
     args = ["run", str(EXAMPLE / config)]
-    for setting in (f"root={tmp_path / 'runs'}", f"cache={cache}", *SMALL, *more):
+    sizes = SMALL if small else []
+    for setting in (f"root={tmp_path / 'runs'}", f"cache={cache}", *sizes, *more):
         args += ["--set", setting]
     result = sluice(*args, env={**os.environ, "PYTHONPATH": str(EXAMPLE)})
     out = result.stdout + result.stderr
@@ -98,71 +101,43 @@ def test_the_environment_example_trains_the_users_class_and_evaluates_pass_at_k(
     assert re.search(printed, result.stdout), result.stdout
 
 
-CHAT_REWARD = """
-def sum_in_reply(completion, answer, level):
-    assert "<|im_end|>" not in completion and "<|im_start|>" not in completion
-    return float(str(answer) in completion) + 0.0 * level
-"""
+# For a model folder: its own sizes stand; the run as small as the smoke config's.
+SMALL_RUN = [
+    "rollout.prompts_per_step=4",
+    "rollout.samples_per_prompt=4",
+    "rollout.kv_cache_gib=0.25",
+    "train.steps=4",
+    "eval.every=2",
+    "eval.prompts=32",
+]
 
 
-def test_a_chat_dataset_trains_a_model_folder_with_a_bpe_tokenizer_and_template(
+def test_the_chat_example_trains_a_model_folder_with_a_bpe_tokenizer_and_template(
     tmp_path: Path, shared_cache: Path, bpe_policy: Path
 ) -> None:
-    """A user's model folder (subword tokenizer, chat template, end-of-turn EOS), chat-message
-    prompts from a JSONL file rendered with its template, a column passed on to the reward
-    (which also checks that no special token reached it): vLLM generates, the trainer
-    trains, the weights go back to vLLM, every sample is accounted for; prompts too long
-    for the context are passed over and recorded."""
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "chat_rewards.py").write_text(CHAT_REWARD)
-    rows = [
-        {
-            "messages": [{"role": "user", "content": f"what is {a}+{b}?"}],
-            "answer": str(a + b),
-            "level": a % 3,
-        }
-        for a, b in ((i * 7 % 100, i * 13 % 100) for i in range(300))
-    ]
-    # Prompts longer than the folder's context (512) less max_new_tokens (16).
-    rows += [
-        {
-            "messages": [{"role": "user", "content": f"{i} " + "plus one " * 300}],
-            "answer": "0",
-            "level": 0,
-        }
-        for i in range(40)
-    ]
-    data = project / "chat.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["run", "configs/smoke.yaml"]
-    for setting in (
-        f"root={tmp_path / 'runs'}",
-        f"cache={shared_cache}",
-        "mode=async",
-        f"policy.path={bpe_policy}",
-        "env.name=dataset",
-        f"env.data.path={data}",
-        "env.data.prompt=messages",
-        "env.data.fields=[level]",
-        "reward=chat_rewards:sum_in_reply",
-        "rollout.max_new_tokens=16",
-    ):
-        args += ["--set", setting]
-    result = sluice(*args, env={**os.environ, "PYTHONPATH": str(project)})
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out[-4000:]
+    """``chat.yaml`` on a user's model folder (subword tokenizer, chat template, end-of-turn
+    EOS): chat-message prompts from the example's JSONL rendered with the template, a column
+    passed on to the reward; vLLM generates, the trainer trains, the weights go back to vLLM,
+    every sample is accounted for."""
+    out, runs = _run(
+        "chat.yaml", tmp_path, shared_cache, f"policy.path={bpe_policy}", *SMALL_RUN, small=False
+    )
     assert "step    4/4" in out
-    table = Ledger((tmp_path / "runs" / "smoke").as_uri()).read()
+    table = Ledger((runs / "my-chat").as_uri()).read()
     assert check_exactly_once(table) == []
-    reasons = [r for r in table["reason"].to_pylist() if r]
-    # the reward's assertion never failed: no sample carries that reason
-    assert not [r for r in reasons if "AssertionError" in r]
-    # the too-long prompts were passed over, each recorded with the reason
-    assert any(
-        re.search(r"the prompt is \d+ tokens: the model's context \(512\) less", r) for r in reasons
-    ), sorted(set(reasons))
-    assert "trained" in set(table["event"].to_pylist())
+    trained = {
+        p
+        for p, e in zip(table["prompt_id"].to_pylist(), table["event"].to_pylist(), strict=True)
+        if e == "trained"
+    }
+    assert trained and all(p.startswith("dataset/train/") for p in trained)
+    with sqlite3.connect(runs / "mlflow.db") as db:
+        digits = db.execute(
+            "SELECT MIN(value), MAX(value) FROM metrics WHERE key = ?",
+            ("rollout/reward/sum_in_reply/digits",),
+        ).fetchone()
+    # the data file's `digits` column reached the reward (1 or 2 digits in its problems)
+    assert digits[0] is not None and 1.0 <= digits[0] <= digits[1] <= 2.0
 
 
 def test_a_reasoning_gym_task_trains_for_a_few_steps(

@@ -1,14 +1,18 @@
-"""A run whose reward is the user's own function, named by import path, from a module that
-lives outside the package; the function fails in every way a user's code can (it hangs,
-kills its process, returns NaN, returns text) on some calls.
+"""The tutorial's chat example (``examples/my_project/chat.yaml``) on a model folder with a
+BPE tokenizer and a chat template, with its reward swapped for a user's function that fails
+in every way a user's code can: on some calls it hangs, kills its process, returns NaN or
+returns text. The data file is the example's plus prompts too long for the model's context.
 
 The run finishes; each failed sample is recorded in the ledger with its reason and counted,
-the first reasons reach the console, and the function's own metric reaches MLflow.
+the first reasons reach the console, the function's own metric reaches MLflow, and the
+too-long prompts are passed over with their reason.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sqlite3
 import textwrap
 from pathlib import Path
@@ -17,12 +21,15 @@ import pyarrow.compute as pc
 import pytest
 
 from sluice.storage.ledger import Ledger, check_exactly_once
-from tests.support.cli import sluice, smoke_run
+from tests.support.cli import ROOT, sluice
 
 pytestmark = pytest.mark.integration
 
+EXAMPLE = ROOT / "examples" / "my_project"
+
 # One sample in ten of each kind fails, chosen by a stable hash of the prompt and the
-# completion (a count of calls would restart with each replaced process).
+# completion (a count of calls would restart with each replaced process). The others check
+# that no special token of the chat template reached the reward.
 REWARDS = """
 import os, signal, time, zlib
 
@@ -36,34 +43,49 @@ def flaky(prompt, completion, answer):
         return float("nan")
     if kind == 3:
         return "1.0"
-    right = completion.strip().split("|")[-1] == answer.strip().split("|")[-1]
-    return {"reward": float(right), "chars": len(completion)}
+    if "<|im_end|>" in completion or "<|im_start|>" in completion:
+        raise ValueError("a special token reached the reward")
+    return {"reward": float(answer in completion), "chars": len(completion)}
 """
 
 
 def test_a_user_reward_that_fails_fails_its_samples_and_the_run_finishes(
-    tmp_path: Path, shared_cache: Path
+    tmp_path: Path, shared_cache: Path, bpe_policy: Path
 ) -> None:
     project = tmp_path / "project"
     project.mkdir()
-    (project / "my_rewards.py").write_text(textwrap.dedent(REWARDS))
-    env = {**os.environ, "PYTHONPATH": str(project)}
-    result = sluice(
-        *smoke_run(
-            tmp_path / "runs",
-            shared_cache,
-            "mode=async",
-            "train.steps=4",
-            "reward.functions=[my_rewards:flaky]",
-            "reward.timeout_s=1",
-        ),
-        env=env,
+    (project / "broken_rewards.py").write_text(textwrap.dedent(REWARDS))
+    data = project / "chat.jsonl"
+    long = [
+        {"messages": [{"role": "user", "content": f"{i} " + "plus one " * 300}], "answer": "0"}
+        for i in range(40)
+    ]
+    data.write_text(
+        (EXAMPLE / "data" / "chat.jsonl").read_text()
+        + "".join(json.dumps({**r, "digits": 1}) + "\n" for r in long)
     )
+    args = ["run", str(EXAMPLE / "chat.yaml")]
+    for setting in (
+        f"root={tmp_path / 'runs'}",
+        f"cache={shared_cache}",
+        f"policy.path={bpe_policy}",
+        f"env.data.path={data}",
+        "reward.functions=[broken_rewards:flaky]",
+        "reward.timeout_s=1",
+        "rollout.prompts_per_step=4",
+        "rollout.samples_per_prompt=4",
+        "rollout.kv_cache_gib=0.25",
+        "train.steps=4",
+        "eval.every=2",
+        "eval.prompts=32",
+    ):
+        args += ["--set", setting]
+    result = sluice(*args, env={**os.environ, "PYTHONPATH": str(project)})
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
-    assert "a sample's reward failed (recorded in the ledger): reward my_rewards:flaky" in out
+    assert "a sample's reward failed (recorded in the ledger): reward broken_rewards:flaky" in out
 
-    run_dir = tmp_path / "runs" / "smoke"
+    run_dir = tmp_path / "runs" / "my-chat"
     table = Ledger(run_dir.as_uri()).read()
     assert check_exactly_once(table) == []
     reasons = [r for r in pc.unique(table.column("reason")).to_pylist() if r]
@@ -74,6 +96,12 @@ def test_a_user_reward_that_fails_fails_its_samples_and_the_run_finishes(
         "returned a str, not a number or a mapping",
     ):
         assert any(why in r for r in reasons), (why, reasons)
+    assert not [r for r in reasons if "special token" in r], reasons
+    # the too-long prompts were passed over, each recorded with the reason
+    assert any(
+        re.search(r"the prompt is \d+ tokens: the model's context \(512\) less", r) for r in reasons
+    ), reasons
+    assert "trained" in set(table["event"].to_pylist())
 
     with sqlite3.connect(run_dir.parent / "mlflow.db") as db:
         errors = db.execute(

@@ -89,3 +89,11 @@ def build_bpe_policy(folder: Path, seed: int = 0, vocab_size: int = 384) -> Path
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_path.write_text(json.dumps(config, indent=2))
     return folder
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tests.support.bpe_policy FOLDER  (writes a tiny chat model)")
+    print(f"wrote a tiny chat model folder to {build_bpe_policy(Path(sys.argv[1]))}")

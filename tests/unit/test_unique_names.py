@@ -1,4 +1,5 @@
-"""pytest imports test files by basename (no packages under tests/): two files with one name fail collection."""
+"""pytest imports test files by basename (there are no packages under tests/), so two test
+files with one name fail the whole collection."""
 
 from collections import Counter
 from pathlib import Path
