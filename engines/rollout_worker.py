@@ -1,5 +1,6 @@
-"""The rollout worker: a Ray actor holding a rollout engine (vLLM), the environment's
-verifier, a trajectory-store producer and a parameter-service puller.
+"""The rollout worker: a Ray actor holding a rollout engine (vLLM), a scorer (the
+environment's verifier, or user code in a reward pool), a trajectory-store producer and a
+parameter-service puller.
 
 The flow's rollouts (``tasks/rollouts.py``) drive it through ``RolloutWorkerClient``, in one
 of two ways:
@@ -16,14 +17,18 @@ of two ways:
   them when it asks for work, and the dispatcher may have it hand its unfinished groups
   to another straggling worker (``Handoff``), which continues each sample from the
   tokens it has.
-Scoring here, next to the tokens, keeps trajectories off the driver.
+Scoring here, next to the tokens, keeps trajectories off the driver. A stream scores
+user code (an isolated scorer) on a thread of its own, so a slow or hung reward holds back
+only its group, never the decoding of the others.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
@@ -83,6 +88,9 @@ def _as_reported(group: PartialGroup) -> PartialGroup:
     return replace(group, samples=samples)
 
 
+Scored = tuple[pa.RecordBatch, RolloutStats]
+
+
 def scored_block(
     scorer: Scorer,
     env_name: str,
@@ -92,7 +100,7 @@ def scored_block(
     version_runs: list[list[VersionRuns]],
     group_ids: list[str],
     scale_by_std: bool,
-) -> tuple[pa.RecordBatch, RolloutStats]:
+) -> Scored:
     """Score every completion, compute GRPO advantages, and lay the groups out as rows.
 
     ``version_runs[g][j]`` gives the policy versions of completion j of group g as runs of
@@ -180,6 +188,11 @@ class RolloutWorker:
         torch.set_num_threads(threads)
         self.engine = make_engine()
         self.scorer = make_scorer()
+        # An isolated scorer waits on its processes: a stream scores on this thread while
+        # the engine goes on decoding (one thread, so the pool has one caller at a time).
+        self.scoring = (
+            ThreadPoolExecutor(1, thread_name_prefix="score") if self.scorer.isolated else None
+        )
         self.env, self._store, self._params = env, store, params
         # Running totals kept on the worker, so they survive a pause of the stream.
         self.stream_counters = {"busy_s": 0.0, "idle_s": 0.0, "pull_s": 0.0, "weight_loads": 0.0}
@@ -297,7 +310,10 @@ class _Stream:
             worker.params,
         )
         self.source, self.s = source, settings
+        self.scoring = worker.scoring
         self.counters = worker.stream_counters
+        # Finished groups whose scores are being computed on ``scoring``, oldest first.
+        self.being_scored: deque[tuple[str, PartialGroup, Future[Scored]]] = deque()
         self.running: dict[str, PartialSample] = {}
         self.groups: dict[str, PartialGroup] = {}
         self.reports: list[GroupDone] = []  # groups the store took, to report
@@ -321,13 +337,17 @@ class _Stream:
                 self.check_weights()
             if not self.stopping and self.newer is None:
                 self.refill()
+            self.take_scored()
             if not self.running:
                 if self.newer is not None:
                     self.load_newer()
                     continue
-                if self.stopping and not self.groups:
+                if self.stopping and not self.groups and not self.being_scored:
                     break
-                time.sleep(RELAY_POLL_S)  # admission holds us back: idle
+                if self.being_scored:  # nothing to decode: wait for the oldest score
+                    wait([self.being_scored[0][2]], timeout=RELAY_POLL_S)
+                else:
+                    time.sleep(RELAY_POLL_S)  # admission holds us back: idle
                 self.counters["idle_s"] += time.monotonic() - now
             else:
                 for delta in self.engine.step():
@@ -468,11 +488,10 @@ class _Stream:
             self.finish(sample.group, group)
 
     def finish(self, group_id: str, group: PartialGroup) -> None:
+        """Score a group whose samples are all done: here, or on the scoring thread."""
         del self.groups[group_id]
-        if not self.unsent:
-            self.unsent_since = time.monotonic()
         completions = [s.done for s in group.samples if s.done is not None]
-        block, stats = scored_block(
+        args = (
             self.scorer,
             self.env.name,
             [group.problem],
@@ -482,13 +501,28 @@ class _Stream:
             [group_id],
             self.s.scale_by_std,
         )
+        if self.scoring is None:
+            self.scored(group_id, group, scored_block(*args))
+        else:
+            self.being_scored.append((group_id, group, self.scoring.submit(scored_block, *args)))
+
+    def take_scored(self) -> None:
+        """Move the groups the scoring thread has finished, in order, to the unsent ones."""
+        while self.being_scored and self.being_scored[0][2].done():
+            group_id, group, future = self.being_scored.popleft()
+            self.scored(group_id, group, future.result())
+
+    def scored(self, group_id: str, group: PartialGroup, scored: Scored) -> None:
+        block, stats = scored
+        if not self.unsent:
+            self.unsent_since = time.monotonic()
         self.unsent.append(block)
         self.unsent_done.append(
             GroupDone(
                 group_id=group_id,
                 prompt_id=group.problem.prompt_id,
                 prompt_len=len(group.problem.prompt),
-                lengths=[len(c.token_ids) for c in completions],
+                lengths=[len(s.token_ids) for s in group.samples],
                 reward_sum=stats.reward_sum,
                 correct=stats.correct,
                 truncated=stats.truncated,

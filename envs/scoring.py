@@ -19,7 +19,15 @@ from sluice.envs.rewards import RewardCall, RewardFunction, RewardPool
 
 
 class Scorer(Protocol):
-    """Scores completions of problems; a failure is a ``RewardResult`` with ``error`` set."""
+    """Scores completions of problems; a failure is a ``RewardResult`` with ``error`` set.
+
+    ``isolated``: the scoring runs in other processes and this one only waits (up to the
+    pool's timeout), so a streaming worker scores from a thread of its own while it goes on
+    decoding. An in-process verifier is not: its time budget is a signal, which only the
+    main thread receives, and it takes microseconds anyway.
+    """
+
+    isolated: bool
 
     def score(
         self,
@@ -36,6 +44,8 @@ class Scorer(Protocol):
 
 class VerifierScorer:
     """The environment's own verifier, in this process, with its time budget."""
+
+    isolated = False
 
     def __init__(self, env: Environment) -> None:
         self.env = env
@@ -59,6 +69,8 @@ class PoolScorer:
     """Reward functions in a ``RewardPool``; a group is scored in one call. ``whole_problem``:
     the functions take the problem itself (a plugin environment's ``reward``), not its
     prompt and fields."""
+
+    isolated = True
 
     def __init__(self, pool: RewardPool, whole_problem: bool = False) -> None:
         self.pool, self.whole_problem = pool, whole_problem

@@ -1,5 +1,7 @@
 """A worker's finished groups become one trajectory block: rows, rewards, advantages, versions."""
 
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -107,6 +109,7 @@ def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
         engine=SimpleNamespace(version=lambda: 0),
         env=None,
         scorer=None,
+        scoring=None,
         store=store,
         params=None,
         stream_counters={},
@@ -172,3 +175,49 @@ def test_a_restarted_worker_loads_the_batchs_version_before_it_generates():
     assert puts.blocks[0].column("token_versions").to_pylist() == [[3], [3]]
     worker.rollout(env.problems("train", 1, seed=1), shard)
     assert engine.loaded == [3]  # nothing to load the second time
+
+
+class _HeldScorer:
+    """An isolated scorer whose first call waits until the test lets it go."""
+
+    isolated = True
+
+    def __init__(self, env) -> None:
+        self.verifier, self.release, self.calls = VerifierScorer(env), threading.Event(), 0
+
+    def score(self, problems, completions, lengths):
+        self.calls += 1
+        if self.calls == 1:
+            assert self.release.wait(30)
+        return self.verifier.score(problems, completions, lengths)
+
+
+def test_an_isolated_scorer_scores_off_the_decoding_thread_and_keeps_the_groups_order():
+    """A user's reward that takes long holds back only its own group: ``finish`` returns at
+    once (the loop goes on stepping the engine), and groups reach the store in the order
+    they finished once their scores are in."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    scorer = _HeldScorer(env)
+    with ThreadPoolExecutor(1) as scoring:
+        worker = SimpleNamespace(
+            engine=SimpleNamespace(version=lambda: 0),
+            env=env,
+            scorer=scorer,
+            scoring=scoring,
+            store=_Store(),
+            params=None,
+            stream_counters={},
+        )
+        stream = _Stream(worker, _Source(), StreamSettings(0, 1, 8, 1.0, False, 8))
+        for g, problem in enumerate(env.problems("train", 2, seed=0)):
+            done = Completion([5], [-1.0], problem.answer, True)
+            sample = PartialSample(f"g{g}", 0, 1.0, token_ids=[5], marks=[(0, 0)], done=done)
+            stream.groups[f"g{g}"] = PartialGroup(problem, [1], [sample], seed=0)
+            stream.finish(f"g{g}", stream.groups[f"g{g}"])
+        stream.take_scored()
+        assert stream.unsent == [] and len(stream.being_scored) == 2  # g0 is still scoring
+        scorer.release.set()
+        wait([future for _, _, future in stream.being_scored])
+        stream.take_scored()
+    assert [d.group_id for d in stream.unsent_done] == ["g0", "g1"]
+    assert [b.column("reward").to_pylist() for b in stream.unsent] == [[1.0], [1.0]]
