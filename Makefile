@@ -9,7 +9,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines bench-micro-batch bench-weights infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-engines bench-micro-batch bench-weights bench-rewards bench-datasets infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -79,10 +79,10 @@ check-gpu-install: setup
 	$(PYTEST) tests/unit/test_gpu_install.py
 
 # Each writes its own section of BENCHMARKS.md (and the peer comparison its plots in
-# docs/images): 34 minutes measured on the quiet 2-core machine (data planes 3, the nine
-# modes variants 23, the peer comparison 8). `make bench-quick`: the peer comparison on
+# docs/images): about 51 minutes on the quiet 2-core machine (data planes 3, the nine
+# modes variants 23, the peer comparison 8, isolated rewards 15, data sets 2). `make bench-quick`: the peer comparison on
 # 30 steps, printed, plots under runs/bench-quick, BENCHMARKS.md untouched (5.5 minutes).
-bench: bench-data bench-micro-batch bench-modes bench-peer
+bench: bench-data bench-micro-batch bench-modes bench-peer bench-rewards bench-datasets
 
 bench-data: setup
 	$(PY) -m sluice.benchmarks.data_planes
@@ -103,6 +103,15 @@ bench-quick: setup
 # torch vs DeepSpeed ZeRO-1/2/3 step time on one batch (~10 minutes).
 bench-engines: setup
 	$(PY) -m sluice.benchmarks.engines --repeats 15
+
+# Reward code isolated in the reward pool against the in-process verifier: scoring cost per
+# sample, and trained samples/s of the default run, 3 runs of 200 steps a path (~15 minutes).
+bench-rewards: setup
+	$(PY) -m sluice.benchmarks.rewards --steps 200 --repeats 3 --write
+
+# A 1M-row Parquet data set: time to the first prompts and the driver's memory (~2 minutes).
+bench-datasets: setup
+	$(PY) -m sluice.benchmarks.datasets --write
 
 # A publish and a pull of a ~1.1B-parameter llama in bfloat16: the puller's and the relay's
 # memory and GB/s beside a plain copy (~4 minutes, ~13 GB of RAM at peak).

@@ -256,16 +256,21 @@ class RewardConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [value]
-        if isinstance(value, list):
-            value = {"functions": value}
-        if isinstance(value, dict) and isinstance(value.get("functions"), list):
-            value = {
-                **value,
-                "functions": [{"fn": f} if isinstance(f, str) else f for f in value["functions"]],
-            }
-        return value
+        return reward_section(value)
+
+
+def reward_section(value: Any) -> Any:
+    """``reward:`` written as one import path or a list, as the section it stands for."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list):
+        value = {"functions": value}
+    if isinstance(value, dict) and isinstance(value.get("functions"), list):
+        value = {
+            **value,
+            "functions": [{"fn": f} if isinstance(f, str) else f for f in value["functions"]],
+        }
+    return value
 
 
 class RolloutConfig(_Section):
@@ -669,8 +674,10 @@ def apply_override(tree: dict[str, Any], assignment: str) -> None:
         raise ConfigError(f"override {assignment!r} is not of the form section.field=value")
     parts = key.strip().split(".")
     node = tree
-    for part in parts[:-1]:
+    for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
+        if depth == 0 and part == "reward":  # `reward: pkg:fn` in the file, reward.x set here
+            child = node[part] = reward_section(child)
         if not isinstance(child, dict):
             raise ConfigError(f"override {assignment!r}: {part!r} is a value, not a section")
         node = child

@@ -1,7 +1,8 @@
 """The tutorial's chat example (``examples/my_project/chat.yaml``) on a model folder with a
 BPE tokenizer and a chat template, with its reward swapped for a user's function that fails
 in every way a user's code can: on some calls it hangs, kills its process, returns NaN or
-returns text. The data file is the example's plus prompts too long for the model's context.
+returns text. The data file is the first 200 rows of the example's, and 100 prompts too long
+for the model's context (a third of the rows, so that the first steps draw some).
 
 The run finishes; each failed sample is recorded in the ledger with its reason and counted,
 the first reasons reach the console, the function's own metric reaches MLflow, and the
@@ -58,19 +59,17 @@ def test_a_user_reward_that_fails_fails_its_samples_and_the_run_finishes(
     data = project / "chat.jsonl"
     long = [
         {"messages": [{"role": "user", "content": f"{i} " + "plus one " * 300}], "answer": "0"}
-        for i in range(40)
+        for i in range(100)
     ]
-    data.write_text(
-        (EXAMPLE / "data" / "chat.jsonl").read_text()
-        + "".join(json.dumps({**r, "digits": 1}) + "\n" for r in long)
-    )
+    rows = (EXAMPLE / "data" / "chat.jsonl").read_text().splitlines(keepends=True)[:200]
+    data.write_text("".join(rows) + "".join(json.dumps({**r, "digits": 1}) + "\n" for r in long))
     args = ["run", str(EXAMPLE / "chat.yaml")]
     for setting in (
         f"root={tmp_path / 'runs'}",
         f"cache={shared_cache}",
         f"policy.path={bpe_policy}",
         f"env.data.path={data}",
-        "reward.functions=[broken_rewards:flaky]",
+        "reward.functions=[broken_rewards:flaky]",  # chat.yaml: `reward: path`,
         "reward.timeout_s=1",
         "rollout.prompts_per_step=4",
         "rollout.samples_per_prompt=4",

@@ -27,6 +27,18 @@ def test_defaults_and_overrides():
     assert cfg.mode == "async" and cfg.max_staleness == 2
 
 
+def test_a_reward_written_as_a_path_takes_overrides_of_its_section(tmp_path):
+    """``reward: pkg:fn`` in a file is the section ``{functions: [pkg:fn]}``: ``--set
+    reward.timeout_s=1`` and ``--set reward.functions=[...]`` apply to it."""
+    config = tmp_path / "run.yaml"
+    config.write_text("reward: my_rewards:exact\n")
+    cfg = load_config(config, ["reward.timeout_s=2.5"])
+    assert [f.fn for f in cfg.reward.functions] == ["my_rewards:exact"]
+    assert cfg.reward.timeout_s == 2.5
+    cfg = load_config(config, ["reward.functions=[other:fn, {fn: b:c, weight: 0.5}]"])
+    assert [(f.fn, f.weight) for f in cfg.reward.functions] == [("other:fn", 1.0), ("b:c", 0.5)]
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
