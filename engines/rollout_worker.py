@@ -491,20 +491,22 @@ class _Stream:
         """Score a group whose samples are all done: here, or on the scoring thread."""
         del self.groups[group_id]
         completions = [s.done for s in group.samples if s.done is not None]
-        args = (
+        marks: list[VersionRuns] = [s.marks for s in group.samples]
+        score = partial(
+            scored_block,
             self.scorer,
             self.env.name,
             [group.problem],
             [group.prompt_ids],
             [completions],
-            [[s.marks for s in group.samples]],
+            [marks],
             [group_id],
             self.s.scale_by_std,
         )
         if self.scoring is None:
-            self.scored(group_id, group, scored_block(*args))
+            self.scored(group_id, group, score())
         else:
-            self.being_scored.append((group_id, group, self.scoring.submit(scored_block, *args)))
+            self.being_scored.append((group_id, group, self.scoring.submit(score)))
 
     def take_scored(self) -> None:
         """Move the groups the scoring thread has finished, in order, to the unsent ones."""
