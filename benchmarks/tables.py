@@ -1,8 +1,23 @@
-"""Markdown tables, as every benchmark writes its results into BENCHMARKS.md."""
+"""Markdown tables, as every benchmark writes its results into BENCHMARKS.md, and the
+commit they were measured at."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+def head_commit() -> str:
+    """The checkout's short commit hash, or "unknown" outside a git checkout."""
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() or "unknown"
 
 
 def _row(cells: Iterable[str]) -> str:

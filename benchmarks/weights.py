@@ -35,7 +35,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -48,7 +47,7 @@ import numpy as np
 import ray
 import torch
 
-from sluice.benchmarks.tables import markdown_table
+from sluice.benchmarks.tables import head_commit, markdown_table
 from sluice.sim.report import write_section
 from sluice.storage.params import ParameterService
 
@@ -356,11 +355,9 @@ def main() -> None:
     finally:
         ray.shutdown()
     s = summary(result)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = head_commit()
     section = (
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {commit or 'unknown'} on "
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {commit} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"torch {package_version('torch')}, ray {package_version('ray')}; {args.repeats} "
         f"versions (GB/s: medians of versions {WARMUP + 1}-{args.repeats}; memory: peaks over "
