@@ -3,10 +3,11 @@
 ``RewardPool`` (``envs/rewards.py``) starts one per pool slot and talks to it over its
 stdin and stdout in JSON lines, nothing pickled either way. The first argument is a JSON
 object: the functions' import paths, extra import roots, and the address-space limit in
-MiB. Each request line is ``{"fn": index, "args": {...}}`` (keyword arguments of the call);
-each answer line is ``{"ok": value}`` or ``{"error": "..."}``. An async function is run to
-completion on this process's event loop. Whatever the user's code prints goes to stderr, so
-it cannot corrupt the answers.
+MiB. Each request line is ``{"fn": index, "args": {...}}`` (keyword arguments of the call),
+answered by one line ``{"ok": value}`` or ``{"error": "..."}``; or ``{"fn": index, "each":
+[{...}, ...]}`` (a group's calls, run in turn), answered by ``{"each": [answer, ...]}``.
+An async function is run to completion on this process's event loop. Whatever the user's
+code prints goes to stderr, so it cannot corrupt the answers.
 """
 
 from __future__ import annotations
@@ -79,27 +80,33 @@ def main(argv: list[str]) -> int:
     names = [accepted_names(fn) for fn in functions]
     _answer(answers, {"ready": True, "batched": [is_batched(fn) for fn in functions]})
     loop = asyncio.new_event_loop()
-    for line in sys.stdin:
-        request = json.loads(line)
+
+    def call(fn: Any, takes: frozenset[str] | None, args: dict[str, Any]) -> dict[str, Any]:
+        """One call's answer: ``{"ok": value}`` or ``{"error": "..."}``."""
         try:
-            fn, takes, args = functions[request["fn"]], names[request["fn"]], request["args"]
             result = fn(**(args if takes is None else {k: args[k] for k in takes & set(args)}))
             if inspect.isawaitable(result):
                 result = loop.run_until_complete(result)
         except MemoryError:
-            message = {"error": "memory limit: the reward function ran out of memory"}
+            return {"error": "memory limit: the reward function ran out of memory"}
         except Exception as error:
             try:
                 detail = str(error)
             except Exception:
                 detail = "<unprintable>"
-            message = {"error": f"raised {type(error).__name__}: {detail}"}
+            return {"error": f"raised {type(error).__name__}: {detail}"}
+        try:
+            return {"ok": _jsonable(result)}
+        except TypeError as error:
+            return {"error": str(error)}
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        fn, takes = functions[request["fn"]], names[request["fn"]]
+        if "each" in request:
+            _answer(answers, {"each": [call(fn, takes, args) for args in request["each"]]})
         else:
-            try:
-                message = {"ok": _jsonable(result)}
-            except TypeError as error:
-                message = {"error": str(error)}
-        _answer(answers, message)
+            _answer(answers, call(fn, takes, request["args"]))
     return 0
 
 

@@ -200,10 +200,25 @@ def _check_value(value: Any) -> tuple[float, dict[str, float], bool | None]:
 
 @dataclass
 class _Job:
+    """One request to a pool process: function ``fn`` on ``calls``. ``args`` is one call's
+    keyword arguments (``batch``: lists of the group's); ``each``: one mapping per call, the
+    function called on each in turn and the answers sent back together (one round trip per
+    group instead of one per sample)."""
+
     fn: int
-    calls: list[int]  # the calls this job answers for (one, or the whole batch)
-    args: dict[str, Any]
+    calls: list[int]  # the calls this job answers for
+    args: dict[str, Any] | list[dict[str, Any]]
     batch: bool = False
+
+    @property
+    def each(self) -> bool:
+        return isinstance(self.args, list)
+
+    def singles(self) -> list[_Job]:
+        """An ``each`` job as one job per call: when a call in it hung or killed its
+        process, the calls are run again one by one, so that only that call fails."""
+        assert isinstance(self.args, list)
+        return [_Job(self.fn, [c], a) for c, a in zip(self.calls, self.args, strict=True)]
 
 
 class _Process:
@@ -245,7 +260,8 @@ class _Process:
         return line
 
     def send(self, job: _Job) -> None:
-        self.stdin.write((json.dumps({"fn": job.fn, "args": job.args}) + "\n").encode())
+        request = {"fn": job.fn, "each" if job.each else "args": job.args}
+        self.stdin.write((json.dumps(request) + "\n").encode())
         self.stdin.flush()
 
     def how_it_ended(self) -> str:
@@ -348,9 +364,14 @@ class RewardPool:
                     args.setdefault(name, [c.fields.get(name) for c in calls])
                 jobs.append(_Job(f, list(range(len(calls))), args, batch=True))
             else:
-                for i, c in enumerate(calls):
-                    one = {"prompt": c.prompt, "completion": c.completion}
-                    jobs.append(_Job(f, [i], {**dict(c.fields), **one}))
+                each = [
+                    {**dict(c.fields), "prompt": c.prompt, "completion": c.completion}
+                    for c in calls
+                ]
+                if len(each) == 1:
+                    jobs.append(_Job(f, [0], each[0]))
+                elif each:
+                    jobs.append(_Job(f, list(range(len(calls))), each))
         return jobs
 
     def score(self, calls: Sequence[RewardCall]) -> list[RewardOutcome]:
@@ -358,10 +379,17 @@ class RewardPool:
         answers: list[list[Any]] = [[None] * len(calls) for _ in self.functions]
         errors: list[str | None] = [None] * len(calls)
 
-        def fail(job: _Job, why: str) -> None:
+        def fail(job: _Job, why: str, calls: Sequence[int] | None = None) -> None:
             path = self.functions[job.fn].path
-            for i in job.calls:
+            for i in job.calls if calls is None else calls:
                 errors[i] = errors[i] or f"reward {path}: {why}"[:_ERROR_CHARS]
+
+        def lost(job: _Job, why: str) -> None:
+            """The job's process hung or ended: an ``each`` job runs again call by call."""
+            if job.each and len(job.calls) > 1:
+                queue.extendleft(reversed(job.singles()))
+            else:
+                fail(job, why)
 
         try:
             queue = deque(self._jobs(calls))
@@ -395,7 +423,7 @@ class RewardPool:
                 job, _ = running[i]
                 if not slot.feed() and slot.take_line() is None:
                     del running[i]
-                    fail(job, slot.how_it_ended())
+                    lost(job, slot.how_it_ended())
                     slot.kill()
                     self._slots[i] = None
                     continue
@@ -408,7 +436,7 @@ class RewardPool:
             for i, (job, deadline) in list(running.items()):
                 if now >= deadline:
                     del running[i]
-                    fail(job, f"timed out after {self.timeout_s:g} s (reward.timeout_s)")
+                    lost(job, f"timed out after {self.timeout_s:g} s (reward.timeout_s)")
                     slot = self._slots[i]
                     assert slot is not None
                     slot.kill()
@@ -420,16 +448,23 @@ class RewardPool:
         job: _Job,
         answer: dict[str, Any],
         answers: list[list[Any]],
-        fail: Callable[[_Job, str], None],
+        fail: Callable[[_Job, str, Sequence[int] | None], None],
     ) -> None:
+        if "each" in answer:
+            for i, one in zip(job.calls, answer["each"], strict=True):
+                if "error" in one:
+                    fail(job, str(one["error"]), [i])
+                else:
+                    answers[job.fn][i] = one["ok"]
+            return
         if "error" in answer:
-            fail(job, str(answer["error"]))
+            fail(job, str(answer["error"]), None)
             return
         value = answer["ok"]
         if job.batch:
             if not isinstance(value, list) or len(value) != len(job.calls):
                 n = len(value) if isinstance(value, list) else type(value).__name__
-                fail(job, f"a batched reward returned {n} results for {len(job.calls)} calls")
+                fail(job, f"a batched reward returned {n} results for {len(job.calls)} calls", None)
                 return
         else:
             value = [value]

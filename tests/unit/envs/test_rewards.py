@@ -165,6 +165,26 @@ def test_two_processes_share_the_calls(user_rewards: str) -> None:
     assert [o.reward for o in out[1:]] == [1.0, 1.0, 1.0]
 
 
+def test_a_group_is_one_round_trip_and_a_call_that_hangs_or_dies_in_it_fails_alone(
+    user_rewards: str,
+) -> None:
+    """A group's calls go to a process in one request; when one of them hangs or kills the
+    process, the group's calls run again one by one, so only that call fails."""
+    with _pool(user_rewards, "by_mode", timeout_s=1.0) as pool:
+        [job] = pool._jobs(_calls("a", "b", "c"))
+        assert job.each and job.calls == [0, 1, 2]
+        out = pool.score(_calls("fine", "hang", "fine", "die", "raise", "fine"))
+        assert [o.error is None for o in out] == [True, False, True, False, False, True]
+        assert "timed out" in str(out[1].error) and "SIGKILL" in str(out[3].error)
+        assert "raised KeyError" in str(out[4].error)
+        assert [out[i].reward for i in (0, 2, 5)] == [1.0, 1.0, 1.0]
+        [slot] = pool._slots
+        assert slot is not None and slot.proc.poll() is None
+        pid = slot.proc.pid
+        assert [o.reward for o in pool.score(_calls("fine", "fine", "fine"))] == [1.0] * 3
+        assert pool._slots[0] is slot and slot.proc.pid == pid  # no process lost on the way
+
+
 @pytest.mark.parametrize(
     ("path", "message"),
     [
