@@ -127,7 +127,10 @@ class PolicyTrainer(ABC):
         self.device = torch.device(device or default_device())
         # Master weights stay float32; bfloat16 runs the forward passes in autocast.
         self._autocast = AUTOCAST[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        # safetensors only: a pytorch_model.bin would be unpickled
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, use_safetensors=True
+        )
         self.model.to(self.device)
         self.model.train()
         self._pad_id = int(self.model.config.pad_token_id or 0)

@@ -81,6 +81,7 @@ class VLLMRolloutEngine:
             model=model_dir,
             seed=seed,
             max_model_len=max_model_len,
+            load_format="safetensors",  # never a pickled pytorch_model.bin
             worker_extension_cls="sluice.engines.vllm_weight_sync.WeightSyncExtension",
             **args,  # type: ignore[arg-type]
         )

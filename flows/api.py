@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 from sluice.flows.runtime import configure_process
 from sluice.rl.config import ConfigError, RunConfig, apply_override, build_config, load_config
 from sluice.storage.layout import RunLayout
-from sluice.tasks.environment import check_context, check_environment, check_rewards
+from sluice.tasks.environment import (
+    check_context,
+    check_environment,
+    check_model_folder,
+    check_rewards,
+)
 
 if TYPE_CHECKING:
     from sluice.flows.rl_job import RunSummary
@@ -52,8 +57,9 @@ def run(
 
 def check_run(cfg: RunConfig) -> None:
     """What a run needs that the config tree alone cannot say, checked before anything
-    starts: its folders can be made, its prompts and responses fit the context, and its
-    reward functions import and take what the run passes them."""
+    starts: its folders can be made, its model folder holds safetensors weights, its prompts
+    and responses fit the context, and its reward functions import and take what the run
+    passes them."""
     for what, folder in (("root", cfg.run_dir), ("cache", cfg.cache_dir)):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -62,6 +68,7 @@ def check_run(cfg: RunConfig) -> None:
                 f"{what}: cannot create {str(folder)!r} ({error.strerror}); set {what}= to a "
                 "folder you can write"
             ) from None
+    check_model_folder(cfg)
     check_environment(cfg)
     check_context(cfg)
     check_rewards(cfg)

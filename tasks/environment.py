@@ -127,6 +127,31 @@ def max_model_len(policy: PolicyConfig) -> int | None:
     return None if policy.path is not None else policy.max_positions
 
 
+def check_model_folder(cfg: RunConfig) -> None:
+    """A model folder (``policy.path``) holds a config, a tokenizer and safetensors weights;
+    a ConfigError naming what is missing if not. Weights are read from safetensors only:
+    a ``pytorch_model.bin`` is a pickle, and nothing is unpickled from storage."""
+    if cfg.policy.path is None:
+        return
+    folder = Path(cfg.policy.path)
+    where = f"policy.path {str(folder)!r}"
+    if not folder.is_dir():
+        raise ConfigError(f"{where} is not a folder; point it at a Hugging Face model folder")
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"{where} has no config.json: it is not a Hugging Face model folder")
+    if not any(folder.glob("*.safetensors")):
+        pickled = sorted(p.name for p in folder.glob("*.bin"))
+        hint = (
+            f" (it has {', '.join(pickled)}: pickled weights, which Sluice does not load; "
+            "save the model with save_pretrained(..., safe_serialization=True))"
+            if pickled
+            else ""
+        )
+        raise ConfigError(f"{where} has no *.safetensors weights{hint}")
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise ConfigError(f"{where} has no tokenizer (tokenizer.json or tokenizer_config.json)")
+
+
 def check_context(cfg: RunConfig) -> None:
     """Every prompt the run draws, plus ``rollout.max_new_tokens``, fits the built-in
     policy's context (``policy.max_positions``); a ConfigError naming the longest if not.

@@ -1,0 +1,54 @@
+"""``policy.path`` is checked before anything starts: a Hugging Face model folder with a
+config, a tokenizer and safetensors weights. A folder with only pickled weights
+(``pytorch_model.bin``) is refused by name: nothing is unpickled from storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sluice.rl.config import ConfigError, load_config
+from sluice.tasks.environment import check_model_folder
+
+
+def _folder(tmp_path: Path, *files: str) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in files:
+        (folder / name).write_text("{}")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ((), "has no config.json"),
+        (("config.json", "tokenizer.json"), r"has no \*\.safetensors weights$"),
+        (
+            ("config.json", "tokenizer.json", "pytorch_model.bin"),
+            r"it has pytorch_model\.bin: pickled weights, which Sluice does not load; save the "
+            r"model with save_pretrained\(\.\.\., safe_serialization=True\)",
+        ),
+        (("config.json", "model.safetensors"), "has no tokenizer"),
+    ],
+)
+def test_a_model_folder_without_what_a_run_loads_is_refused_by_name(
+    tmp_path: Path, files: tuple[str, ...], message: str
+) -> None:
+    folder = _folder(tmp_path, *files)
+    cfg = load_config(None, [f"policy.path={folder}"])
+    with pytest.raises(ConfigError, match=message):
+        check_model_folder(cfg)
+
+
+def test_a_missing_folder_and_a_complete_one(tmp_path: Path) -> None:
+    cfg = load_config(None, [f"policy.path={tmp_path / 'nowhere'}"])
+    with pytest.raises(ConfigError, match="is not a folder"):
+        check_model_folder(cfg)
+    folder = _folder(tmp_path, "config.json", "tokenizer.json", "model.safetensors")
+    check_model_folder(load_config(None, [f"policy.path={folder}"]))  # raises nothing
+
+
+def test_the_tests_bpe_model_folder_passes(bpe_policy: Path) -> None:
+    check_model_folder(load_config(None, [f"policy.path={bpe_policy}"]))
