@@ -5,7 +5,8 @@ stdin and stdout in JSON lines, nothing pickled either way. The first argument i
 object: the functions' import paths, extra import roots, and the address-space limit in
 MiB. Each request line is ``{"fn": index, "args": {...}}`` (keyword arguments of the call),
 answered by one line ``{"ok": value}`` or ``{"error": "..."}``; or ``{"fn": index, "each":
-[{...}, ...]}`` (a group's calls, run in turn), answered by ``{"each": [answer, ...]}``.
+[{...}, ...]}`` (a group's calls, run in turn), answered by one such line a call, each as
+soon as its call returns (the pool's per-call timeout runs from the previous answer).
 An async function is run to completion on this process's event loop. Whatever the user's
 code prints goes to stderr, so it cannot corrupt the answers.
 """
@@ -103,10 +104,8 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         request = json.loads(line)
         fn, takes = functions[request["fn"]], names[request["fn"]]
-        if "each" in request:
-            _answer(answers, {"each": [call(fn, takes, args) for args in request["each"]]})
-        else:
-            _answer(answers, call(fn, takes, request["args"]))
+        for args in request["each"] if "each" in request else [request["args"]]:
+            _answer(answers, call(fn, takes, args))
     return 0
 
 

@@ -202,8 +202,8 @@ def _check_value(value: Any) -> tuple[float, dict[str, float], bool | None]:
 class _Job:
     """One request to a pool process: function ``fn`` on ``calls``. ``args`` is one call's
     keyword arguments (``batch``: lists of the group's); ``each``: one mapping per call, the
-    function called on each in turn and the answers sent back together (one round trip per
-    group instead of one per sample)."""
+    function called on each in turn, each answered as it returns (one request a group
+    instead of one round trip a sample)."""
 
     fn: int
     calls: list[int]  # the calls this job answers for
@@ -214,11 +214,27 @@ class _Job:
     def each(self) -> bool:
         return isinstance(self.args, list)
 
-    def singles(self) -> list[_Job]:
-        """An ``each`` job as one job per call: when a call in it hung or killed its
-        process, the calls are run again one by one, so that only that call fails."""
+    @property
+    def lines(self) -> int:
+        """How many answer lines the job gets: one a call for ``each``, else one."""
+        return len(self.calls) if self.each else 1
+
+    def rest(self, start: int) -> _Job | None:
+        """The calls of an ``each`` job from ``start`` on, as a job of their own (None if
+        there are none): what is left when the call before them hung or killed its process."""
         assert isinstance(self.args, list)
-        return [_Job(self.fn, [c], a) for c, a in zip(self.calls, self.args, strict=True)]
+        if start >= len(self.calls):
+            return None
+        return _Job(self.fn, self.calls[start:], self.args[start:])
+
+
+@dataclass
+class _Running:
+    """A job sent to a pool process: its answers so far and when the next one is due."""
+
+    job: _Job
+    deadline: float
+    answered: int = 0
 
 
 class _Process:
@@ -384,18 +400,26 @@ class RewardPool:
             for i in job.calls if calls is None else calls:
                 errors[i] = errors[i] or f"reward {path}: {why}"[:_ERROR_CHARS]
 
-        def lost(job: _Job, why: str) -> None:
-            """The job's process hung or ended: an ``each`` job runs again call by call."""
-            if job.each and len(job.calls) > 1:
-                queue.extendleft(reversed(job.singles()))
+        def lost(i: int, why: str) -> None:
+            """Slot ``i``'s process hung or ended: the call it was on fails; the calls of
+            its group after that one go back to the queue."""
+            r = running.pop(i)
+            if r.job.each:
+                fail(r.job, why, [r.job.calls[r.answered]])
+                if (rest := r.job.rest(r.answered + 1)) is not None:
+                    queue.appendleft(rest)
             else:
-                fail(job, why)
+                fail(r.job, why)
+            slot = self._slots[i]
+            assert slot is not None
+            slot.kill()
+            self._slots[i] = None
 
         try:
             queue = deque(self._jobs(calls))
         except RuntimeError as error:  # the functions do not load: every call fails
             return [RewardOutcome(0.0, False, {}, str(error)[:_ERROR_CHARS]) for _ in calls]
-        running: dict[int, tuple[_Job, float]] = {}
+        running: dict[int, _Running] = {}
         while queue or running:
             for i in range(len(self._slots)):
                 if not queue:
@@ -409,66 +433,53 @@ class RewardPool:
                     # could not start, it just died, or the call is not JSON data
                     fail(job, str(error))
                     continue
-                running[i] = (job, time.monotonic() + self.timeout_s)
+                running[i] = _Running(job, time.monotonic() + self.timeout_s)
             if not running:
                 continue
             now = time.monotonic()
-            wait = max(0.0, min(deadline for _, deadline in running.values()) - now)
+            wait = max(0.0, min(r.deadline for r in running.values()) - now)
             fds = {self._slots[i].fd: i for i in running}  # type: ignore[union-attr]
-            ready = select.select(list(fds), [], [], wait)[0]
-            for fd in ready:
+            for fd in select.select(list(fds), [], [], wait)[0]:
                 i = fds[fd]
                 slot = self._slots[i]
                 assert slot is not None
-                job, _ = running[i]
-                if not slot.feed() and slot.take_line() is None:
-                    del running[i]
-                    lost(job, slot.how_it_ended())
-                    slot.kill()
-                    self._slots[i] = None
-                    continue
-                line = slot.take_line()
-                if line is None:
-                    continue
-                del running[i]
-                self._record(job, json.loads(line), answers, fail)
+                ended = not slot.feed()
+                while i in running and (line := slot.take_line()) is not None:
+                    r = running[i]
+                    self._record(r, json.loads(line), answers, fail)
+                    r.answered += 1
+                    r.deadline = time.monotonic() + self.timeout_s  # per call
+                    if r.answered == r.job.lines:
+                        del running[i]
+                if ended and i in running:
+                    lost(i, slot.how_it_ended())
             now = time.monotonic()
-            for i, (job, deadline) in list(running.items()):
-                if now >= deadline:
-                    del running[i]
-                    lost(job, f"timed out after {self.timeout_s:g} s (reward.timeout_s)")
-                    slot = self._slots[i]
-                    assert slot is not None
-                    slot.kill()
-                    self._slots[i] = None
+            for i in [i for i, r in running.items() if now >= r.deadline]:
+                lost(i, f"timed out after {self.timeout_s:g} s (reward.timeout_s)")
         return [self._outcome(c, answers, errors[c]) for c in range(len(calls))]
 
     def _record(
         self,
-        job: _Job,
+        running: _Running,
         answer: dict[str, Any],
         answers: list[list[Any]],
         fail: Callable[[_Job, str, Sequence[int] | None], None],
     ) -> None:
-        if "each" in answer:
-            for i, one in zip(job.calls, answer["each"], strict=True):
-                if "error" in one:
-                    fail(job, str(one["error"]), [i])
-                else:
-                    answers[job.fn][i] = one["ok"]
-            return
+        """One answer line of ``running``'s job: for an ``each`` job, its next call's."""
+        job = running.job
+        targets = [job.calls[running.answered]] if job.each else job.calls
         if "error" in answer:
-            fail(job, str(answer["error"]), None)
+            fail(job, str(answer["error"]), targets)
             return
         value = answer["ok"]
         if job.batch:
-            if not isinstance(value, list) or len(value) != len(job.calls):
+            if not isinstance(value, list) or len(value) != len(targets):
                 n = len(value) if isinstance(value, list) else type(value).__name__
-                fail(job, f"a batched reward returned {n} results for {len(job.calls)} calls", None)
+                fail(job, f"a batched reward returned {n} results for {len(targets)} calls", None)
                 return
         else:
             value = [value]
-        for i, item in zip(job.calls, value, strict=True):
+        for i, item in zip(targets, value, strict=True):
             answers[job.fn][i] = item
 
     def _outcome(self, c: int, answers: list[list[Any]], error: str | None) -> RewardOutcome:

@@ -63,6 +63,8 @@ def by_mode(completion):
         return None
     if completion == "memory":
         return len(bytearray(8 << 30))
+    if completion == "slow":
+        time.sleep(0.6)
     return 1.0
 
 @batched
@@ -168,8 +170,9 @@ def test_two_processes_share_the_calls(user_rewards: str) -> None:
 def test_a_group_is_one_round_trip_and_a_call_that_hangs_or_dies_in_it_fails_alone(
     user_rewards: str,
 ) -> None:
-    """A group's calls go to a process in one request; when one of them hangs or kills the
-    process, the group's calls run again one by one, so only that call fails."""
+    """A group's calls go to a process in one request, answered call by call; when one of
+    them hangs or kills the process, only that call fails and the later ones go on in a
+    fresh process."""
     with _pool(user_rewards, "by_mode", timeout_s=1.0) as pool:
         [job] = pool._jobs(_calls("a", "b", "c"))
         assert job.each and job.calls == [0, 1, 2]
@@ -183,6 +186,14 @@ def test_a_group_is_one_round_trip_and_a_call_that_hangs_or_dies_in_it_fails_alo
         pid = slot.proc.pid
         assert [o.reward for o in pool.score(_calls("fine", "fine", "fine"))] == [1.0] * 3
         assert pool._slots[0] is slot and slot.proc.pid == pid  # no process lost on the way
+
+
+def test_the_timeout_counts_for_each_call_of_a_group(user_rewards: str) -> None:
+    """Three calls of 0.6 s in one request take longer than the 1 s timeout together, and
+    none of them times out."""
+    with _pool(user_rewards, "by_mode", timeout_s=1.0) as pool:
+        out = pool.score(_calls("slow", "slow", "slow"))
+    assert [(o.reward, o.error) for o in out] == [(1.0, None)] * 3
 
 
 @pytest.mark.parametrize(
