@@ -62,7 +62,7 @@ class VerifierScorer:
         ]
 
     def close(self) -> None:
-        pass
+        """Nothing to release: the verifier holds no process or file."""
 
 
 class PoolScorer:

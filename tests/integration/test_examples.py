@@ -11,10 +11,11 @@ import re
 import sqlite3
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from sluice.storage.ledger import Ledger, check_exactly_once
-from tests.support.cli import ROOT, sluice
+from tests.support.cli import ROOT, SMALL_RUN, sluice
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +29,7 @@ SMALL = [
     "policy.warmstart_target=0.05",
     "policy.warmstart_max_steps=40",
     "policy.warmstart_eval_every=20",
-    "rollout.prompts_per_step=4",
-    "rollout.samples_per_prompt=4",
-    "rollout.kv_cache_gib=0.25",
-    "train.steps=4",
-    "eval.every=2",
-    "eval.prompts=32",
+    *SMALL_RUN,
 ]
 
 
@@ -50,6 +46,12 @@ def _run(
     return out, tmp_path / "runs"
 
 
+def _trained(table: pa.Table) -> set[str]:
+    """The prompt ids the ledger records as trained."""
+    events = zip(table["prompt_id"].to_pylist(), table["event"].to_pylist(), strict=True)
+    return {p for p, e in events if e == "trained"}
+
+
 def test_the_dataset_example_trains_on_its_jsonl_with_the_users_reward(
     tmp_path: Path, shared_cache: Path
 ) -> None:
@@ -57,11 +59,7 @@ def test_the_dataset_example_trains_on_its_jsonl_with_the_users_reward(
     assert "step    4/4" in out
     table = Ledger((runs / "my-addition").as_uri()).read()
     assert check_exactly_once(table) == []
-    trained = {
-        p
-        for p, e in zip(table["prompt_id"].to_pylist(), table["event"].to_pylist(), strict=True)
-        if e == "trained"
-    }
+    trained = _trained(table)
     assert trained and all(p.startswith("dataset/train/") for p in trained)
     with sqlite3.connect(runs / "mlflow.db") as db:
         keys = {k for (k,) in db.execute("SELECT DISTINCT key FROM metrics")}
@@ -101,17 +99,6 @@ def test_the_environment_example_trains_the_users_class_and_evaluates_pass_at_k(
     assert re.search(printed, result.stdout), result.stdout
 
 
-# For a model folder: its own sizes stand; the run as small as the smoke config's.
-SMALL_RUN = [
-    "rollout.prompts_per_step=4",
-    "rollout.samples_per_prompt=4",
-    "rollout.kv_cache_gib=0.25",
-    "train.steps=4",
-    "eval.every=2",
-    "eval.prompts=32",
-]
-
-
 def test_the_chat_example_trains_a_model_folder_with_a_bpe_tokenizer_and_template(
     tmp_path: Path, shared_cache: Path, bpe_policy: Path
 ) -> None:
@@ -125,11 +112,7 @@ def test_the_chat_example_trains_a_model_folder_with_a_bpe_tokenizer_and_templat
     assert "step    4/4" in out
     table = Ledger((runs / "my-chat").as_uri()).read()
     assert check_exactly_once(table) == []
-    trained = {
-        p
-        for p, e in zip(table["prompt_id"].to_pylist(), table["event"].to_pylist(), strict=True)
-        if e == "trained"
-    }
+    trained = _trained(table)
     assert trained and all(p.startswith("dataset/train/") for p in trained)
     with sqlite3.connect(runs / "mlflow.db") as db:
         digits = db.execute(
@@ -161,9 +144,5 @@ def test_a_reasoning_gym_task_trains_for_a_few_steps(
     assert "step    4/4" in out
     table = Ledger((tmp_path / "runs" / "smoke").as_uri()).read()
     assert check_exactly_once(table) == []
-    trained = [
-        p
-        for p, e in zip(table["prompt_id"].to_pylist(), table["event"].to_pylist(), strict=True)
-        if e == "trained"
-    ]
+    trained = _trained(table)
     assert trained and all(p.startswith("reasoning_gym/basic_arithmetic/train/") for p in trained)

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pytest
 
 from sluice.storage.ledger import Ledger, check_exactly_once
-from tests.support.cli import ROOT, sluice
+from tests.support.cli import ROOT, SMALL_RUN, sluice
 
 pytestmark = pytest.mark.integration
 
@@ -69,14 +69,9 @@ def test_a_user_reward_that_fails_fails_its_samples_and_the_run_finishes(
         f"cache={shared_cache}",
         f"policy.path={bpe_policy}",
         f"env.data.path={data}",
-        "reward.functions=[broken_rewards:flaky]",  # chat.yaml: `reward: path`,
+        "reward.functions=[broken_rewards:flaky]",  # chat.yaml has `reward: path`
         "reward.timeout_s=1",
-        "rollout.prompts_per_step=4",
-        "rollout.samples_per_prompt=4",
-        "rollout.kv_cache_gib=0.25",
-        "train.steps=4",
-        "eval.every=2",
-        "eval.prompts=32",
+        *SMALL_RUN,
     ):
         args += ["--set", setting]
     result = sluice(*args, env={**os.environ, "PYTHONPATH": str(project)})

@@ -8,6 +8,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 
+# configs/smoke.yaml's run sizes, for a run on a model folder (whose own sizes stand).
+SMALL_RUN = (
+    "rollout.prompts_per_step=4",
+    "rollout.samples_per_prompt=4",
+    "rollout.kv_cache_gib=0.25",
+    "train.steps=4",
+    "eval.every=2",
+    "eval.prompts=32",
+)
+
 
 def sluice(
     *args: str, env: dict[str, str] | None = None, timeout: float = 600
