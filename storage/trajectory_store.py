@@ -592,9 +592,10 @@ class StoreClient:
         ray.get(self.handle.drain.remote(draining))
 
     def record(self, events: list[LedgerEvent]) -> None:
-        """Send ledger events of samples the store does not hold (answered with the next
-        call from this process: an actor's calls from one caller run in order)."""
-        self.handle.record.remote(events)
+        """Send ledger events of samples the store does not hold; returns once the store has
+        them. It waits because Ray runs an async actor's calls out of order: a ``dropped``
+        sent without waiting could be taken before its ``dispatched``."""
+        ray.get(self.handle.record.remote(events))
 
 
 def materialize(grant: LeaseGrant, fields: list[str] | None = None) -> pa.Table:
