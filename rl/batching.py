@@ -19,6 +19,8 @@ class Sample:
     response_ids: list[int]
     behaviour_logprobs: list[float]
     advantage: float
+    loss_mask: list[int] | None = None
+    """1 on tokens the policy sampled, 0 on tokens an environment added (None: all 1)."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class TrainBatch:
     """Right-padded tensors; position t of the targets is predicted from input position t.
 
     input_ids [B, T], targets [B, T-1] (input_ids shifted left), mask [B, T-1] is 1 on
-    response tokens, old_logprobs [B, T-1], advantages [B].
+    response tokens the policy sampled, old_logprobs [B, T-1], advantages [B].
     """
 
     input_ids: torch.Tensor
@@ -73,6 +75,11 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
                 f"sample has {len(s.response_ids)} response tokens but "
                 f"{len(s.behaviour_logprobs)} behaviour log-probs"
             )
+        if s.loss_mask is not None and len(s.loss_mask) != len(s.response_ids):
+            raise ValueError(
+                f"sample has {len(s.response_ids)} response tokens but a loss mask of "
+                f"{len(s.loss_mask)}"
+            )
         if not s.prompt_ids:
             raise ValueError("sample has an empty prompt (it needs at least a BOS token)")
     width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -86,7 +93,9 @@ def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
         input_ids[row, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         attention[row, : p + r] = 1
         # Response token j sits at input position p + j and is predicted from position p + j - 1.
-        mask[row, p - 1 : p - 1 + r] = 1.0
+        mask[row, p - 1 : p - 1 + r] = (
+            1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32)
+        )
         old[row, p - 1 : p - 1 + r] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     return TrainBatch(input_ids, attention, input_ids[:, 1:].clone(), mask, old, advantages)

@@ -13,8 +13,9 @@ import torch
 
 from sluice.rl.batching import TrainBatch
 
-# The columns a training step reads.
-TRAIN_FIELDS = ("prompt_ids", "response_ids", "behaviour_logprobs", "advantage")
+# The columns a training step reads; ``loss_mask`` (multi-turn episodes) may be absent.
+NEEDED = ("prompt_ids", "response_ids", "behaviour_logprobs", "advantage")
+TRAIN_FIELDS = (*NEEDED, "loss_mask")
 
 
 def _lists(column: pa.ChunkedArray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -27,15 +28,30 @@ def _lists(column: pa.ChunkedArray) -> list[tuple[np.ndarray, np.ndarray]]:
     ]
 
 
+def _masks(table: pa.Table, size: int) -> list[np.ndarray | None]:
+    """Each row's loss mask as a numpy view, or None where every response token counts."""
+    if "loss_mask" not in table.column_names or table.column("loss_mask").null_count == size:
+        return [None] * size
+    out: list[np.ndarray | None] = []
+    for chunk in table.column("loss_mask").chunks:
+        offsets, values = chunk.offsets.to_numpy(), chunk.values.to_numpy(zero_copy_only=False)
+        valid = chunk.is_valid().to_numpy(zero_copy_only=False)
+        out.extend(
+            values[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(chunk))
+        )
+    return out
+
+
 def to_train_batch(table: pa.Table | pa.RecordBatch, pad_id: int) -> TrainBatch:
-    """Right-padded tensors from trajectory rows (needs the ``TRAIN_FIELDS`` columns).
+    """Right-padded tensors from trajectory rows (needs the ``NEEDED`` columns). The loss
+    mask is 1 on response tokens, times the row's ``loss_mask`` when it has one.
 
     One pass over the rows, each copied with slice assignments (a few microseconds per row;
     fancy indexing over every token was ten times slower for long responses).
     """
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
-    missing = [name for name in TRAIN_FIELDS if name not in table.column_names]
+    missing = [name for name in NEEDED if name not in table.column_names]
     if missing:
         raise ValueError(f"trajectory table lacks column(s) {missing} needed for training")
     size = table.num_rows
@@ -53,7 +69,10 @@ def to_train_batch(table: pa.Table | pa.RecordBatch, pad_id: int) -> TrainBatch:
     ):
         for i in range(len(po) - 1):
             rows.append((pv[po[i] : po[i + 1]], rv[ro[i] : ro[i + 1]], lv[lo[i] : lo[i + 1]]))
-    for prompt, response, logprobs in rows:
+    masks = _masks(table, size)
+    for (prompt, response, logprobs), loss_mask in zip(rows, masks, strict=True):
+        if loss_mask is not None and len(loss_mask) != len(response):
+            raise ValueError("loss_mask and response_ids differ in length")
         if len(prompt) == 0:
             raise ValueError("a trajectory row has an empty prompt (it needs at least a BOS token)")
         if len(logprobs) != len(response):
@@ -69,7 +88,7 @@ def to_train_batch(table: pa.Table | pa.RecordBatch, pad_id: int) -> TrainBatch:
         input_ids[row, p : p + r] = response
         attention[row, : p + r] = 1
         # Response token j sits at input position p + j and is predicted from p + j - 1.
-        mask[row, p - 1 : p - 1 + r] = 1.0
+        mask[row, p - 1 : p - 1 + r] = 1.0 if masks[row] is None else masks[row]
         old[row, p - 1 : p - 1 + r] = logprobs
     ids = torch.from_numpy(input_ids)
     return TrainBatch(

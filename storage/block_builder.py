@@ -30,14 +30,15 @@ from sluice.storage.schema import SCHEMA, TIMESTAMP, SchemaError
 # The per-row version runs of a sample: (index of the first token, policy version), the
 # first at token 0, indices non-decreasing (two weight loads between tokens make an empty run).
 VersionRuns = Sequence[tuple[int, int]]
-# Packed values are 4 bytes each (int32 token ids and versions, float32 log-probs).
-VALUE_BYTES = 4
+# Packed values by struct code: int32 token ids and versions, float32 log-probs, int8 masks.
+VALUE_TYPES = {"i": np.int32, "f": np.float32, "b": np.int8}
 # Arrow list offsets are int32: a block holds fewer values than this per column.
 MAX_VALUES = 2**31 - 1
 
 
 def packed_lists(rows: Sequence[Sequence[int | float]], code: str, column: str) -> pa.ListArray:
-    """``rows`` as one Arrow list array of int32 (``code`` "i") or float32 ("f") values.
+    """``rows`` as one Arrow list array of int32 (``code`` "i"), float32 ("f") or int8
+    ("b") values.
 
     Raises ``SchemaError`` naming the column and row when a value is not a number or does
     not fit the type.
@@ -47,13 +48,13 @@ def packed_lists(rows: Sequence[Sequence[int | float]], code: str, column: str) 
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > MAX_VALUES:
         raise SchemaError(f"column {column!r} has {offsets[-1]} values; at most {MAX_VALUES}")
-    values = np.empty(int(offsets[-1]), dtype=np.int32 if code == "i" else np.float32)
-    target = values.data.cast("B")
+    values = np.empty(int(offsets[-1]), dtype=VALUE_TYPES[code])
+    target, size = values.data.cast("B"), values.itemsize
     for i, (row, start) in enumerate(zip(rows, offsets[:-1].tolist(), strict=True)):
         try:
-            struct.pack_into(f"={len(row)}{code}", target, start * VALUE_BYTES, *row)
+            struct.pack_into(f"={len(row)}{code}", target, start * size, *row)
         except (struct.error, OverflowError, TypeError) as err:
-            kind = "int32" if code == "i" else "float32"
+            kind = values.dtype.name
             raise SchemaError(f"column {column!r} row {i}: a value is not {kind} ({err})") from err
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
 
@@ -85,6 +86,14 @@ def _lengths(lists: pa.ListArray) -> np.ndarray:
     return np.diff(lists.offsets.to_numpy())
 
 
+def _masks(masks: Sequence[Sequence[int] | None] | None, lengths: np.ndarray) -> pa.Array:
+    """The ``loss_mask`` column: null where every token was sampled."""
+    if masks is None or all(m is None for m in masks):
+        return pa.nulls(len(lengths), pa.list_(pa.int8()))
+    rows = [[1] * int(n) if m is None else m for m, n in zip(masks, lengths, strict=True)]
+    return packed_lists(rows, "b", "loss_mask")
+
+
 def _timestamps(at: datetime | None, rows: int) -> pa.Array:
     return pa.nulls(rows, TIMESTAMP) if at is None else pa.array([at] * rows, TIMESTAMP)
 
@@ -105,11 +114,14 @@ def trajectory_block(
     reasons: Sequence[str | None] | None = None,
     generated_at: datetime | None = None,
     scored_at: datetime | None = None,
+    loss_masks: Sequence[Sequence[int] | None] | None = None,
 ) -> pa.RecordBatch:
     """One trajectory batch, row i from the i-th entry of every sequence.
 
-    ``prompts`` are the prompt token ids, ``responses`` and ``logprobs`` the sampled tokens
+    ``prompts`` are the prompt token ids, ``responses`` and ``logprobs`` the response tokens
     and their behaviour log-probs, ``version_runs`` each row's policy versions as runs.
+    ``loss_masks`` marks the tokens the policy sampled (1) against those an environment
+    added between turns (0); a row without one (None) was sampled whole.
     Raises ``ValueError`` when the sequences differ in length and ``SchemaError`` on a value
     that does not fit its column; the rest of the schema is checked by ``validate_batch``.
     """
@@ -124,6 +136,7 @@ def trajectory_block(
         "rewards": rewards,
         "advantages": advantages,
         **({"reasons": reasons} if reasons is not None else {}),
+        **({"loss_masks": loss_masks} if loss_masks is not None else {}),
     }
     rows = len(sample_ids)
     uneven = {name: len(values) for name, values in per_row.items() if len(values) != rows}
@@ -141,6 +154,7 @@ def trajectory_block(
         "response_ids": response_lists,
         "behaviour_logprobs": packed_lists(logprobs, "f", "behaviour_logprobs"),
         "token_versions": version_lists(version_runs, response_len),
+        "loss_mask": _masks(loss_masks, response_len),
         "reward": pa.array(rewards, pa.float32()),
         "advantage": pa.array(advantages, pa.float32()),
         "prompt_len": pa.array(_lengths(prompt_lists), pa.int32()),

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: loss_mask
 VERSION_KEY = b"sluice.schema_version"
 STATUSES = ("generated", "scored", "failed", "leased", "trained", "dropped")
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
@@ -35,6 +35,9 @@ _FIELDS = [
     pa.field("behaviour_logprobs", pa.list_(pa.float32()), nullable=False),
     # The policy version that produced each response token (weights can change mid-sample).
     pa.field("token_versions", pa.list_(pa.int32()), nullable=False),
+    # 1 on the tokens the policy sampled, 0 on tokens an environment added between turns
+    # (a multi-turn episode); null: every response token was sampled.
+    pa.field("loss_mask", pa.list_(pa.int8())),
     pa.field("reward", pa.float32()),
     pa.field("advantage", pa.float32()),
     pa.field("prompt_len", pa.int32(), nullable=False),
@@ -49,7 +52,7 @@ _FIELDS = [
 ]
 SCHEMA = pa.schema(_FIELDS, metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()})
 # Columns whose per-row lists must all have ``response_len`` entries.
-RESPONSE_LISTS = ("response_ids", "behaviour_logprobs", "token_versions")
+RESPONSE_LISTS = ("response_ids", "behaviour_logprobs", "token_versions", "loss_mask")
 _STATUS_SET = pa.array(STATUSES)
 
 
@@ -122,11 +125,19 @@ def _list_lengths(column: pa.Array) -> np.ndarray:
     return np.diff(column.offsets.to_numpy())
 
 
+def _nulls(column: pa.Array) -> np.ndarray:
+    """Which rows of ``column`` are null (a null list has no entries to check)."""
+    if not column.null_count:
+        return np.zeros(len(column), dtype=bool)
+    return column.is_null().to_numpy(zero_copy_only=False)
+
+
 def _check_lengths(batch: pa.RecordBatch) -> None:
     response_len = batch.column("response_len").to_numpy()
     for name in RESPONSE_LISTS:
-        lengths = _list_lengths(batch.column(name))
-        wrong = np.flatnonzero(lengths != response_len)
+        column = batch.column(name)
+        lengths = _list_lengths(column)
+        wrong = np.flatnonzero((lengths != response_len) & ~_nulls(column))
         if wrong.size:
             index = int(wrong[0])
             raise SchemaError(
@@ -153,6 +164,15 @@ def _check_status(batch: pa.RecordBatch) -> None:
         )
 
 
+def _check_loss_mask(batch: pa.RecordBatch) -> None:
+    mask = batch.column("loss_mask")
+    if mask.null_count == len(mask):
+        return
+    bad = pc.invert(pc.is_in(mask.values, value_set=pa.array([0, 1], pa.int8())))
+    if bad.true_count:
+        raise SchemaError("column 'loss_mask' holds a value other than 0 and 1")
+
+
 def _check_reward(batch: pa.RecordBatch) -> None:
     reward = batch.column("reward")
     outside = pc.or_(pc.less(reward, 0.0), pc.greater(reward, 1.0))
@@ -172,6 +192,7 @@ def validate_batch(batch: pa.RecordBatch) -> None:
     _check_nulls(batch)
     _check_lengths(batch)
     _check_status(batch)
+    _check_loss_mask(batch)
     _check_reward(batch)
 
 

@@ -15,8 +15,10 @@ SAMPLES = [
 
 
 def table_of(samples: list[Sample]) -> pa.Table:
+    masks = [s.loss_mask for s in samples]
     return pa.table(
         {
+            "loss_mask": pa.array(masks, pa.list_(pa.int8())),
             "prompt_ids": pa.array([s.prompt_ids for s in samples], pa.list_(pa.int32())),
             "response_ids": pa.array([s.response_ids for s in samples], pa.list_(pa.int32())),
             "behaviour_logprobs": pa.array(
@@ -35,6 +37,16 @@ def assert_same(got, want) -> None:
 @pytest.mark.parametrize("pad_id", [0, 3])
 def test_matches_collate(pad_id):
     assert_same(to_train_batch(table_of(SAMPLES), pad_id), collate(SAMPLES, pad_id))
+
+
+def test_a_loss_mask_keeps_environment_tokens_out_of_the_loss():
+    """A multi-turn row: tokens 1 and 2 of its response came from the environment."""
+    turns = Sample([1, 5], [7, 3, 4, 8], [-0.5, 0.0, 0.0, -0.25], 1.0, loss_mask=[1, 0, 0, 1])
+    batch = to_train_batch(table_of([turns, SAMPLES[0]]), 0)
+    assert_same(batch, collate([turns, SAMPLES[0]], 0))
+    assert batch.mask[0].tolist() == [0.0, 1.0, 0.0, 0.0, 1.0]
+    assert batch.mask[1].tolist() == [0.0, 0.0, 1.0, 1.0, 0.0]
+    assert batch.targets[0][batch.mask[0].bool()].tolist() == [7, 8]
 
 
 def test_slices_and_chunks_match_collate():

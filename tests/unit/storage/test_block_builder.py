@@ -74,6 +74,15 @@ def test_equals_the_row_built_batch_and_validates():
     assert block.equals(batch_from_rows(rows()))
 
 
+def test_loss_masks_are_packed_and_a_row_without_one_is_all_ones():
+    block = trajectory_block(**samples(loss_masks=[None, [1, 0, 1]]))
+    validate_batch(block)
+    assert block.column("loss_mask").to_pylist() == [[1, 1], [1, 0, 1]]
+    assert trajectory_block(**samples()).column("loss_mask").null_count == 2
+    with pytest.raises(SchemaError, match="loss_mask"):
+        trajectory_block(**samples(loss_masks=[None, [1, 0, 300]]))
+
+
 def test_unscored_samples_have_null_rewards_and_timestamps():
     block = trajectory_block(
         **samples(

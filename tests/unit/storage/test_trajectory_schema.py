@@ -75,11 +75,19 @@ def test_a_null_in_a_required_column_is_named():
         validate_batch(raw_batch(row(), row(sample_id="s2", env=None)))
 
 
-@pytest.mark.parametrize("column", ["behaviour_logprobs", "token_versions", "response_ids"])
+@pytest.mark.parametrize(
+    "column", ["behaviour_logprobs", "token_versions", "response_ids", "loss_mask"]
+)
 def test_response_lists_of_different_lengths_are_named(column):
-    short = row(sample_id="s2", **{column: row()[column][:1]})
+    short = row(sample_id="s2", **{column: row(loss_mask=[1, 0])[column][:1]})
     with pytest.raises(SchemaError, match=rf"column '{column}' has 1 entries.*sample_id='s2'"):
         validate_batch(raw_batch(row(), short))
+
+
+def test_a_loss_mask_is_optional_and_holds_only_0_and_1():
+    validate_batch(raw_batch(row(), row(sample_id="s2", loss_mask=[1, 0])))
+    with pytest.raises(SchemaError, match="'loss_mask' holds a value other than 0 and 1"):
+        validate_batch(raw_batch(row(loss_mask=[1, 2])))
 
 
 def test_response_len_must_match_the_tokens():
@@ -103,12 +111,12 @@ def test_a_reward_that_is_not_finite_or_outside_0_1_is_named(reward):
 
 
 def test_another_schema_version_fails_naming_both_versions():
-    other = SCHEMA.with_metadata({VERSION_KEY: b"2"})
+    other = SCHEMA.with_metadata({VERSION_KEY: b"99"})
     with pytest.raises(SchemaError) as info:
         check_version(other)
-    assert "schema version 2" in str(info.value)
+    assert "schema version 99" in str(info.value)
     assert f"schema version {SCHEMA_VERSION}" in str(info.value)
-    with pytest.raises(SchemaError, match="schema version 2"):
+    with pytest.raises(SchemaError, match="schema version 99"):
         validate_batch(raw_batch(row(), schema=other))
 
 
