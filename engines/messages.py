@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sluice.engines.protocols import Completion
-from sluice.envs import Problem
+from sluice.envs import Problem, RewardResult
 
 # Reasons of failed rewards carried to the flow per batch or drain (it shows the first few).
 MESSAGES_KEPT = 3
@@ -100,6 +100,13 @@ class PartialSample:
     logprobs: list[float] = field(default_factory=list)
     marks: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
     done: Completion | None = None
+    # Multi-turn episodes: 0 on the tokens an environment added (None: a single turn), the
+    # turns so far (model and environment, alternating), where the model's current turn
+    # began in ``token_ids``, and the verdict once the episode ended.
+    mask: list[int] | None = None
+    turns: list[str] = field(default_factory=list)
+    turn_start: int = 0
+    result: RewardResult | None = None
 
 
 @dataclass

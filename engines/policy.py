@@ -4,14 +4,17 @@
 tokenizer files) that transformers and vLLM both load. With no ``policy.path`` it builds a
 small llama with a character tokenizer, warm-starts it by supervised learning on the
 environment's own reference answers until held-out greedy accuracy reaches
-``policy.warmstart_target`` (so RL starts from a base that is right sometimes), and caches
+``policy.warmstart_target`` (so RL starts from a base that is right sometimes; for a
+multi-turn environment, episodes played with its real observations), and caches
 the folder under ``<cache>/policies/<key>``: a second run with the same settings reuses it.
 No hub is ever contacted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -19,6 +22,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import torch
@@ -26,6 +30,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from sluice.envs import ALPHABET, Environment, Problem
+from sluice.envs.multi_turn import EnvStep, MultiTurn, is_multi_turn, reference_turns
 from sluice.envs.scoring import Scorer, VerifierScorer
 from sluice.rl.config import PolicyConfig
 
@@ -143,23 +148,37 @@ def prepare_policy(
     return folder
 
 
-def _encode(tokenizer: PreTrainedTokenizerFast, problem: Problem) -> tuple[list[int], int]:
-    prompt_ids = tokenizer(problem.prompt)["input_ids"]
-    answer_ids = tokenizer(problem.answer, add_special_tokens=False)["input_ids"]
-    return prompt_ids + answer_ids + [EOS_ID], len(prompt_ids)
+def _encode(
+    tokenizer: PreTrainedTokenizerFast, problem: Problem, episode: bool
+) -> tuple[list[int], list[int]]:
+    """A problem's prompt and reference answer as token ids, and which of them are learned
+    (the answer and its EOS). A multi-turn environment's reference episode: each model turn
+    ends with EOS, as a sampled turn does, and the observations between are not learned."""
+    ids = tokenizer(problem.prompt)["input_ids"]
+    learned = [0] * len(ids)
+    turns = reference_turns(problem.answer) if episode else [problem.answer]
+    for i, turn in enumerate(turns):
+        turn_ids = tokenizer(turn, add_special_tokens=False)["input_ids"]
+        model = i % 2 == 0
+        if model:
+            turn_ids = [*turn_ids, EOS_ID]
+        ids += turn_ids
+        learned += [int(model)] * len(turn_ids)
+    return ids, learned
 
 
 def _sft_batch(
-    rows: list[tuple[list[int], int]],
+    rows: list[tuple[list[int], list[int]]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     width = max(len(ids) for ids, _ in rows)
     input_ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
     labels = torch.full_like(input_ids, -100)
-    for i, (ids, prompt_len) in enumerate(rows):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
+    for i, (ids, learned) in enumerate(rows):
+        row = torch.tensor(ids)
+        input_ids[i, : len(ids)] = row
         attention[i, : len(ids)] = 1
-        labels[i, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
+        labels[i, : len(ids)] = torch.where(torch.tensor(learned) == 1, row, -100)
     return input_ids, attention, labels
 
 
@@ -190,6 +209,63 @@ def greedy_accuracy(
     return sum(r[0].correct for r in results) / len(problems)
 
 
+@torch.no_grad()
+def greedy_episodes(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    env: MultiTurn,
+    problems: list[Problem],
+    max_new_tokens: int,
+    max_turns: int,
+) -> float:
+    """Fraction of ``problems`` whose greedy episode (HF generate, turn by turn, with the
+    environment's real observations appended as tokens) the environment calls correct."""
+    model.eval()
+    sequences = [list(tokenizer(p.prompt)["input_ids"]) for p in problems]
+    histories: list[list[str]] = [[] for _ in problems]
+    correct = [False] * len(problems)
+    active = list(range(len(problems)))
+    for _ in range(max_turns):
+        if not active:
+            break
+        width = max(len(sequences[i]) for i in active)
+        input_ids = torch.full((len(active), width), PAD_ID, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for row, i in enumerate(active):  # left-padded
+            input_ids[row, width - len(sequences[i]) :] = torch.tensor(sequences[i])
+            attention[row, width - len(sequences[i]) :] = 1
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=PAD_ID,
+            eos_token_id=EOS_ID,
+        )
+        going_on = []
+        for row, i in enumerate(active):
+            turn = out[row, width:].tolist()
+            turn = turn[: turn.index(EOS_ID) + 1] if EOS_ID in turn else turn
+            sequences[i] += turn
+            histories[i].append(tokenizer.decode(turn, skip_special_tokens=True))
+            step = env.step(problems[i], list(histories[i]))
+            if inspect.isawaitable(step):
+                step = asyncio.run(_awaited(step))
+            if step.done:
+                correct[i] = bool(step.correct)
+                continue
+            sequences[i] += tokenizer(step.observation, add_special_tokens=False)["input_ids"]
+            histories[i].append(step.observation)
+            going_on.append(i)
+        active = going_on
+    model.train()
+    return sum(correct) / len(problems)
+
+
+async def _awaited(step: Awaitable[EnvStep]) -> EnvStep:
+    return await step
+
+
 def _build_and_warm_start(
     cfg: PolicyConfig, env: Environment, scorer: Scorer, seed: int, out: Path
 ) -> dict:
@@ -199,6 +275,16 @@ def _build_and_warm_start(
     train = env.problems("train", 20000, seed)
     heldout = env.problems("heldout", 128, seed + 1)
     max_new = max(len(p.answer) for p in heldout) + 4
+
+    def measure() -> float:
+        if not is_multi_turn(env):
+            return greedy_accuracy(model, tokenizer, scorer, heldout, max_new)
+        episodes = [reference_turns(p.answer) for p in heldout]
+        turn_tokens = max(len(turn) for turns in episodes for turn in turns[::2]) + 4
+        most = max((len(turns) + 1) // 2 for turns in episodes)
+        multi: MultiTurn = env  # type: ignore[assignment]
+        return greedy_episodes(model, tokenizer, multi, heldout, turn_tokens, most)
+
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.0)
     log.info(
@@ -207,16 +293,17 @@ def _build_and_warm_start(
         100 * cfg.warmstart_target,
     )
     start = time.monotonic()
-    accuracy, step = greedy_accuracy(model, tokenizer, scorer, heldout, max_new), 0
+    accuracy, step = measure(), 0
     while accuracy < cfg.warmstart_target and step < cfg.warmstart_max_steps:
-        batch = _sft_batch([_encode(tokenizer, p) for p in rng.sample(train, cfg.warmstart_batch)])
+        sampled = rng.sample(train, cfg.warmstart_batch)
+        batch = _sft_batch([_encode(tokenizer, p, is_multi_turn(env)) for p in sampled])
         loss = model(input_ids=batch[0], attention_mask=batch[1], labels=batch[2]).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         step += 1
         if step % cfg.warmstart_eval_every == 0:
-            accuracy = greedy_accuracy(model, tokenizer, scorer, heldout, max_new)
+            accuracy = measure()
             log.info(
                 "warm start step %d: loss %.3f, held-out accuracy %.1f%%",
                 step,

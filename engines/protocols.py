@@ -92,6 +92,11 @@ class StreamingRolloutEngine(RolloutEngine, Protocol):
         """The text of a completion's tokens, special tokens left out."""
         ...
 
+    def encode(self, text: str) -> list[int]:
+        """The token ids of ``text`` appended mid-sequence (an environment's turn): no
+        special tokens added."""
+        ...
+
 
 @runtime_checkable
 class TrainEngine(Protocol):

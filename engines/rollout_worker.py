@@ -41,6 +41,7 @@ import torch
 from ray import ObjectRef
 
 from sluice.engines.cluster import gpus_each, pool_dtype, thread_env, visible_gpus
+from sluice.engines.episodes import EpisodeSteps
 from sluice.engines.messages import (
     MESSAGES_KEPT,
     BatchShard,
@@ -51,10 +52,12 @@ from sluice.engines.messages import (
     RolloutStats,
     StreamSettings,
 )
-from sluice.engines.protocols import Completion, Delta, StreamingRolloutEngine
+from sluice.engines.protocols import Completion, StreamingRolloutEngine
+from sluice.engines.sample_runner import Play, SampleRunner
 from sluice.engines.vllm_rollout import VLLMRolloutEngine
-from sluice.envs import Environment, Problem
-from sluice.envs.scoring import Scorer, VerifierScorer
+from sluice.envs import Environment, Problem, RewardResult
+from sluice.envs.multi_turn import EpisodeLimits, MultiTurn, is_multi_turn
+from sluice.envs.scoring import RecordedScorer, Scorer, VerifierScorer
 from sluice.rl.advantages import group_advantages
 from sluice.rl.config import RolloutConfig
 from sluice.rl.dispatch import InFlight
@@ -100,6 +103,7 @@ def scored_block(
     version_runs: list[list[VersionRuns]],
     group_ids: list[str],
     scale_by_std: bool,
+    loss_masks: list[list[list[int] | None]] | None = None,
 ) -> Scored:
     """Score every completion, compute GRPO advantages, and lay the groups out as rows.
 
@@ -107,7 +111,8 @@ def scored_block(
     ``(first token, version)``. Rows of one group are contiguous; sample ids are
     ``<group id>/<j>``. The block is built column by column (``trajectory_block``); the
     store checks it against the schema when it is put. A sample whose reward failed keeps
-    its reason in the row (the ledger records it) and gets advantage 0.
+    its reason in the row (the ledger records it) and gets advantage 0. ``loss_masks[g][j]``
+    marks the sampled tokens of a multi-turn episode (None: all of them).
     """
     results = scorer.score(
         problems,
@@ -137,6 +142,7 @@ def scored_block(
         reasons=[r.error for r in flat_results],
         generated_at=now,
         scored_at=now,
+        loss_masks=[loss_masks[g][j] for g, j in order] if loss_masks else None,
     )
     oldest = pc.min(pc.list_flatten(block.column("token_versions"))).as_py()
     stats = RolloutStats(
@@ -152,6 +158,22 @@ def scored_block(
         reward_messages=tuple(r.error for r in flat_results if r.error)[:MESSAGES_KEPT],
     )
     return block, stats
+
+
+def played_block(env_name: str, played: dict[str, PartialGroup], scale_by_std: bool) -> Scored:
+    """Finished episodes as trajectory rows, with the verdicts their environment gave."""
+    groups = list(played.values())
+    return scored_block(
+        RecordedScorer([[s.result or RewardResult(0.0, False) for s in g.samples] for g in groups]),
+        env_name,
+        [g.problem for g in groups],
+        [g.prompt_ids for g in groups],
+        [[s.done for s in g.samples if s.done is not None] for g in groups],
+        [[s.marks for s in g.samples] for g in groups],
+        list(played),
+        scale_by_std,
+        [[s.mask for s in g.samples] for g in groups],
+    )
 
 
 def _summed(metrics: Iterable[Mapping[str, float]]) -> dict[str, float]:
@@ -182,6 +204,7 @@ class RolloutWorker:
         params: ParameterService | None,
         threads: int = 1,
         credentials: Credentials | None = None,
+        limits: EpisodeLimits | None = None,
     ) -> None:
         if credentials:
             credentials.apply()  # trajectory files under an s3:// url
@@ -194,6 +217,11 @@ class RolloutWorker:
             ThreadPoolExecutor(1, thread_name_prefix="score") if self.scorer.isolated else None
         )
         self.env, self._store, self._params = env, store, params
+        self.limits = limits or EpisodeLimits()
+        self.episodes: EpisodeSteps | None = None  # a multi-turn environment's steps
+        if is_multi_turn(env):
+            multi: MultiTurn = env  # type: ignore[assignment]
+            self.episodes = EpisodeSteps(multi, self.limits.step_timeout_s)
         # Running totals kept on the worker, so they survive a pause of the stream.
         self.stream_counters = {"busy_s": 0.0, "idle_s": 0.0, "pull_s": 0.0, "weight_loads": 0.0}
 
@@ -222,10 +250,60 @@ class RolloutWorker:
         fault_point("worker.evaluate")  # tests: a worker that dies during an evaluation
         return self.engine.generate(prompts, n, max_new_tokens, temperature, seed)
 
+    def play(
+        self,
+        problems: list[Problem],
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        tag: str = "eval",
+    ) -> dict[str, PartialGroup]:
+        """Run ``n`` episodes of each problem of a multi-turn environment to their end:
+        the groups by id (``<prompt id>@<tag>``), each sample done with its verdict."""
+        fault_point("worker.evaluate")  # tests: a worker that dies during an evaluation
+        if self.episodes is None:
+            raise RuntimeError(f"environment {self.env.name!r} is not multi-turn")
+        groups = {}
+        for i, (problem, ids) in enumerate(
+            zip(problems, self.engine.prompt_ids([p.prompt for p in problems]), strict=True)
+        ):
+            group_id = f"{problem.prompt_id}@{tag}"
+            samples = [PartialSample(group_id, j, 0.0, time.time()) for j in range(n)]
+            groups[group_id] = PartialGroup(problem, ids, samples, seed + i)
+        runner = Play(
+            self.engine,
+            self.episodes,
+            self.limits,
+            max_new_tokens,
+            temperature,
+            self.stream_counters,
+        )
+        return runner.run(groups)
+
+    def verdicts(
+        self, problems: list[Problem], n: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> list[list[RewardResult]]:
+        """The verdicts of ``n`` episodes of each problem (held-out evaluation)."""
+        played = self.play(problems, n, max_new_tokens, temperature, seed)
+        return [[s.result or RewardResult(0.0, False) for s in g.samples] for g in played.values()]
+
     def rollout(self, problems: list[Problem], shard: BatchShard) -> RolloutStats:
         """Generate, score and put one shard of a batch (``sync``, ``one_step``)."""
         if self.engine.version() < shard.version:  # restarted since the last weight sync
             self.sync_weights(shard.version, shard.pull_timeout_s)
+        if self.episodes is not None:
+            played = self.play(
+                problems,
+                shard.n,
+                shard.max_new_tokens,
+                shard.temperature,
+                shard.seed,
+                shard.tag,
+            )
+            block, stats = played_block(self.env.name, played, shard.scale_by_std)
+            self.store.put(block)
+            return stats
         prompts = [p.prompt for p in problems]
         groups = self.engine.generate(
             prompts, shard.n, shard.max_new_tokens, shard.temperature, shard.seed
@@ -296,14 +374,21 @@ class GroupSource(Protocol):
     hand_over: Any
 
 
-class _Stream:
+class _Stream(SampleRunner):
     """The state of one ``stream`` call; a class so the loop reads as its steps."""
 
     def __init__(
         self, worker: RolloutWorker, source: GroupSource, settings: StreamSettings
     ) -> None:
-        self.engine, self.env, self.scorer, self.store, self.params = (
+        super().__init__(
             worker.engine,
+            worker.episodes,
+            worker.limits,
+            settings.max_new_tokens,
+            settings.temperature,
+            worker.stream_counters,
+        )
+        self.env, self.scorer, self.store, self.params = (
             worker.env,
             worker.scorer,
             worker.store,
@@ -311,11 +396,8 @@ class _Stream:
         )
         self.source, self.s = source, settings
         self.scoring = worker.scoring
-        self.counters = worker.stream_counters
         # Finished groups whose scores are being computed on ``scoring``, oldest first.
         self.being_scored: deque[tuple[str, PartialGroup, Future[Scored]]] = deque()
-        self.running: dict[str, PartialSample] = {}
-        self.groups: dict[str, PartialGroup] = {}
         self.reports: list[GroupDone] = []  # groups the store took, to report
         self.unsent: list[pa.RecordBatch] = []  # finished groups not yet in the store
         self.unsent_done: list[GroupDone] = []  # their reports
@@ -338,6 +420,7 @@ class _Stream:
             if not self.stopping and self.newer is None:
                 self.refill()
             self.take_scored()
+            self.take_stepped()
             if not self.running:
                 if self.newer is not None:
                     self.load_newer()
@@ -346,6 +429,8 @@ class _Stream:
                     break
                 if self.being_scored:  # nothing to decode: wait for the oldest score
                     wait([self.being_scored[0][2]], timeout=RELAY_POLL_S)
+                elif self.stepping:  # or for an environment
+                    self.wait_for_steps(RELAY_POLL_S)
                 else:
                     time.sleep(RELAY_POLL_S)  # admission holds us back: idle
                 self.counters["idle_s"] += time.monotonic() - now
@@ -406,7 +491,10 @@ class _Stream:
         """
         n = self.s.samples_per_prompt
         if self.asked is None:
-            room = (self.s.concurrency - len(self.running)) // n
+            # Episodes waiting for their environment leave the running batch to others,
+            # up to as many again.
+            waiting = max(0, len(self.stepping) - self.s.concurrency)
+            room = (self.s.concurrency - len(self.running) - waiting) // n
             # Ask in chunks: an actor call per finished group cost ~5% of the worker.
             if room <= 0 or (self.running and room * n < REFILL_AT * self.s.concurrency):
                 return
@@ -441,60 +529,34 @@ class _Stream:
             for sample in group.samples:
                 self.begin(a.group_id, group, sample)
 
-    def begin(self, group_id: str, group: PartialGroup, sample: PartialSample) -> None:
-        """Start ``sample`` in vLLM, or continue it from the tokens it has (a repacked one)."""
-        request, done = f"{group_id}/{sample.index}", len(sample.token_ids)
-        version = self.engine.version()
-        if not sample.marks or sample.marks[-1][1] != version:
-            sample.marks.append((done, version))
-        self.running[request] = sample
-        self.engine.start(
-            request,
-            group.prompt_ids + sample.token_ids,
-            self.s.max_new_tokens - done,
-            self.s.temperature,
-            group.seed * 131 + sample.index + done,
-        )
-
     def give_up(self, target: int) -> None:
         """Repack: hand every unfinished group to worker ``target``, as the dispatcher
         planned, and drop their requests here; this worker is then free for fresh work."""
+        waiting = {group_id for _, group_id, _ in self.stepping}  # they stay here
         handoffs = [
-            Handoff(group_id, _as_reported(group)) for group_id, group in self.groups.items()
+            Handoff(group_id, _as_reported(group))
+            for group_id, group in self.groups.items()
+            if group_id not in waiting
         ]
         if not ray.get(self.source.hand_over.remote(self.s.worker, target, handoffs)):
             return  # the dispatcher stopped or the target is gone: keep them
-        self.engine.abort(list(self.running))
-        self.running.clear()
-        self.groups.clear()
-
-    def advance(self, delta: Delta) -> None:
-        sample = self.running.get(delta.request_id)
-        if sample is None:
-            return  # handed to another worker by repack (vLLM may report it once more)
-        sample.token_ids.extend(delta.token_ids)
-        sample.logprobs.extend(delta.logprobs)
-        if not delta.finished:
-            return
-        del self.running[delta.request_id]
-        sample.done = Completion(
-            sample.token_ids,
-            sample.logprobs,
-            self.engine.decode(sample.token_ids),
-            delta.finish_reason == "stop",
-        )
-        group = self.groups[sample.group]
-        if all(s.done is not None for s in group.samples):
-            self.finish(sample.group, group)
+        moved = {h.group_id for h in handoffs}
+        requests = [r for r, sample in self.running.items() if sample.group in moved]
+        self.engine.abort(requests)
+        for request in requests:
+            del self.running[request]
+        for group_id in moved:
+            del self.groups[group_id]
 
     def finish(self, group_id: str, group: PartialGroup) -> None:
         """Score a group whose samples are all done: here, or on the scoring thread."""
-        del self.groups[group_id]
         completions = [s.done for s in group.samples if s.done is not None]
         marks: list[VersionRuns] = [s.marks for s in group.samples]
+        episodes = [s.result for s in group.samples if s.result is not None]
+        recorded = len(episodes) == len(group.samples)  # a multi-turn env gave the verdicts
         score = partial(
             scored_block,
-            self.scorer,
+            RecordedScorer([episodes]) if recorded else self.scorer,
             self.env.name,
             [group.problem],
             [group.prompt_ids],
@@ -502,8 +564,9 @@ class _Stream:
             [marks],
             [group_id],
             self.s.scale_by_std,
+            [[s.mask for s in group.samples]],
         )
-        if self.scoring is None:
+        if self.scoring is None or recorded:
             self.scored(group_id, group, score())
         else:
             self.being_scored.append((group_id, group, self.scoring.submit(score)))
@@ -585,6 +648,11 @@ class RolloutWorkerClient:
     def rollout(self, problems: list[Problem], shard: BatchShard) -> ObjectRef[RolloutStats]:
         return self.handle.rollout.remote(problems, shard)
 
+    def verdicts(
+        self, problems: list[Problem], n: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> ObjectRef[list[list[RewardResult]]]:
+        return self.handle.verdicts.remote(problems, n, max_new_tokens, temperature, seed)
+
     def sync_weights(self, at_least: int, timeout_s: float) -> ObjectRef[int]:
         return self.handle.sync_weights.remote(at_least, timeout_s)
 
@@ -604,13 +672,15 @@ def launch_rollout_workers(
     count: int | None = None,
     gpus: float | None = None,
     scorer: Callable[[], Scorer] | None = None,
+    limits: EpisodeLimits | None = None,
 ) -> list[RolloutWorkerClient]:
     """``count`` (default ``rollout.workers``) actors, each asking for
     ``rollout.cpus_per_worker`` CPU slots, ``rollout.gpus_per_worker`` GPUs and the custom
     Ray ``rollout.resources``, so it lands only on a node that offers them; Ray restarts one
     whose process dies, ``rollout.max_restarts`` times. ``gpus``: the GPUs each asks for,
     if the caller resolved them (``gpus_each``) already. ``scorer`` builds each worker's
-    scorer in its process (default: ``env``'s verifier)."""
+    scorer in its process (default: ``env``'s verifier); ``limits`` bound a multi-turn
+    environment's episodes."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
     gpus = gpus_each(r.gpus_per_worker) if gpus is None else gpus
     return [
@@ -638,6 +708,7 @@ def launch_rollout_workers(
                 params,
                 threads=r.threads_per_worker,
                 credentials=Credentials.here(),
+                limits=limits,
             )
         )
         for i in range(r.workers if count is None else count)

@@ -124,6 +124,10 @@ class VLLMRolloutEngine:
         """
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of an environment's turn, appended after sampled tokens: no BOS."""
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
     # -- streaming: one request per sample, stepped by the caller -------------------------
 
     def start(

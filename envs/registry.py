@@ -16,7 +16,9 @@ from typing import Any
 
 from sluice.envs.addition import AdditionEnv
 from sluice.envs.base import Environment
+from sluice.envs.calculator import CalculatorEnv
 from sluice.envs.countdown import CountdownEnv
+from sluice.envs.guessing import GuessingEnv
 from sluice.envs.reasoning_gym import ReasoningGymEnv
 from sluice.envs.rewards import import_function
 
@@ -26,6 +28,8 @@ BUILTIN: dict[str, Callable[..., Environment]] = {
     "addition": AdditionEnv,
     "countdown": CountdownEnv,
     "reasoning_gym": ReasoningGymEnv,
+    "calculator": CalculatorEnv,  # multi-turn, with a tool
+    "guessing": GuessingEnv,  # multi-turn
 }
 ENV_NAMES: tuple[str, ...] = tuple(BUILTIN)
 

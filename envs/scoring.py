@@ -65,6 +65,27 @@ class VerifierScorer:
         """Nothing to release: the verifier holds no process or file."""
 
 
+class RecordedScorer:
+    """Verdicts already known (a multi-turn episode's environment gave them as it ended),
+    handed out in the scorer's shape."""
+
+    isolated = False
+
+    def __init__(self, results: Sequence[Sequence[RewardResult]]) -> None:
+        self.results = [list(group) for group in results]
+
+    def score(
+        self,
+        problems: Sequence[Problem],
+        completions: Sequence[Sequence[str]],
+        lengths: Sequence[Sequence[int]],
+    ) -> list[list[RewardResult]]:
+        return self.results
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
 class PoolScorer:
     """Reward functions in a ``RewardPool``; a group is scored in one call. ``whole_problem``:
     the functions take the problem itself (a plugin environment's ``reward``), not its

@@ -33,8 +33,11 @@ class ToolResult:
 
 
 class Tool(Protocol):
-    name: str
-    description: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
 
     def __call__(self, arguments: Mapping[str, Any]) -> ToolResult: ...
 
@@ -61,7 +64,9 @@ def _too_big(value: int | float) -> bool:
 def _evaluate(node: ast.AST) -> int | float:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        if isinstance(node.value, bool):
+            raise CalculatorError("not arithmetic: a truth value")
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         value = _evaluate(node.operand)

@@ -117,7 +117,7 @@ _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 # env.name values besides entry points and import paths (envs/registry.py builds them).
-BUILTIN_ENVS = ("addition", "countdown", "dataset", "reasoning_gym")
+BUILTIN_ENVS = ("addition", "countdown", "dataset", "reasoning_gym", "calculator", "guessing")
 
 
 class DataConfig(_Section):
@@ -155,7 +155,8 @@ class EnvConfig(_Section):
     name: str = Field(
         "addition",
         description="Environment: addition, countdown, dataset (prompts from env.data), "
-        "reasoning_gym (env.args: {task: <name>, size, seed, config}), a name a package "
+        "reasoning_gym (env.args: {task: <name>, size, seed, config}), the multi-turn "
+        "calculator (env.args: {digits}) and guessing (env.args: {high}), a name a package "
         "registers under the sluice.environments entry point, or an import path "
         "'package.module:Class' of your own (built with env.args).",
     )
@@ -178,6 +179,21 @@ class EnvConfig(_Section):
         le=2.0,
         description="0 = off. Above 0, problems need scratch work of widely varying length, "
         "which stretches response lengths into a long tail.",
+    )
+    max_turns: int = Field(
+        4, ge=1, le=64, description="Multi-turn environments: model turns per episode at most."
+    )
+    max_turn_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Multi-turn environments: tokens of one model turn at most (default: the "
+        "episode's budget, rollout.max_new_tokens, which counts the environment's tokens too).",
+    )
+    step_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="Multi-turn environments: seconds one environment step may take; a step "
+        "that takes longer fails its episode.",
     )
     train_prompts: int = Field(4096, ge=1, description="Size of the training prompt pool.")
     train_seed: int | None = Field(

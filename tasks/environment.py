@@ -15,9 +15,11 @@ from typing import Any
 from sluice.engines.dispatcher import LedgerSink
 from sluice.envs import ENV_NAMES, Environment, Problem, make_env
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Renderer
+from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
 from sluice.envs.prompts import FittingPrompts, PromptSource
+from sluice.envs.registry import env_factory
 from sluice.envs.rewards import RewardFunction, check_signature, import_function, module_root
-from sluice.envs.scoring import Scorer, make_scorer
+from sluice.envs.scoring import RecordedScorer, Scorer, make_scorer
 from sluice.rl.config import (
     ConfigError,
     DataConfig,
@@ -115,10 +117,19 @@ def chat_renderer(model_dir: str) -> Renderer | None:
 def eval_tokens(cfg: RunConfig, heldout: list[Problem]) -> int:
     """How many tokens a held-out answer may take: the built-in policy spells one token per
     character, so a little more than the longest reference answer; otherwise (or without
-    reference answers) ``rollout.max_new_tokens``."""
-    if cfg.policy.path is None and all(p.answer for p in heldout):
+    reference answers, or for a multi-turn episode) ``rollout.max_new_tokens``."""
+    if cfg.policy.path is None and all(p.answer for p in heldout) and not multi_turn(cfg):
         return max(len(p.answer) for p in heldout) + 4
     return cfg.rollout.max_new_tokens
+
+
+def multi_turn(cfg: RunConfig) -> bool:
+    """Whether the run's environment is multi-turn (a built-in one, or a plugin's class)."""
+    return cfg.env.name != "dataset" and is_multi_turn(env_factory(cfg.env.name))
+
+
+def episode_limits(cfg: EnvConfig) -> EpisodeLimits:
+    return EpisodeLimits(cfg.max_turns, cfg.max_turn_tokens, cfg.step_timeout_s)
 
 
 def max_model_len(policy: PolicyConfig) -> int | None:
@@ -221,6 +232,8 @@ def scorer_factory(env: Environment, cfg: RewardConfig, env_cfg: EnvConfig) -> C
     the user's reward functions in a pool, with the folders their modules import from; else
     a plugin environment's own ``reward`` in a pool (user code too); else the built-in
     environment's verifier."""
+    if is_multi_turn(env):  # its environment gives each episode's verdict as it ends
+        return partial(RecordedScorer, [])
     paths = [f.fn for f in cfg.functions]
     plugin = None
     if not paths and env_cfg.name not in (*ENV_NAMES, "dataset"):

@@ -8,8 +8,10 @@ from prefect.cache_policies import NO_CACHE
 
 from sluice.engines.cluster import child_env
 from sluice.engines.rollout_worker import launch_rollout_workers
+from sluice.envs.multi_turn import is_multi_turn
 from sluice.rl.config import RunConfig
 from sluice.tasks.environment import (
+    episode_limits,
     eval_tokens,
     make_environment,
     max_model_len,
@@ -34,11 +36,15 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> dict[str, float]:
         None,
         child_env(),
         count=1,
+        limits=episode_limits(cfg.env),
     )
     scorer = scorer_factory(env, cfg.reward, cfg.env)()  # here: the worker only generates
     try:
         e = cfg.eval
-        return evaluate([worker], scorer, heldout, eval_tokens(cfg, heldout), e.k, e.temperature)
+        tokens = eval_tokens(cfg, heldout)
+        return evaluate(
+            [worker], scorer, heldout, tokens, e.k, e.temperature, episodes=is_multi_turn(env)
+        )
     finally:
         scorer.close()
         ray.kill(worker.handle)

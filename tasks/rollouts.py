@@ -29,15 +29,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, cast
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from sluice.engines.dispatcher import DispatcherClient
 from sluice.engines.messages import BatchShard, RolloutStats, StreamSettings
+from sluice.engines.protocols import Completion
 from sluice.engines.rollout_worker import RolloutWorkerClient
-from sluice.envs import Problem
+from sluice.envs import Problem, RewardResult
 from sluice.envs.prompts import PromptSource
 from sluice.envs.scoring import Scorer
 from sluice.rl.config import RunConfig
@@ -325,6 +327,7 @@ def evaluate(
     max_new_tokens: int,
     k: int = 1,
     temperature: float = 1.0,
+    episodes: bool = False,
 ) -> dict[str, float]:
     """Held-out metrics (completions come back here, not to the store): ``eval/accuracy``
     with greedy decoding, and with ``k > 1`` also ``eval/mean_at_<k>`` (the share of right
@@ -333,13 +336,15 @@ def evaluate(
 
     A worker that dies meanwhile is left out (Ray restarts it; the next call the rollouts
     make to it waits for the new process): its prompts run again on the workers still
-    there. Fails only when none is left.
+    there. Fails only when none is left. ``episodes``: the environment is multi-turn; the
+    workers play each episode to its end and its environment's verdict counts.
     """
     live = list(workers)
-    greedy = _correct(live, scorer, problems, 1, max_new_tokens, 0.0)
+    correct = partial(_correct, live, None if episodes else scorer, problems)
+    greedy = correct(1, max_new_tokens, 0.0)
     metrics = {"eval/accuracy": sum(c[0] for c in greedy) / len(problems)}
     if k > 1:
-        sampled = _correct(live, scorer, problems, k, max_new_tokens, temperature)
+        sampled = correct(k, max_new_tokens, temperature)
         metrics[f"eval/mean_at_{k}"] = sum(sum(c) for c in sampled) / (k * len(problems))
         metrics[f"eval/pass_at_{k}"] = sum(any(c) for c in sampled) / len(problems)
     return metrics
@@ -347,14 +352,14 @@ def evaluate(
 
 def _correct(
     live: list[RolloutWorkerClient],
-    scorer: Scorer,
+    scorer: Scorer | None,
     problems: list[Problem],
     n: int,
     max_new_tokens: int,
     temperature: float,
 ) -> list[list[bool]]:
-    """Whether each of ``n`` completions of each problem is correct; ``live`` loses the
-    workers that die meanwhile."""
+    """Whether each of ``n`` completions of each problem is correct (without a ``scorer``:
+    each of ``n`` episodes); ``live`` loses the workers that die meanwhile."""
     out: list[list[bool]] = [[] for _ in problems]
     left = list(range(len(problems)))
     while left:
@@ -364,7 +369,9 @@ def _correct(
             (
                 w,
                 shard,
-                w.generate([problems[i].prompt for i in shard], n, max_new_tokens, temperature, 0),
+                w.generate([problems[i].prompt for i in shard], n, max_new_tokens, temperature, 0)
+                if scorer is not None
+                else w.verdicts([problems[i] for i in shard], n, max_new_tokens, temperature, 0),
             )
             for w, shard in zip(live, (left[j :: len(live)] for j in range(len(live))), strict=True)
             if shard
@@ -372,7 +379,7 @@ def _correct(
         left = []
         for w, shard, ref in asked:
             try:
-                groups = ray.get(ref)
+                got = ray.get(ref)
             except (RayActorError, ActorUnavailableError) as error:
                 log.warning(
                     "a rollout worker died during the held-out evaluation (%s); its %d "
@@ -383,11 +390,14 @@ def _correct(
                 live.remove(w)
                 left += shard
                 continue
-            results = scorer.score(
-                [problems[i] for i in shard],
-                [[c.text for c in g] for g in groups],
-                [[len(c.token_ids) for c in g] for g in groups],
-            )
+            results = cast(list[list[RewardResult]], got)  # episodes: their verdicts
+            if scorer is not None:  # completions, scored here
+                groups = cast(list[list[Completion]], got)
+                results = scorer.score(
+                    [problems[i] for i in shard],
+                    [[c.text for c in g] for g in groups],
+                    [[len(c.token_ids) for c in g] for g in groups],
+                )
             for i, row in zip(shard, results, strict=True):
                 out[i] = [r.correct for r in row]
     return out

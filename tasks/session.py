@@ -32,6 +32,7 @@ from sluice.engines.placement import wait_placed
 from sluice.engines.rollout_worker import RolloutWorkerClient, launch_rollout_workers
 from sluice.engines.trainer_actor import TrainerClient, launch_trainer
 from sluice.engines.trainer_core import MODEL_FILE
+from sluice.envs.multi_turn import is_multi_turn
 from sluice.envs.prompts import training_prompts
 from sluice.rl.config import RunConfig
 from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
@@ -40,6 +41,7 @@ from sluice.storage.params import ParameterService
 from sluice.storage.trajectory_index import LeaseGrant
 from sluice.storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
 from sluice.tasks.environment import (
+    episode_limits,
     eval_tokens,
     fitting,
     make_environment,
@@ -248,7 +250,15 @@ class Session:
 
     def _held_out(self, workers: list[RolloutWorkerClient]) -> dict[str, float]:
         e = self.cfg.eval
-        return evaluate(workers, self.scorer, self.heldout, self.eval_tokens, e.k, e.temperature)
+        return evaluate(
+            workers,
+            self.scorer,
+            self.heldout,
+            self.eval_tokens,
+            e.k,
+            e.temperature,
+            episodes=is_multi_turn(self.env),
+        )
 
     def checkpoint(self) -> str:
         """Model, optimiser and RNG (written by the trainer) with the data cursor and watermark."""
@@ -325,6 +335,7 @@ class Session:
             env_vars,
             gpus=self.worker_gpus,
             scorer=self.make_scorer,
+            limits=episode_limits(cfg.env),
         )
         self.actors = [handle, self.trainer.handle, *(w.handle for w in self.workers)]
         self.actors += params.relays

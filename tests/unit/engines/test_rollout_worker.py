@@ -15,6 +15,7 @@ from sluice.engines.messages import (
 )
 from sluice.engines.protocols import Completion
 from sluice.engines.rollout_worker import RolloutWorker, _as_reported, _Stream, scored_block
+from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.scoring import VerifierScorer
 from sluice.rl.config import EnvConfig
 from sluice.storage.schema import validate_batch
@@ -113,6 +114,8 @@ def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
         store=store,
         params=None,
         stream_counters={},
+        episodes=None,
+        limits=EpisodeLimits(),
     )
     stream = _Stream(worker, source, StreamSettings(0, 4, 8, 1.0, False, 8))
     row = pa.record_batch({"x": [1]})
@@ -207,6 +210,8 @@ def test_an_isolated_scorer_scores_off_the_decoding_thread_and_keeps_the_groups_
             store=_Store(),
             params=None,
             stream_counters={},
+            episodes=None,
+            limits=EpisodeLimits(),
         )
         stream = _Stream(worker, _Source(), StreamSettings(0, 1, 8, 1.0, False, 8))
         for g, problem in enumerate(env.problems("train", 2, seed=0)):

@@ -184,7 +184,7 @@ def test_make_env_unknown_name() -> None:
 
 
 def test_env_names() -> None:
-    assert ENV_NAMES == ("addition", "countdown", "reasoning_gym")
+    assert ENV_NAMES == ("addition", "countdown", "reasoning_gym", "calculator", "guessing")
 
 
 class HangingEnv(FakeEnv):
