@@ -130,7 +130,8 @@ class SampleRunner(ABC):
             self.sample_done(sample, False)
             return
         self.count("tool_calls", step.tool_calls)
-        self.count("tool_errors", sum(step.tool_errors.values()))
+        for kind, n in step.tool_errors.items():
+            self.count(f"tool_errors/{kind}", n)
         if step.done:
             sample.result = episode_result(step)
             self.sample_done(sample, True)
@@ -143,6 +144,7 @@ class SampleRunner(ABC):
             self.count("episodes_cut", 1)
             self.sample_done(sample, False)
             return
+        self.count("env_tokens", len(tokens))
         if sample.mask is None:
             sample.mask = [1] * len(sample.token_ids)
         sample.token_ids.extend(tokens)

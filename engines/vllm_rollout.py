@@ -38,7 +38,7 @@ def engine_args(
 
     GPU: bfloat16, CUDA graphs (``enforce_eager`` off), and the KV cache sized by vLLM
     from ``gpu_memory_utilization`` unless ``kv_cache_gib`` is given. CPU: float32, eager,
-    and a KV cache of ``kv_cache_gib`` (``CPU_KV_CACHE_GIB`` unset).
+    no chunked prefill, and a KV cache of ``kv_cache_gib`` (``CPU_KV_CACHE_GIB`` unset).
     """
     args: dict[str, object] = {
         "dtype": ("bfloat16" if on_gpu else "float32") if dtype == "auto" else dtype,
@@ -46,6 +46,12 @@ def engine_args(
     }
     if on_gpu:
         args["gpu_memory_utilization"] = gpu_memory_utilization
+    if not on_gpu:
+        # A prefill cut in chunks discards the token sampled after its first chunk and
+        # rewinds the request's seeded generator, which a CPU generator cannot do
+        # (vLLM 0.32: "CPU Generator does not use offset"). Long prompts arriving together
+        # (an episode's later turns) would be chunked; unchunked, they wait a step.
+        args["enable_chunked_prefill"] = False
     if kv_cache_gib is None and not on_gpu:
         kv_cache_gib = CPU_KV_CACHE_GIB
     if kv_cache_gib is not None:

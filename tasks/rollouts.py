@@ -111,10 +111,11 @@ class Restarts:
                 f"rollout worker {worker} died {self.counts[worker]} times, more than "
                 f"rollout.max_restarts={self.limit}: {type(error).__name__}"
             ) from error
+        cause = getattr(error, "cause", None)  # a RayTaskError: what the worker raised
         log.warning(
             "rollout worker %d died (%s); %s; Ray restarts it (restart %d of at most %d)",
             worker,
-            type(error).__name__,
+            type(error).__name__ + (f": {cause}"[:300] if cause is not None else ""),
             handed_back,
             self.counts[worker],
             self.limit,
@@ -642,6 +643,7 @@ class StreamRollouts:
             )
         self.failures.show(t.reward_messages)
         metrics["rollout/repacked_groups"] = float(t.repacked)
+        episodes: dict[str, float] = {}  # multi-turn counters, summed over the workers
         for w, c in state["workers"].items():
             before = self.last.get(w, {})
             if before.get("pid") != c["pid"]:  # a restarted worker counts from zero again
@@ -654,7 +656,11 @@ class StreamRollouts:
             metrics[f"rollout/worker{w}/version_lag"] = step - c["version"]
             metrics[f"rollout/worker{w}/weight_pull_s"] = delta["pull_s"]
             metrics[f"rollout/worker{w}/weight_loads"] = delta["weight_loads"]
+            for name, value in delta.items():
+                if name in EPISODE_COUNTERS or name.startswith("tool_errors/"):
+                    episodes[name] = episodes.get(name, 0.0) + value
             self.last[w] = c
+        metrics.update(episode_metrics(episodes, t.samples))
         return metrics
 
     def pause(self) -> None:
@@ -686,6 +692,30 @@ class StreamRollouts:
     def restore(self, cursor: dict[str, Any], step: int, held_groups: int) -> None:
         admitted = step * self.cfg.rollout.prompts_per_step + held_groups
         self.dispatcher.restart_at(cursor, admitted, self.tag)
+
+
+# What a worker counts of multi-turn episodes (``engines/sample_runner.py``).
+EPISODE_COUNTERS = ("env_steps", "env_s", "env_tokens", "tool_calls", "episodes_cut")
+
+
+def episode_metrics(counts: dict[str, float], episodes: int) -> dict[str, float]:
+    """``rollout/episode/*`` from the summed counters of a multi-turn run (none otherwise):
+    turns per episode, environment seconds per turn, the environment's (masked) tokens and
+    tool calls per episode, tool errors by kind, episodes cut at a limit."""
+    if not counts.get("env_steps") or not episodes:
+        return {}
+    steps = counts["env_steps"]
+    out = {
+        "rollout/episode/turns": steps / episodes,
+        "rollout/episode/env_s_per_turn": counts.get("env_s", 0.0) / steps,
+        "rollout/episode/env_tokens": counts.get("env_tokens", 0.0) / episodes,
+        "rollout/episode/tool_calls": counts.get("tool_calls", 0.0) / episodes,
+        "rollout/episode/cut": counts.get("episodes_cut", 0.0),
+    }
+    for name, value in counts.items():
+        if name.startswith("tool_errors/"):
+            out[f"rollout/episode/{name}"] = value
+    return out
 
 
 def stream_settings(cfg: RunConfig, worker: int) -> StreamSettings:

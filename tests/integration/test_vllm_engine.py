@@ -113,3 +113,15 @@ def test_no_request_reuses_kv_cached_under_older_weights(engine, policy):
     engine.start("new-version", prompt, 60, 1.0, seed=3)
     assert _cached_tokens(engine, "new-version") == 0
     engine.abort(["long", "same-version", "new-version"])
+
+
+def test_many_long_seeded_prompts_at_once_do_not_crash_the_cpu_sampler(engine):
+    """An episode's later turns reach vLLM as long prompts, many at once; chunked, their
+    prefill would rewind each request's seeded generator, which a CPU one cannot do."""
+    count, length = 64, 150  # 9600 prompt tokens: past one step's default budget of 8192
+    for i in range(count):
+        engine.start(f"long{i}", [1] + [40 + (i + k) % 50 for k in range(length)], 4, 1.0, i)
+    finished = 0
+    while finished < count:
+        finished += sum(d.finished for d in engine.step())
+    assert engine.running() == 0

@@ -13,6 +13,7 @@ def test_cpu_defaults_keep_what_runs_here():
     assert engine_args(on_gpu=False) == {
         "dtype": "float32",
         "enforce_eager": True,
+        "enable_chunked_prefill": False,  # seeded CPU sampling cannot rewind (vllm_rollout)
         "kv_cache_memory_bytes": GIB // 2,  # vLLM's own probe refuses small CPU machines
     }
 

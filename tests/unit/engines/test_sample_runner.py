@@ -114,7 +114,7 @@ def test_an_episode_is_the_sampled_tokens_then_the_environments_masked_tokens():
         [decode(s.token_ids[:3])] for s in samples
     )
     assert counters["env_steps"] == 8 and counters["tool_calls"] == 4
-    assert counters["tool_errors"] == 4
+    assert counters["tool_errors/error"] == 4 and counters["env_tokens"] == 12
 
 
 def test_played_episodes_become_rows_with_a_loss_mask_and_the_environments_reward():

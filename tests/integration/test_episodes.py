@@ -1,0 +1,144 @@
+"""Multi-turn episodes on the real components.
+
+In-process, on vLLM with a subword (BPE) tokenizer: the tokens a played episode trains on
+are, token for token, what vLLM sampled in each turn plus the environment's text encoded
+once; re-tokenizing the episode's text would give other tokens, so a runner that did would
+fail here. End to end, in ``async`` with a rollout worker killed while it holds episodes
+in flight: the run finishes and the ledger shows every episode trained once or dropped.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from sluice.engines.rollout_worker import RolloutWorker, played_block
+from sluice.engines.vllm_rollout import VLLMRolloutEngine
+from sluice.envs import Problem
+from sluice.envs.multi_turn import EnvStep, EpisodeLimits
+from sluice.envs.scoring import RecordedScorer
+from sluice.storage.schema import validate_batch
+from tests.integration.test_faults import assert_ledger_whole, kill, smoke_args
+from tests.support.cli_job import Job
+
+pytestmark = pytest.mark.integration
+
+OBSERVATION = " answer 12+34=46 plus {turn}\n"
+
+
+class Echo:
+    """Three model turns; the environment answers with text a BPE tokenizer merges."""
+
+    name, multi_turn = "echo", True
+
+    def problems(self, split, n, seed):
+        return [
+            Problem(f"echo/{i}", self.name, f"what is the sum of {i}+7", "", split)
+            for i in range(n)
+        ]
+
+    def step(self, problem, history):
+        if len(history) < 5:
+            return EnvStep(OBSERVATION.format(turn=len(history)))
+        return EnvStep(done=True, reward=1.0, correct=True)
+
+
+@pytest.fixture(scope="module")
+def worker(bpe_policy: Path, monkeypatch_module):
+    monkeypatch_module.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process
+    engine = partial(
+        VLLMRolloutEngine, str(bpe_policy), seed=0, kv_cache_gib=0.1, max_model_len=512
+    )
+    limits = EpisodeLimits(max_turns=3, max_turn_tokens=6)
+    return RolloutWorker(engine, Echo(), partial(RecordedScorer, []), None, None, limits=limits)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    patch = pytest.MonkeyPatch()
+    yield patch
+    patch.undo()
+
+
+def test_an_episode_trains_on_exactly_the_sampled_tokens_and_the_environments(worker, bpe_policy):
+    sampled: dict[str, list[int]] = {}
+    step = worker.engine.step
+
+    def recording_step():
+        deltas = step()
+        for d in deltas:
+            sampled.setdefault(d.request_id, []).extend(d.token_ids)
+        return deltas
+
+    worker.engine.step = recording_step
+    try:
+        played = worker.play(Echo().problems("train", 3, 0), 2, 60, 1.0, seed=5)
+    finally:
+        worker.engine.step = step
+    tokenizer = AutoTokenizer.from_pretrained(str(bpe_policy))
+    retokenized_differs = 0
+    for group_id, group in played.items():
+        for sample in group.samples:
+            request = f"{group_id}/{sample.index}"
+            turns = [sampled[request], sampled[f"{request}#2"], sampled[f"{request}#4"]]
+            observations = [
+                tokenizer(OBSERVATION.format(turn=t), add_special_tokens=False)["input_ids"]
+                for t in (1, 3)
+            ]
+            expected = turns[0] + observations[0] + turns[1] + observations[1] + turns[2]
+            assert sample.token_ids == expected
+            mask = [1] * len(turns[0]) + [0] * len(observations[0]) + [1] * len(turns[1])
+            mask += [0] * len(observations[1]) + [1] * len(turns[2])
+            assert sample.mask == mask
+            assert [lp for lp, m in zip(sample.logprobs, mask, strict=True) if not m] == [0.0] * (
+                len(observations[0]) + len(observations[1])
+            )
+            assert all(lp < 0 for lp, m in zip(sample.logprobs, mask, strict=True) if m)
+            text = tokenizer.decode(group.prompt_ids + sample.token_ids, skip_special_tokens=False)
+            retokenized_differs += tokenizer(text, add_special_tokens=False)["input_ids"] != (
+                group.prompt_ids + sample.token_ids
+            )
+    assert retokenized_differs > 0  # re-tokenizing would have changed the trained tokens
+    block, stats = played_block("echo", played, scale_by_std=False)
+    validate_batch(block)
+    assert block.column("loss_mask").to_pylist() == [
+        s.mask for g in played.values() for s in g.samples
+    ]
+    assert stats.correct == 6
+
+
+def test_a_worker_killed_mid_episode_loses_no_episode(tmp_path, shared_cache):
+    """The guessing game, in async: the worker is killed while its episodes wait for the
+    environment or decode a later turn; Ray restarts it, the dispatcher sends its groups
+    again, and every dispatched episode ends trained or dropped with its reason."""
+    steps = 8
+    job = Job(
+        smoke_args(
+            tmp_path,
+            shared_cache,
+            "name=guessing",
+            "mode=async",
+            "env.name=guessing",
+            "env.max_turns=6",
+            "rollout.max_new_tokens=48",
+            f"train.steps={steps}",
+            "eval.every=100",
+            "eval.prompts=8",
+        ),
+        tmp_path / "job.log",
+    )
+    try:
+        first = job.expect(r"rollout worker\(s\) \(pids (\d+)\)")
+        job.expect(r"step    2/")
+        kill(int(first.group(1)))
+        job.expect(r"rollout worker 0 died")
+        assert job.finish() == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    out = job.output()
+    assert f"step    {steps}/{steps}" in out
+    assert "Traceback" not in out
+    assert_ledger_whole(tmp_path / "runs" / "guessing", steps)
