@@ -9,7 +9,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines bench-micro-batch bench-weights bench-rewards bench-datasets infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-engines bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -82,7 +82,7 @@ check-gpu-install: setup
 # docs/images): about 51 minutes on the quiet 2-core machine (data planes 3, the nine
 # modes variants 23, the peer comparison 8, isolated rewards 15, data sets 2). `make bench-quick`: the peer comparison on
 # 30 steps, printed, plots under runs/bench-quick, BENCHMARKS.md untouched (5.5 minutes).
-bench: bench-data bench-micro-batch bench-modes bench-peer bench-rewards bench-datasets
+bench: bench-data bench-micro-batch bench-modes bench-peer bench-rewards bench-datasets bench-agentic
 
 bench-data: setup
 	$(PY) -m sluice.benchmarks.data_planes
@@ -93,6 +93,10 @@ bench-micro-batch: setup
 
 bench-modes: setup
 	$(PY) -m sluice.benchmarks.modes --steps 100
+
+# sync vs one_step vs async on the calculator with a heavy-tailed tool latency (~15 minutes).
+bench-agentic: setup
+	$(PY) -m sluice.benchmarks.agentic --steps 40 --write
 
 bench-peer: setup
 	$(PY) -m sluice.benchmarks.peer_trl --steps 100

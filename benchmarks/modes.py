@@ -55,11 +55,15 @@ VARIANTS: list[tuple[str, list[str]]] = [
 ]
 
 
-def run_variant(label: str, overrides: list[str], steps: int, root: Path) -> dict[str, float]:
+def run_variant(
+    label: str, overrides: list[str], steps: int, root: Path, config: str = CONFIG
+) -> dict[str, float]:
+    """Run ``config`` with ``overrides`` for ``steps`` steps; its throughput, idle
+    fractions, staleness and held-out accuracy (from the summary and MLflow)."""
     name = "bench-" + "".join(c if c.isalnum() else "-" for c in label)
     settings = [*overrides, f"train.steps={steps}", f"name={name}", f"root={root}"]
     settings.append(f"eval.every={steps}")
-    cmd = [sys.executable, "-m", "sluice.flows.cli", "run", CONFIG]
+    cmd = [sys.executable, "-m", "sluice.flows.cli", "run", config]
     for setting in settings:
         cmd += ["--set", setting]
     print(f"running {label} for {steps} steps ...", flush=True)

@@ -22,7 +22,6 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable
 from pathlib import Path
 
 import torch
@@ -242,15 +241,14 @@ def greedy_episodes(
             pad_token_id=PAD_ID,
             eos_token_id=EOS_ID,
         )
-        going_on = []
         for row, i in enumerate(active):
             turn = out[row, width:].tolist()
             turn = turn[: turn.index(EOS_ID) + 1] if EOS_ID in turn else turn
             sequences[i] += turn
             histories[i].append(tokenizer.decode(turn, skip_special_tokens=True))
-            step = env.step(problems[i], list(histories[i]))
-            if inspect.isawaitable(step):
-                step = asyncio.run(_awaited(step))
+        going_on = []
+        steps = _steps(env, [(problems[i], list(histories[i])) for i in active])
+        for i, step in zip(active, steps, strict=True):
             if step.done:
                 correct[i] = bool(step.correct)
                 continue
@@ -262,8 +260,18 @@ def greedy_episodes(
     return sum(correct) / len(problems)
 
 
-async def _awaited(step: Awaitable[EnvStep]) -> EnvStep:
-    return await step
+def _steps(env: MultiTurn, calls: list[tuple[Problem, list[str]]]) -> list[EnvStep]:
+    """``env.step`` of each episode; the ``async`` ones wait together."""
+    answers = [env.step(problem, history) for problem, history in calls]
+    waiting = [k for k, answer in enumerate(answers) if inspect.isawaitable(answer)]
+
+    async def together() -> list[EnvStep]:
+        return list(await asyncio.gather(*(answers[k] for k in waiting)))  # type: ignore[misc]
+
+    if waiting:
+        for k, answer in zip(waiting, asyncio.run(together()), strict=True):
+            answers[k] = answer
+    return answers  # type: ignore[return-value]
 
 
 def _build_and_warm_start(

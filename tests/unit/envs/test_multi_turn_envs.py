@@ -1,6 +1,10 @@
 """The built-in multi-turn environments: their reference episodes play through their own
 ``step``, tool calls get results or error observations, and answers are graded."""
 
+import asyncio
+import inspect
+import statistics
+
 import pytest
 
 from sluice.envs.base import split_of
@@ -63,3 +67,21 @@ def test_guessing_gives_feedback_and_fewer_guesses_earn_more():
     first = env.step(problem, [str(secret)])
     later = env.step(problem, ["0", " higher\n", "0", " higher\n", str(secret)])
     assert first.correct and later.correct and first.reward > later.reward
+
+
+def test_calculator_latency_is_a_heavy_tailed_wait_that_changes_nothing_else():
+    plain, slow = CalculatorEnv(), CalculatorEnv(latency_s=0.2, latency_sigma=1.3)
+    [problem] = plain.problems("train", 1, seed=0)
+    call = [tool_call("6*7")]
+    pending = slow.step(problem, call)
+    assert inspect.isawaitable(pending)
+    pending.close()  # not awaited here: it would sleep
+    assert not inspect.isawaitable(slow.step(problem, ["42"]))  # an answer waits for nothing
+    waits = sorted(slow.latency(problem, [tool_call(f"{k}*7")]) for k in range(2000))
+    assert 0.17 < statistics.median(waits) < 0.23
+    assert 3.0 < waits[int(0.99 * len(waits))] < 6.0  # p99 ~ 0.2 * exp(2.33 * 1.3) = 4.1 s
+    assert slow.latency(problem, call) == slow.latency(problem, call)
+    quick = CalculatorEnv(latency_s=1e-4)
+    assert asyncio.run(quick.step(problem, call)) == plain.step(problem, call)
+    with pytest.raises(ValueError, match="latency_s"):
+        CalculatorEnv(latency_s=-1.0)

