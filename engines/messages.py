@@ -107,6 +107,7 @@ class PartialSample:
     turns: list[str] = field(default_factory=list)
     turn_start: int = 0
     result: RewardResult | None = None
+    prompt_ids: list[int] | None = None  # an agent's own prompt (None: its group's)
 
 
 @dataclass

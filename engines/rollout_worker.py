@@ -40,6 +40,7 @@ import ray
 import torch
 from ray import ObjectRef
 
+from sluice.engines.agent_episodes import AgentEpisodes, AgentSpec
 from sluice.engines.cluster import gpus_each, pool_dtype, thread_env, visible_gpus
 from sluice.engines.episodes import EpisodeSteps
 from sluice.engines.messages import (
@@ -104,6 +105,7 @@ def scored_block(
     group_ids: list[str],
     scale_by_std: bool,
     loss_masks: list[list[list[int] | None]] | None = None,
+    sample_prompts: list[list[list[int] | None]] | None = None,
 ) -> Scored:
     """Score every completion, compute GRPO advantages, and lay the groups out as rows.
 
@@ -112,7 +114,8 @@ def scored_block(
     ``<group id>/<j>``. The block is built column by column (``trajectory_block``); the
     store checks it against the schema when it is put. A sample whose reward failed keeps
     its reason in the row (the ledger records it) and gets advantage 0. ``loss_masks[g][j]``
-    marks the sampled tokens of a multi-turn episode (None: all of them).
+    marks the sampled tokens of a multi-turn episode (None: all of them);
+    ``sample_prompts[g][j]`` is a sample's own prompt (an agent's; None: its group's).
     """
     results = scorer.score(
         problems,
@@ -132,7 +135,10 @@ def scored_block(
         prompt_ids=[problems[g].prompt_id for g, _ in order],
         group_ids=[group_ids[g] for g, _ in order],
         env=env_name,
-        prompts=[prompt_ids[g] for g, _ in order],
+        prompts=[
+            own if sample_prompts and (own := sample_prompts[g][j]) is not None else prompt_ids[g]
+            for g, j in order
+        ],
         responses=[c.token_ids for c in completions],
         logprobs=[c.logprobs for c in completions],
         version_runs=[version_runs[g][j] for g, j in order],
@@ -173,6 +179,7 @@ def played_block(env_name: str, played: dict[str, PartialGroup], scale_by_std: b
         list(played),
         scale_by_std,
         [[s.mask for s in g.samples] for g in groups],
+        [[s.prompt_ids for s in g.samples] for g in groups],
     )
 
 
@@ -205,6 +212,7 @@ class RolloutWorker:
         threads: int = 1,
         credentials: Credentials | None = None,
         limits: EpisodeLimits | None = None,
+        agent: AgentSpec | None = None,
     ) -> None:
         if credentials:
             credentials.apply()  # trajectory files under an s3:// url
@@ -222,6 +230,13 @@ class RolloutWorker:
         if is_multi_turn(env):
             multi: MultiTurn = env  # type: ignore[assignment]
             self.episodes = EpisodeSteps(multi, self.limits.step_timeout_s)
+        # An agent plays each episode through this worker's chat endpoint.
+        self.agents = None
+        if agent is not None:
+            tokenizer = getattr(self.engine, "tokenizer", None)
+            if tokenizer is None:
+                raise TypeError(f"{type(self.engine).__name__} has no tokenizer for the agent")
+            self.agents = AgentEpisodes(agent, tokenizer, self.engine)
         # Running totals kept on the worker, so they survive a pause of the stream.
         self.stream_counters = {"busy_s": 0.0, "idle_s": 0.0, "pull_s": 0.0, "weight_loads": 0.0}
 
@@ -262,7 +277,7 @@ class RolloutWorker:
         """Run ``n`` episodes of each problem of a multi-turn environment to their end:
         the groups by id (``<prompt id>@<tag>``), each sample done with its verdict."""
         fault_point("worker.evaluate")  # tests: a worker that dies during an evaluation
-        if self.episodes is None:
+        if self.episodes is None and self.agents is None:
             raise RuntimeError(f"environment {self.env.name!r} is not multi-turn")
         groups = {}
         for i, (problem, ids) in enumerate(
@@ -278,6 +293,7 @@ class RolloutWorker:
             max_new_tokens,
             temperature,
             self.stream_counters,
+            self.agents,
         )
         return runner.run(groups)
 
@@ -292,7 +308,7 @@ class RolloutWorker:
         """Generate, score and put one shard of a batch (``sync``, ``one_step``)."""
         if self.engine.version() < shard.version:  # restarted since the last weight sync
             self.sync_weights(shard.version, shard.pull_timeout_s)
-        if self.episodes is not None:
+        if self.episodes is not None or self.agents is not None:
             played = self.play(
                 problems,
                 shard.n,
@@ -387,6 +403,7 @@ class _Stream(SampleRunner):
             settings.max_new_tokens,
             settings.temperature,
             worker.stream_counters,
+            worker.agents,
         )
         self.env, self.scorer, self.store, self.params = (
             worker.env,
@@ -420,8 +437,8 @@ class _Stream(SampleRunner):
             if not self.stopping and self.newer is None:
                 self.refill()
             self.take_scored()
-            self.take_stepped()
-            if not self.running:
+            self.poll()
+            if not self.decoding():
                 if self.newer is not None:
                     self.load_newer()
                     continue
@@ -429,8 +446,8 @@ class _Stream(SampleRunner):
                     break
                 if self.being_scored:  # nothing to decode: wait for the oldest score
                     wait([self.being_scored[0][2]], timeout=RELAY_POLL_S)
-                elif self.stepping:  # or for an environment
-                    self.wait_for_steps(RELAY_POLL_S)
+                elif self.waiting():  # or for an environment or an agent
+                    self.wait(RELAY_POLL_S)
                 else:
                     time.sleep(RELAY_POLL_S)  # admission holds us back: idle
                 self.counters["idle_s"] += time.monotonic() - now
@@ -494,7 +511,8 @@ class _Stream(SampleRunner):
             # Episodes waiting for their environment leave the running batch to others,
             # up to as many again.
             waiting = max(0, len(self.stepping) - self.s.concurrency)
-            room = (self.s.concurrency - len(self.running) - waiting) // n
+            busy = len(self.agents.runs) if self.agents is not None else len(self.running)
+            room = (self.s.concurrency - busy - waiting) // n
             # Ask in chunks: an actor call per finished group cost ~5% of the worker.
             if room <= 0 or (self.running and room * n < REFILL_AT * self.s.concurrency):
                 return
@@ -533,6 +551,8 @@ class _Stream(SampleRunner):
         """Repack: hand every unfinished group to worker ``target``, as the dispatcher
         planned, and drop their requests here; this worker is then free for fresh work."""
         waiting = {group_id for _, group_id, _ in self.stepping}  # they stay here
+        if self.agents is not None:
+            waiting |= {group_id for _, group_id, _, _ in self.agents.runs}
         handoffs = [
             Handoff(group_id, _as_reported(group))
             for group_id, group in self.groups.items()
@@ -565,6 +585,7 @@ class _Stream(SampleRunner):
             [group_id],
             self.s.scale_by_std,
             [[s.mask for s in group.samples]],
+            [[s.prompt_ids for s in group.samples]],
         )
         if self.scoring is None or recorded:
             self.scored(group_id, group, score())
@@ -673,6 +694,7 @@ def launch_rollout_workers(
     gpus: float | None = None,
     scorer: Callable[[], Scorer] | None = None,
     limits: EpisodeLimits | None = None,
+    agent: AgentSpec | None = None,
 ) -> list[RolloutWorkerClient]:
     """``count`` (default ``rollout.workers``) actors, each asking for
     ``rollout.cpus_per_worker`` CPU slots, ``rollout.gpus_per_worker`` GPUs and the custom
@@ -680,7 +702,7 @@ def launch_rollout_workers(
     whose process dies, ``rollout.max_restarts`` times. ``gpus``: the GPUs each asks for,
     if the caller resolved them (``gpus_each``) already. ``scorer`` builds each worker's
     scorer in its process (default: ``env``'s verifier); ``limits`` bound a multi-turn
-    environment's episodes."""
+    environment's episodes; ``agent`` plays them through each worker's chat endpoint."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
     gpus = gpus_each(r.gpus_per_worker) if gpus is None else gpus
     return [
@@ -709,6 +731,7 @@ def launch_rollout_workers(
                 threads=r.threads_per_worker,
                 credentials=Credentials.here(),
                 limits=limits,
+                agent=agent,
             )
         )
         for i in range(r.workers if count is None else count)

@@ -7,8 +7,10 @@ environment, ends a model turn by handing the episode to the environment
 (``take_stepped``): the observation is tokenized once and appended after the sampled tokens,
 with loss mask 0, log-prob 0 and the version of the weights it follows; then the model's
 next turn starts from the whole sequence as it stands, never re-tokenized. A group whose
-samples are all done goes to ``finish``. Driven by ``rollout_worker._Stream`` (``async``)
-and by ``Play`` here (multi-turn batches of ``sync``/``one_step``, held-out evaluation).
+samples are all done goes to ``finish``. With an agent (``engines/agent_episodes.py``),
+a sample is the agent's episode: its calls decode here, and its session is the sample.
+Driven by ``rollout_worker._Stream`` (``async``) and by ``Play`` here (the multi-turn
+batches of ``sync``/``one_step``, held-out evaluation).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
+from sluice.engines.agent_episodes import AgentEpisodes
 from sluice.engines.episodes import EpisodeSteps, StepFailed, Stepped
 from sluice.engines.messages import PartialGroup, PartialSample
 from sluice.engines.protocols import Completion, Delta, StreamingRolloutEngine
@@ -34,8 +37,10 @@ class SampleRunner(ABC):
         max_new_tokens: int,
         temperature: float,
         counters: dict[str, float],
+        agents: AgentEpisodes | None = None,
     ) -> None:
         self.engine, self.episodes, self.limits = engine, episodes, limits
+        self.agents = agents
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.counters = counters
         self.running: dict[str, PartialSample] = {}  # by request id
@@ -52,7 +57,10 @@ class SampleRunner(ABC):
 
     def begin(self, group_id: str, group: PartialGroup, sample: PartialSample) -> None:
         """Start ``sample`` in the engine, or continue it from the tokens it has (a repacked
-        sample, an episode's next turn)."""
+        sample, an episode's next turn); or start its agent."""
+        if self.agents is not None:
+            self.agents.start(group_id, sample, group.problem)
+            return
         request, done = f"{group_id}/{sample.index}", len(sample.token_ids)
         budget = self.max_new_tokens - done
         if self.episodes is not None:
@@ -72,6 +80,8 @@ class SampleRunner(ABC):
         )
 
     def advance(self, delta: Delta) -> None:
+        if self.agents is not None and self.agents.advance(delta):
+            return
         sample = self.running.get(delta.request_id)
         if sample is None:
             return  # handed to another worker by repack (vLLM may report it once more)
@@ -95,6 +105,29 @@ class SampleRunner(ABC):
         if all(s.done is not None for s in group.samples):
             del self.groups[sample.group]
             self.finish(sample.group, group)
+
+    def decoding(self) -> bool:
+        """Requests are running in the engine."""
+        return bool(self.running) or (self.agents is not None and self.agents.busy())
+
+    def waiting(self) -> bool:
+        """Episodes wait for their environment or their agent."""
+        return bool(self.stepping) or (self.agents is not None and bool(self.agents.runs))
+
+    def wait(self, timeout: float) -> None:
+        """Until an environment answers, an agent calls or returns, or ``timeout``."""
+        if self.agents is not None:
+            self.agents.wake.wait(timeout)
+        else:
+            self.wait_for_steps(timeout)
+
+    def poll(self) -> None:
+        """Go on with what environments and agents have done meanwhile."""
+        self.take_stepped()
+        if self.agents is not None:
+            self.agents.take_calls(self.max_new_tokens, seed=len(self.counters))
+            for _, sample in self.agents.take_finished():
+                self.sample_done(sample, True)
 
     # -- multi-turn episodes ---------------------------------------------------------------
 
@@ -170,12 +203,12 @@ class Play(SampleRunner):
             for sample in group.samples:
                 self.begin(group_id, group, sample)
         while self.groups:
-            if self.running:
+            if self.decoding():
                 for delta in self.engine.step():
                     self.advance(delta)
-            elif self.stepping:
-                self.wait_for_steps(1.0)
+            elif self.waiting():
+                self.wait(1.0)
             else:
-                raise RuntimeError(f"groups {sorted(self.groups)} neither decode nor step")
-            self.take_stepped()
+                raise RuntimeError(f"groups {sorted(self.groups)} neither decode nor wait")
+            self.poll()
         return {group_id: self.finished[group_id] for group_id in groups}

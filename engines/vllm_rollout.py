@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from sluice.engines.protocols import Completion, Delta
 from sluice.storage.params import NamedTensors, safetensors_tensors
@@ -93,6 +94,11 @@ class VLLMRolloutEngine:
         )
         self._tokenizer = self._llm.get_tokenizer()
         self._version = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model folder's tokenizer (the chat endpoint renders its template)."""
+        return self._tokenizer
 
     def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
         """Token ids of each prompt. A prompt a chat template rendered may begin with the

@@ -16,6 +16,7 @@ from sluice.flows.runtime import configure_process
 from sluice.rl.config import ConfigError, RunConfig, apply_override, build_config, load_config
 from sluice.storage.layout import RunLayout
 from sluice.tasks.environment import (
+    check_agent,
     check_context,
     check_environment,
     check_model_folder,
@@ -72,3 +73,4 @@ def check_run(cfg: RunConfig) -> None:
     check_environment(cfg)
     check_context(cfg)
     check_rewards(cfg)
+    check_agent(cfg)

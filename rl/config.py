@@ -195,6 +195,21 @@ class EnvConfig(_Section):
         description="Multi-turn environments: seconds one environment step may take; a step "
         "that takes longer fails its episode.",
     )
+    agent: str | None = Field(
+        None,
+        pattern=_IMPORT_PATH.pattern,
+        description="Import path 'package.module:function' of an agent that plays each "
+        "episode against the rollout worker's OpenAI-compatible endpoint "
+        "(docs/environments.md): called as agent(base_url, prompt, answer, **fields), it "
+        "returns the reward. The environment gives the problems. Needs policy.path (a model "
+        "folder with a chat template).",
+    )
+    agent_args: dict[str, Any] = Field(
+        default_factory=dict, description="Fixed keyword arguments of the agent."
+    )
+    agent_timeout_s: float = Field(
+        120.0, gt=0.0, description="Seconds one agent run may take; a longer one fails."
+    )
     train_prompts: int = Field(4096, ge=1, description="Size of the training prompt pool.")
     train_seed: int | None = Field(
         None,
@@ -639,6 +654,15 @@ class RunConfig(_Section):
         if set(name) == {"."}:
             raise ValueError(f"{name!r} is not a folder name: the run would write outside root")
         return name
+
+    @model_validator(mode="after")
+    def _an_agent_needs_a_chat_model(self) -> RunConfig:
+        if self.env.agent is not None and self.policy.path is None:
+            raise ValueError(
+                "env.agent talks to the policy through a chat endpoint: set policy.path to a "
+                "model folder whose tokenizer has a chat template"
+            )
+        return self
 
     @model_validator(mode="after")
     def _responses_fit_the_context(self) -> RunConfig:

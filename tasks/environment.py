@@ -3,6 +3,7 @@ before anything starts."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import uuid
@@ -12,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from sluice.engines.agent_episodes import AgentSpec
 from sluice.engines.dispatcher import LedgerSink
 from sluice.envs import ENV_NAMES, Environment, Problem, make_env
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Renderer
@@ -124,8 +126,61 @@ def eval_tokens(cfg: RunConfig, heldout: list[Problem]) -> int:
 
 
 def multi_turn(cfg: RunConfig) -> bool:
-    """Whether the run's environment is multi-turn (a built-in one, or a plugin's class)."""
+    """Whether the run plays episodes: an agent plays them, or the environment is
+    multi-turn (a built-in one, or a plugin's class)."""
+    if cfg.env.agent is not None:
+        return True
     return cfg.env.name != "dataset" and is_multi_turn(env_factory(cfg.env.name))
+
+
+def agent_spec(cfg: RunConfig) -> AgentSpec | None:
+    """The run's agent (``env.agent``) as the rollout workers start it."""
+    e = cfg.env
+    if e.agent is None:
+        return None
+    root = module_root(e.agent)
+    roots = (root,) if root is not None else ()
+    return AgentSpec(e.agent, dict(e.agent_args), e.agent_timeout_s, cfg.reward.memory_mib, roots)
+
+
+def check_agent(cfg: RunConfig) -> None:
+    """The agent imports and takes what a run passes it, and the model folder has a chat
+    template: a ConfigError before anything starts."""
+    if cfg.env.agent is None:
+        return
+    names = ["base_url", "prompt", "answer", *reward_fields(cfg.env)[2:], *cfg.env.agent_args]
+    try:
+        agent = import_function(cfg.env.agent)
+    except ValueError as error:
+        raise ConfigError(f"env.agent: {error}") from None
+    try:
+        params = list(inspect.signature(agent).parameters.items())
+    except (TypeError, ValueError):
+        params = []  # no signature to read: the first call says
+    missing = [
+        name
+        for name, p in params
+        if p.default is p.empty
+        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        and name not in names
+    ]
+    if missing:
+        raise ConfigError(
+            f"env.agent: {cfg.env.agent!r} requires {', '.join(map(repr, missing))}, which the "
+            f"run does not pass; it is called with {', '.join(names)}"
+        )
+    assert cfg.policy.path is not None  # the config requires it
+    folder = Path(cfg.policy.path).expanduser()
+    config = folder / "tokenizer_config.json"
+    has_template = (folder / "chat_template.jinja").is_file() or (
+        config.is_file() and json.loads(config.read_text()).get("chat_template")
+    )
+    if not has_template:
+        raise ConfigError(
+            f"env.agent: the model folder {str(folder)!r} has no chat template "
+            "(tokenizer_config.json's chat_template, or chat_template.jinja); the agent's "
+            "endpoint renders conversations with it"
+        )
 
 
 def episode_limits(cfg: EnvConfig) -> EpisodeLimits:
@@ -198,7 +253,7 @@ def check_rewards(cfg: RunConfig) -> None:
     """Each configured reward function imports, is callable, and takes what the run passes
     (``check_signature``); an environment without a verifier has one. A ConfigError
     naming the first problem."""
-    if cfg.env.name == "dataset" and not cfg.reward.functions:
+    if cfg.env.name == "dataset" and not cfg.reward.functions and cfg.env.agent is None:
         raise ConfigError(
             "reward: a dataset has no verifier of its own; name your reward function "
             "(reward: mypkg.rewards:exact_match, or a built-in such as "
@@ -232,7 +287,7 @@ def scorer_factory(env: Environment, cfg: RewardConfig, env_cfg: EnvConfig) -> C
     the user's reward functions in a pool, with the folders their modules import from; else
     a plugin environment's own ``reward`` in a pool (user code too); else the built-in
     environment's verifier."""
-    if is_multi_turn(env):  # its environment gives each episode's verdict as it ends
+    if is_multi_turn(env) or env_cfg.agent:  # each episode's verdict comes as it ends
         return partial(RecordedScorer, [])
     paths = [f.fn for f in cfg.functions]
     plugin = None

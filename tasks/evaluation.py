@@ -8,13 +8,14 @@ from prefect.cache_policies import NO_CACHE
 
 from sluice.engines.cluster import child_env
 from sluice.engines.rollout_worker import launch_rollout_workers
-from sluice.envs.multi_turn import is_multi_turn
 from sluice.rl.config import RunConfig
 from sluice.tasks.environment import (
+    agent_spec,
     episode_limits,
     eval_tokens,
     make_environment,
     max_model_len,
+    multi_turn,
     scorer_factory,
 )
 from sluice.tasks.rollouts import evaluate
@@ -37,13 +38,14 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> dict[str, float]:
         child_env(),
         count=1,
         limits=episode_limits(cfg.env),
+        agent=agent_spec(cfg),
     )
     scorer = scorer_factory(env, cfg.reward, cfg.env)()  # here: the worker only generates
     try:
         e = cfg.eval
         tokens = eval_tokens(cfg, heldout)
         return evaluate(
-            [worker], scorer, heldout, tokens, e.k, e.temperature, episodes=is_multi_turn(env)
+            [worker], scorer, heldout, tokens, e.k, e.temperature, episodes=multi_turn(cfg)
         )
     finally:
         scorer.close()

@@ -32,7 +32,6 @@ from sluice.engines.placement import wait_placed
 from sluice.engines.rollout_worker import RolloutWorkerClient, launch_rollout_workers
 from sluice.engines.trainer_actor import TrainerClient, launch_trainer
 from sluice.engines.trainer_core import MODEL_FILE
-from sluice.envs.multi_turn import is_multi_turn
 from sluice.envs.prompts import training_prompts
 from sluice.rl.config import RunConfig
 from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
@@ -41,11 +40,13 @@ from sluice.storage.params import ParameterService
 from sluice.storage.trajectory_index import LeaseGrant
 from sluice.storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
 from sluice.tasks.environment import (
+    agent_spec,
     episode_limits,
     eval_tokens,
     fitting,
     make_environment,
     max_model_len,
+    multi_turn,
     scorer_factory,
 )
 from sluice.tasks.rollouts import Rollouts, evaluate, schedule
@@ -257,7 +258,7 @@ class Session:
             self.eval_tokens,
             e.k,
             e.temperature,
-            episodes=is_multi_turn(self.env),
+            episodes=multi_turn(self.cfg),
         )
 
     def checkpoint(self) -> str:
@@ -336,6 +337,7 @@ class Session:
             gpus=self.worker_gpus,
             scorer=self.make_scorer,
             limits=episode_limits(cfg.env),
+            agent=agent_spec(cfg),
         )
         self.actors = [handle, self.trainer.handle, *(w.handle for w in self.workers)]
         self.actors += params.relays

@@ -116,6 +116,7 @@ def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
         stream_counters={},
         episodes=None,
         limits=EpisodeLimits(),
+        agents=None,
     )
     stream = _Stream(worker, source, StreamSettings(0, 4, 8, 1.0, False, 8))
     row = pa.record_batch({"x": [1]})
@@ -212,6 +213,7 @@ def test_an_isolated_scorer_scores_off_the_decoding_thread_and_keeps_the_groups_
             stream_counters={},
             episodes=None,
             limits=EpisodeLimits(),
+            agents=None,
         )
         stream = _Stream(worker, _Source(), StreamSettings(0, 1, 8, 1.0, False, 8))
         for g, problem in enumerate(env.problems("train", 2, seed=0)):

@@ -1,0 +1,203 @@
+"""An OpenAI-compatible ``/v1/chat/completions`` for black-box agents, served by a rollout
+worker on 127.0.0.1.
+
+Each episode is a session (``engines/chat_sessions.py``) with a base URL of its own,
+``http://127.0.0.1:<port>/s/<session id>/v1``, which the agent hands to its ``openai``
+client (any api key); the header ``X-Sluice-Session`` names the session as well, on
+``/v1/chat/completions``. A call takes the conversation in, continues the session's tokens
+(never re-encoding earlier turns), and asks the worker's engine for the reply through
+``generate``; the reply comes back in the OpenAI shape, with the sampled token ids and
+the policy version under ``sluice`` and per-token log-probs in ``logprobs`` when asked
+for. One call at a time per session (a second one meanwhile is refused with 409); an
+unknown or closed session is 404; a call that cannot continue its session is 400 and fails
+the episode; streaming and ``n > 1`` are refused. The server runs on threads of its own,
+one per call, and stops with ``close``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from sluice.engines.chat_sessions import ChatSession, ChatSessions, ChatTokenizer, SessionError
+
+log = logging.getLogger(__name__)
+
+_PATH = re.compile(r"^(?:/s/(?P<session>[A-Za-z0-9_.-]+))?/v1/chat/completions/?$")
+MAX_BODY = 8 << 20  # a request larger than this is refused unread
+
+
+@dataclass(frozen=True)
+class Generated:
+    """The engine's reply to one call."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    version: int
+    finished: bool  # False: it stopped at max_tokens
+
+
+Generate = Callable[[ChatSession, list[int], int, float], "Future[Generated]"]
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ChatEndpoint:
+    """The HTTP server; ``generate(session, input ids, max tokens, temperature)`` runs one
+    generation in the worker's engine and returns its future."""
+
+    def __init__(
+        self,
+        sessions: ChatSessions,
+        tokenizer: ChatTokenizer,
+        generate: Generate,
+        model: str = "sluice-policy",
+        max_tokens: int = 256,
+        call_timeout_s: float = 600.0,
+        host: str = "127.0.0.1",
+    ) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "the OpenAI endpoint needs a model folder whose tokenizer has a chat template"
+            )
+        self.sessions, self.tokenizer, self.generate = sessions, tokenizer, generate
+        self.model, self.max_tokens, self.call_timeout_s = model, max_tokens, call_timeout_s
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                endpoint._post(self)
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/v1/models"):
+                    _reply(self, 200, {"object": "list", "data": [{"id": endpoint.model}]})
+                else:
+                    _reply(self, 404, _error("not found"))
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("chat endpoint: " + format, *args)
+
+        self._server = ThreadingHTTPServer((host, 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="chat-endpoint", daemon=True
+        )
+        self._thread.start()
+
+    def base_url(self, session_id: str) -> str:
+        return f"http://127.0.0.1:{self.port}/s/{session_id}/v1"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _post(self, handler: BaseHTTPRequestHandler) -> None:
+        try:
+            status, body = 200, self._complete(handler)
+        except _Refused as refused:
+            status, body = refused.status, _error(str(refused))
+        except Exception as error:  # a bug here must not leave the agent waiting
+            log.exception("chat endpoint call failed")
+            status, body = 500, _error(f"{type(error).__name__}: {error}")
+        _reply(handler, status, body)
+
+    def _complete(self, handler: BaseHTTPRequestHandler) -> dict[str, Any]:
+        match = _PATH.match(handler.path.split("?", 1)[0])
+        if match is None:
+            raise _Refused(404, f"no such path {handler.path!r}; POST .../v1/chat/completions")
+        session_id = match.group("session") or handler.headers.get("X-Sluice-Session")
+        session = self.sessions.get(session_id) if session_id else None
+        if session is None:
+            raise _Refused(404, f"no open session {session_id!r}: use your episode's base URL")
+        request = _body(handler)
+        if request.get("stream"):
+            raise _Refused(400, "streaming is not supported; call without stream")
+        if request.get("n", 1) != 1:
+            raise _Refused(400, "n must be 1")
+        max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
+        max_tokens = int(max_tokens) if max_tokens else self.max_tokens
+        temperature = float(request.get("temperature", 1.0))
+        if not session.lock.acquire(blocking=False):
+            raise _Refused(409, f"session {session_id} has a call running; one at a time")
+        try:
+            return self._call(session, request, max_tokens, temperature)
+        finally:
+            session.lock.release()
+
+    def _call(
+        self, session: ChatSession, request: dict[str, Any], max_tokens: int, temperature: float
+    ) -> dict[str, Any]:
+        try:
+            ids = session.next_input(request.get("messages"), self.tokenizer)
+        except SessionError as error:
+            session.failed = str(error)
+            raise _Refused(400, str(error)) from None
+        answer = self.generate(session, ids, max_tokens, temperature)
+        got = answer.result(timeout=self.call_timeout_s)
+        reply = self.tokenizer.decode(got.token_ids, skip_special_tokens=True)
+        session.add_reply(got.token_ids, got.logprobs, got.version, reply, self.tokenizer)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": reply},
+            "finish_reason": "stop" if got.finished else "length",
+            "token_ids": got.token_ids,
+        }
+        if request.get("logprobs"):
+            choice["logprobs"] = {
+                "content": [
+                    {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in zip(got.token_ids, got.logprobs, strict=True)
+                ]
+            }
+        return {
+            "id": f"chatcmpl-{session.session_id}-{session.calls}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(got.token_ids),
+                "total_tokens": len(ids) + len(got.token_ids),
+            },
+            "sluice": {"session": session.session_id, "version": got.version},
+        }
+
+
+def _body(handler: BaseHTTPRequestHandler) -> dict[str, Any]:
+    size = int(handler.headers.get("Content-Length") or 0)
+    if size > MAX_BODY:
+        raise _Refused(413, f"the request is larger than {MAX_BODY} bytes")
+    try:
+        body = json.loads(handler.rfile.read(size) or b"{}")
+    except json.JSONDecodeError as error:
+        raise _Refused(400, f"the request is not JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise _Refused(400, "the request is not a JSON object")
+    return body
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error"}}
+
+
+def _reply(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)

@@ -1,0 +1,74 @@
+"""Agent functions for the agent pool's tests: each misbehaves in one way."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+
+async def waits(base_url: str, prompt: str, delay: float = 0.5) -> float:
+    await asyncio.sleep(delay)
+    return 1.0 if base_url.endswith(prompt) else 0.5
+
+
+def plain(base_url: str) -> dict:
+    return {"reward": 0.25, "correct": True, "calls": 3}
+
+
+def raises(base_url: str) -> float:
+    raise KeyError("no plan")
+
+
+async def hangs(base_url: str) -> float:
+    await asyncio.sleep(3600)
+    return 1.0
+
+
+def blocks_the_loop_sync(base_url: str) -> float:
+    time.sleep(3600)
+    return 1.0
+
+
+async def blocks_the_loop(base_url: str) -> float:
+    time.sleep(3600)  # never yields: the process stops answering
+    return 1.0
+
+
+def junk(base_url: str) -> str:
+    return "great"
+
+
+def dies(base_url: str) -> float:
+    os._exit(3)
+
+
+async def two_turns(base_url: str, prompt: str, answer: str) -> dict:
+    """An agent as a user would write it: the ``openai`` client, two calls, its own check."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="sluice", max_retries=0)
+    messages = [{"role": "user", "content": prompt}]
+    first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "and the answer is"},
+    ]
+    second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    correct = answer in second.choices[0].message.content
+    return {"reward": float(correct), "correct": correct, "calls": 2}
+
+
+async def someone_elses_session(base_url: str, prompt: str) -> float:
+    from openai import AsyncOpenAI
+
+    other = base_url.rsplit("/s/", 1)[0] + "/s/0123456789abcdef/v1"
+    client = AsyncOpenAI(base_url=other, api_key="sluice", max_retries=0)
+    await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": prompt}]
+    )
+    return 1.0
+
+
+def never_calls(base_url: str, prompt: str) -> float:
+    return 1.0

@@ -1,0 +1,83 @@
+"""The chat endpoint with a real ``openai`` client and a real chat template (the test BPE
+model folder's tokenizer), the engine stood in for by a fixed reply: sessions continue
+token-exactly, and bad calls get OpenAI-shaped errors."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from sluice.engines.chat_endpoint import ChatEndpoint, Generated
+from sluice.engines.chat_sessions import ChatSessions
+from sluice.envs import Problem
+
+PROBLEM = Problem("p/0", "chat", "What is 2+3?", "5", "train")
+
+
+@pytest.fixture
+def served(bpe_policy):
+    tokenizer = AutoTokenizer.from_pretrained(str(bpe_policy))
+    reply_ids = tokenizer("The sum is 5", add_special_tokens=False)["input_ids"]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    asked: list[list[int]] = []
+
+    def generate(session, ids, max_tokens, temperature):
+        asked.append(list(ids))
+        done: Future[Generated] = Future()
+        tokens = [*reply_ids, end][:max_tokens]
+        done.set_result(Generated(tokens, [-0.25] * len(tokens), 3, len(tokens) <= max_tokens))
+        return done
+
+    sessions = ChatSessions()
+    endpoint = ChatEndpoint(sessions, tokenizer, generate)
+    yield endpoint, sessions, tokenizer, asked, [*reply_ids, end]
+    endpoint.close()
+
+
+def test_an_openai_client_plays_two_turns_and_the_session_is_token_exact(served):
+    endpoint, sessions, tokenizer, asked, sampled = served
+    session = sessions.open("s1", PROBLEM)
+    client = openai.OpenAI(base_url=endpoint.base_url("s1"), api_key="none")
+    messages = [{"role": "user", "content": PROBLEM.prompt}]
+    first = client.chat.completions.create(model="any", messages=messages)
+    assert first.choices[0].message.content == "The sum is 5"
+    assert first.choices[0].finish_reason == "stop"
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Are you sure?"},
+    ]
+    client.chat.completions.create(model="any", messages=messages)
+    prompt = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=True)
+    assert session.prompt_ids == list(prompt["input_ids"])
+    added = tokenizer(
+        "\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )["input_ids"]
+    assert session.token_ids == sampled + added + sampled
+    assert session.mask == [1] * len(sampled) + [0] * len(added) + [1] * len(sampled)
+    assert asked == [session.prompt_ids, session.prompt_ids + sampled + added]
+    assert session.marks == [(0, 3)] and session.calls == 2
+
+
+def test_bad_calls_get_errors_and_a_rewritten_history_fails_the_session(served):
+    endpoint, sessions, _, _, _ = served
+    sessions.open("s2", PROBLEM)
+    client = openai.OpenAI(base_url=endpoint.base_url("s2"), api_key="none", max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError, match="no open session"):
+        openai.OpenAI(base_url=endpoint.base_url("nobody"), api_key="x").chat.completions.create(
+            model="any", messages=messages
+        )
+    with pytest.raises(openai.BadRequestError, match="streaming"):
+        client.chat.completions.create(model="any", messages=messages, stream=True)
+    client.chat.completions.create(model="any", messages=messages)
+    rewritten = [{"role": "user", "content": "hello"}, {"role": "user", "content": "again"}]
+    with pytest.raises(openai.BadRequestError, match="do not continue this session"):
+        client.chat.completions.create(model="any", messages=rewritten)
+    assert sessions.get("s2").failed is not None
+    sessions.close("s2")
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="any", messages=messages)
