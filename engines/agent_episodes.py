@@ -18,9 +18,10 @@ import threading
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from sluice.engines.chat_endpoint import ChatEndpoint, Generated
-from sluice.engines.chat_sessions import ChatSession, ChatSessions, ChatTokenizer
+from sluice.engines.chat_sessions import ChatSession, ChatSessions
 from sluice.engines.messages import PartialSample
 from sluice.engines.protocols import Delta, StreamingRolloutEngine
 from sluice.envs import Problem, RewardResult
@@ -56,9 +57,7 @@ class _Reply:
 
 
 class AgentEpisodes:
-    def __init__(
-        self, spec: AgentSpec, tokenizer: ChatTokenizer, engine: StreamingRolloutEngine
-    ) -> None:
+    def __init__(self, spec: AgentSpec, tokenizer: Any, engine: StreamingRolloutEngine) -> None:
         self.engine = engine
         self.sessions = ChatSessions()
         self.pool = AgentPool(
@@ -92,7 +91,14 @@ class AgentEpisodes:
         run.add_done_callback(lambda _: self.wake.set())
         self.runs.append((run, group_id, sample, session_id))
 
-    def take_calls(self, budget: int, seed: int) -> None:
+    def poll(self, budget: int) -> list[tuple[str, PartialSample]]:
+        """Start the calls the endpoint has queued (``take_calls``); the samples whose
+        agents have returned (``take_finished``)."""
+        self.wake.clear()  # before looking: whatever comes later wakes the next wait
+        self.take_calls(budget)
+        return self.take_finished()
+
+    def take_calls(self, budget: int) -> None:
         """Start the calls the endpoint has queued, each within the episode's ``budget``
         of tokens."""
         while True:
@@ -105,6 +111,7 @@ class AgentEpisodes:
                 call.answer.set_result(Generated([], [], self.engine.version(), False))
                 continue
             request = f"{call.session.session_id}#{call.session.calls}"
+            seed = int(call.session.session_id[:8], 16) + call.session.calls
             version = self.engine.version()  # its tokens' version: the oldest they can have
             self.replies[request] = _Reply(call, version, [], [])
             self.engine.start(
@@ -112,7 +119,7 @@ class AgentEpisodes:
                 call.ids,
                 min(call.max_tokens, left),
                 call.temperature,
-                seed + len(call.ids),
+                seed,
             )
 
     def advance(self, delta: Delta) -> bool:
@@ -135,7 +142,6 @@ class AgentEpisodes:
     def take_finished(self) -> list[tuple[str, PartialSample]]:
         """The samples whose agents have returned, made from their sessions (one whose
         agent never called keeps its group's prompt and no tokens)."""
-        self.wake.clear()
         done = [entry for entry in self.runs if entry[0].done()]
         if not done:
             return []

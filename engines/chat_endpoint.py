@@ -8,7 +8,9 @@ client (any api key); the header ``X-Sluice-Session`` names the session as well,
 (never re-encoding earlier turns), and asks the worker's engine for the reply through
 ``generate``; the reply comes back in the OpenAI shape, with the sampled token ids and
 the policy version under ``sluice`` and per-token log-probs in ``logprobs`` when asked
-for. One call at a time per session (a second one meanwhile is refused with 409); an
+for. With ``tools`` in the request, the first call renders them into the prompt (as the
+template does) and a reply's Hermes tool calls come back as ``tool_calls``. One call at a
+time per session (a second one meanwhile is refused with 409); an
 unknown or closed session is 404; a call that cannot continue its session is 400 and fails
 the episode; streaming and ``n > 1`` are refused. The server runs on threads of its own,
 one per call, and stops with ``close``.
@@ -27,7 +29,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sluice.engines.chat_sessions import ChatSession, ChatSessions, ChatTokenizer, SessionError
+from sluice.engines.chat_sessions import ChatSession, ChatSessions, SessionError
+from sluice.engines.chat_template import TurnFormat
+from sluice.envs.tool_calls import ToolCall, parse_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +65,14 @@ class ChatEndpoint:
     def __init__(
         self,
         sessions: ChatSessions,
-        tokenizer: ChatTokenizer,
+        tokenizer: Any,
         generate: Generate,
         model: str = "sluice-policy",
         max_tokens: int = 256,
         call_timeout_s: float = 600.0,
         host: str = "127.0.0.1",
     ) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                "the OpenAI endpoint needs a model folder whose tokenizer has a chat template"
-            )
+        self.turns = TurnFormat(tokenizer)  # TemplateError without a chat template
         self.sessions, self.tokenizer, self.generate = sessions, tokenizer, generate
         self.model, self.max_tokens, self.call_timeout_s = model, max_tokens, call_timeout_s
         endpoint = self
@@ -140,19 +141,34 @@ class ChatEndpoint:
     def _call(
         self, session: ChatSession, request: dict[str, Any], max_tokens: int, temperature: float
     ) -> dict[str, Any]:
+        tools = request.get("tools") or None
         try:
-            ids = session.next_input(request.get("messages"), self.tokenizer)
+            ids = session.next_input(request.get("messages"), self.turns, tools)
         except SessionError as error:
             session.failed = str(error)
             raise _Refused(400, str(error)) from None
         answer = self.generate(session, ids, max_tokens, temperature)
         got = answer.result(timeout=self.call_timeout_s)
         reply = self.tokenizer.decode(got.token_ids, skip_special_tokens=True)
-        session.add_reply(got.token_ids, got.logprobs, got.version, reply, self.tokenizer)
+        session.add_reply(got.token_ids, got.logprobs, got.version, reply)
+        message: dict[str, Any] = {"role": "assistant", "content": reply}
+        finish = "stop" if got.finished else "length"
+        calls = [c for c in parse_tool_calls(reply) if isinstance(c, ToolCall)] if tools else []
+        if calls:  # the Hermes calls in the reply, in the OpenAI form
+            message["content"] = reply[: reply.find("<tool_call>")].strip() or None
+            message["tool_calls"] = [
+                {
+                    "id": f"call-{session.session_id[:8]}-{session.calls}-{k}",
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                }
+                for k, c in enumerate(calls)
+            ]
+            finish = "tool_calls"
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": reply},
-            "finish_reason": "stop" if got.finished else "length",
+            "message": message,
+            "finish_reason": finish,
             "token_ids": got.token_ids,
         }
         if request.get("logprobs"):

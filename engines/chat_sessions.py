@@ -3,14 +3,13 @@
 An agent written against an OpenAI client sends the whole conversation with every call.
 A ``ChatSession`` keeps what the engine actually saw and sampled: the first call's messages
 rendered with the model's chat template (generation prompt included) and tokenized; after
-that, each call must continue the conversation the session holds (its earlier messages,
-then the assistant's reply as the session returned it). Only the new messages are rendered:
-the template's text for the whole conversation must begin with the text of the session's
-tokens, and the rest (the end of the assistant's turn the model did not sample, the new
-messages, the next generation prompt) is tokenized once and appended, with loss mask 0.
-Earlier turns are never re-tokenized. A call that rewrites the history, or a template that
-renders the assistant's turn as other text than was sampled, is a ``SessionError`` naming
-what differs; the endpoint answers it with an error and the episode fails.
+that, each call must continue the conversation the session holds (the same messages, the
+assistant's replies where they were, then new ones), and only the new messages are
+rendered, as the template puts them after a finished assistant turn
+(``engines/chat_template.py``): tokenized once and appended with loss mask 0. Earlier turns
+are never re-rendered or re-tokenized, so a template that would render a past reply
+differently (tool calls, thinking stripped) changes nothing. A call that rewrites the
+history is a ``SessionError``; the endpoint answers it with an error and the episode fails.
 
 Used by the chat endpoint (``engines/chat_endpoint.py``); nothing here knows HTTP or vLLM.
 """
@@ -19,8 +18,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from sluice.engines.chat_template import TemplateError, TurnFormat
 from sluice.envs import Problem
 
 
@@ -28,20 +28,9 @@ class SessionError(ValueError):
     """A call that cannot continue its session token-exactly."""
 
 
-class ChatTokenizer(Protocol):
-    """What a session needs of a Hugging Face tokenizer."""
-
-    chat_template: Any
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
-
-    def decode(self, token_ids: list[int], **kwargs: Any) -> str: ...
-
-    def __call__(self, text: str, **kwargs: Any) -> Any: ...
-
-
 def _plain(messages: Any) -> list[dict[str, Any]]:
-    """The messages as plain dicts of the fields a template reads, checked."""
+    """The messages as dicts a template reads (text content; a tool call's fields kept),
+    checked."""
     if not isinstance(messages, list) or not messages:
         raise SessionError("messages must be a non-empty list")
     out = []
@@ -56,8 +45,17 @@ def _plain(messages: Any) -> list[dict[str, Any]]:
                 content = "".join(p["text"] for p in content if p.get("type") == "text")
             except (TypeError, KeyError, AttributeError):
                 raise SessionError(f"message {i} has content that is not text") from None
-        out.append({"role": message["role"], "content": content})
+        out.append({**message, "content": content})
     return out
+
+
+def _same_turn(sent: dict[str, Any], held: dict[str, Any]) -> bool:
+    """Whether a message the agent sent again is the one the session holds: the same role,
+    and for anything but the assistant's replies (which the agent may hold in its own
+    form, a tool call for one) the same text."""
+    if sent["role"] != held["role"]:
+        return False
+    return held["role"] == "assistant" or sent["content"] == held["content"]
 
 
 @dataclass
@@ -72,48 +70,46 @@ class ChatSession:
     mask: list[int] = field(default_factory=list)
     marks: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
     messages: list[dict[str, Any]] = field(default_factory=list)
-    text: str = ""  # the text of prompt_ids + token_ids, special tokens included
+    last_reply: list[int] = field(default_factory=list)  # the tokens of the latest reply
     calls: int = 0
     closed: bool = False
     failed: str | None = None  # why a call could not continue the session
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def next_input(self, messages: Any, tokenizer: ChatTokenizer) -> list[int]:
+    def next_input(
+        self, messages: Any, turns: TurnFormat, tools: list[Any] | None = None
+    ) -> list[int]:
         """The token ids the next generation starts from, once ``messages`` are taken in."""
         plain = _plain(messages)
-        full = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
         if not self.prompt_ids:
-            self.prompt_ids = list(tokenizer(full, add_special_tokens=False)["input_ids"])
-            self.text, self.messages = full, plain
+            text = turns.first(plain, tools=tools) if tools else turns.first(plain)
+            self.prompt_ids = list(turns.tokenizer(text, add_special_tokens=False)["input_ids"])
+            self.messages = plain
             return list(self.prompt_ids)
         known = len(self.messages)
-        if plain[:known] != self.messages:
+        if len(plain) <= known or not all(
+            _same_turn(sent, held) for sent, held in zip(plain, self.messages, strict=False)
+        ):
             raise SessionError(
                 "the messages do not continue this session: send its earlier messages and "
-                "the assistant's reply unchanged, then the new ones"
+                "the assistant's replies, then new ones"
             )
-        if len(plain) == known:
-            raise SessionError("no new message after the assistant's reply")
-        if not full.startswith(self.text):
-            raise SessionError(
-                "the chat template renders the conversation so far as other text than the "
-                "tokens sampled (it changes the assistant's turn): cannot continue it "
-                "token-exactly"
-            )
-        added = list(tokenizer(full[len(self.text) :], add_special_tokens=False)["input_ids"])
+        new = plain[known:]
+        if new[0]["role"] == "assistant":
+            raise SessionError("a message after the assistant's reply is the assistant's again")
+        try:
+            text = turns.after_turn(self.last_reply, new)
+        except TemplateError as error:
+            raise SessionError(str(error)) from None
+        added = list(turns.tokenizer(text, add_special_tokens=False)["input_ids"])
         self.token_ids += added
         self.logprobs += [0.0] * len(added)
         self.mask += [0] * len(added)
-        self.text, self.messages = full, plain
+        self.messages = plain
         return self.prompt_ids + self.token_ids
 
     def add_reply(
-        self,
-        token_ids: list[int],
-        logprobs: list[float],
-        version: int,
-        reply: str,
-        tokenizer: ChatTokenizer,
+        self, token_ids: list[int], logprobs: list[float], version: int, reply: str
     ) -> None:
         """The engine's answer to the call: its tokens join the sequence (mask 1), its text
         joins the conversation as the assistant's message."""
@@ -122,7 +118,7 @@ class ChatSession:
         self.token_ids += token_ids
         self.logprobs += logprobs
         self.mask += [1] * len(token_ids)
-        self.text += tokenizer.decode(token_ids, skip_special_tokens=False)
+        self.last_reply = list(token_ids)
         self.messages.append({"role": "assistant", "content": reply})
         self.calls += 1
 

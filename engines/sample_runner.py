@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from sluice.engines.agent_episodes import AgentEpisodes
+from sluice.engines.chat_template import TemplateError, TurnFormat
 from sluice.engines.episodes import EpisodeSteps, StepFailed, Stepped
 from sluice.engines.messages import PartialGroup, PartialSample
 from sluice.engines.protocols import Completion, Delta, StreamingRolloutEngine
@@ -41,6 +42,7 @@ class SampleRunner(ABC):
     ) -> None:
         self.engine, self.episodes, self.limits = engine, episodes, limits
         self.agents = agents
+        self._turns: TurnFormat | None = None
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.counters = counters
         self.running: dict[str, PartialSample] = {}  # by request id
@@ -51,6 +53,12 @@ class SampleRunner(ABC):
     @abstractmethod
     def finish(self, group_id: str, group: PartialGroup) -> None:
         """Every sample of ``group`` is done."""
+
+    def turn_format(self) -> TurnFormat:
+        """The model's chat template, for observations that are chat messages."""
+        if self._turns is None:
+            self._turns = TurnFormat(getattr(self.engine, "tokenizer", None))
+        return self._turns
 
     def count(self, name: str, value: float) -> None:
         self.counters[name] = self.counters.get(name, 0.0) + value
@@ -125,8 +133,7 @@ class SampleRunner(ABC):
         """Go on with what environments and agents have done meanwhile."""
         self.take_stepped()
         if self.agents is not None:
-            self.agents.take_calls(self.max_new_tokens, seed=len(self.counters))
-            for _, sample in self.agents.take_finished():
+            for _, sample in self.agents.poll(self.max_new_tokens):
                 self.sample_done(sample, True)
 
     # -- multi-turn episodes ---------------------------------------------------------------
@@ -169,7 +176,18 @@ class SampleRunner(ABC):
             sample.result = episode_result(step)
             self.sample_done(sample, True)
             return
-        tokens = self.engine.encode(step.observation)
+        text = step.observation
+        if step.role is not None:  # a chat message: the template's turn around it
+            try:
+                message = {"role": step.role, "content": step.observation}
+                text = self.turn_format().after_turn(
+                    sample.token_ids[sample.turn_start :], [message]
+                )
+            except TemplateError as error:
+                sample.result = RewardResult(0.0, False, error=f"observation: {error}")
+                self.sample_done(sample, False)
+                return
+        tokens = self.engine.encode(text)
         model_turns = (len(sample.turns) + 1) // 2
         room = self.max_new_tokens - len(sample.token_ids) - len(tokens)
         if model_turns >= self.limits.max_turns or room <= 0:

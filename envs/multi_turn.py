@@ -17,9 +17,10 @@ built-in policy's warm start learns from: each model turn followed by the end of
 (EOS), each observation as the environment would give it.
 
 Token-exact: the observation is tokenized once, as text, and appended after the tokens the
-model sampled; earlier turns are never re-tokenized. An observation should therefore start
-with whatever separates it from the model's turn (a newline, a tag) and end with whatever
-invites the next model turn.
+model sampled; earlier turns are never re-tokenized. A plain observation should therefore
+start with whatever separates it from the model's turn (a newline, a tag) and end with
+whatever invites the next model turn; with a chat model, an observation with a ``role`` is
+rendered by the model's chat template instead (``engines/chat_template.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class EnvStep:
     """Tool calls this turn made (metrics)."""
     tool_errors: Mapping[str, int] = field(default_factory=dict)
     """Failed tool calls of this turn by kind (metrics)."""
+    role: str | None = None
+    """With a chat model: the observation is a message of this role (``"user"``,
+    ``"tool"``), which the model's chat template renders after the model's turn. None: the
+    observation is appended as it is."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,8 @@ def check_step(step: Any) -> EnvStep:
         raise TypeError(f"step returned {type(step).__name__}, not EnvStep")
     if not isinstance(step.observation, str):
         raise TypeError(f"observation is {type(step.observation).__name__}, not str")
+    if step.role is not None and not isinstance(step.role, str):
+        raise TypeError(f"role is {type(step.role).__name__}, not str or None")
     reward = step.reward
     if step.done and not (
         isinstance(reward, int | float) and math.isfinite(reward) and 0 <= reward <= 1

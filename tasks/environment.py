@@ -171,15 +171,23 @@ def check_agent(cfg: RunConfig) -> None:
         )
     assert cfg.policy.path is not None  # the config requires it
     folder = Path(cfg.policy.path).expanduser()
-    config = folder / "tokenizer_config.json"
-    has_template = (folder / "chat_template.jinja").is_file() or (
-        config.is_file() and json.loads(config.read_text()).get("chat_template")
-    )
-    if not has_template:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(
             f"env.agent: the model folder {str(folder)!r} has no chat template "
             "(tokenizer_config.json's chat_template, or chat_template.jinja); the agent's "
             "endpoint renders conversations with it"
+        )
+    probe = [{"role": "user", "content": "2+2?"}]
+    bare = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
+    asking = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+    if bare == asking:
+        raise ConfigError(
+            f"env.agent: the chat template of {str(folder)!r} has no generation prompt "
+            "(add_generation_prompt changes nothing), so a reply would not start as the "
+            "assistant's turn; use a template that opens the assistant's turn"
         )
 
 

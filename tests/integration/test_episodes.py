@@ -110,6 +110,42 @@ def test_an_episode_trains_on_exactly_the_sampled_tokens_and_the_environments(wo
     assert stats.correct == 6
 
 
+class ChatEcho(Echo):
+    """The same episodes, its answers chat messages that the model's template renders."""
+
+    def step(self, problem, history):
+        step = super().step(problem, history)
+        return EnvStep(step.observation.strip(), step.done, step.reward, step.correct, role="user")
+
+
+def test_a_chat_models_observation_is_the_templates_message_after_the_sampled_turn(
+    bpe_policy, monkeypatch_module
+):
+    monkeypatch_module.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    engine = partial(
+        VLLMRolloutEngine, str(bpe_policy), seed=1, kv_cache_gib=0.1, max_model_len=512
+    )
+    limits = EpisodeLimits(max_turns=2, max_turn_tokens=6)
+    worker = RolloutWorker(
+        engine, ChatEcho(), partial(RecordedScorer, []), None, None, limits=limits
+    )
+    played = worker.play(ChatEcho().problems("train", 2, 0), 2, 80, 1.0, seed=3)
+    tokenizer = AutoTokenizer.from_pretrained(str(bpe_policy))
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for group in played.values():
+        for sample in group.samples:
+            assert sample.mask is not None, sample.result
+            first = sample.token_ids[: sample.mask.index(0)]
+            ending = "\n" if first[-1] == end else "<|im_end|>\n"
+            chatml = f"{ending}<|im_start|>user\n{OBSERVATION.format(turn=1).strip()}<|im_end|>\n"
+            added = tokenizer(chatml + "<|im_start|>assistant\n", add_special_tokens=False)
+            rest = sample.token_ids[len(first) :]
+            assert rest[: len(added["input_ids"])] == added["input_ids"]
+            assert sample.mask == [1] * len(first) + [0] * len(added["input_ids"]) + [1] * (
+                len(rest) - len(added["input_ids"])
+            )
+
+
 def test_a_worker_killed_mid_episode_loses_no_episode(tmp_path, shared_cache):
     """The guessing game, in async: the worker is killed while its episodes wait for the
     environment or decode a later turn; Ray restarts it, the dispatcher sends its groups

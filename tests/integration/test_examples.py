@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from sluice.storage.ledger import Ledger, check_exactly_once
@@ -146,3 +147,23 @@ def test_a_reasoning_gym_task_trains_for_a_few_steps(
     assert check_exactly_once(table) == []
     trained = _trained(table)
     assert trained and all(p.startswith("reasoning_gym/basic_arithmetic/train/") for p in trained)
+
+
+def test_the_agent_example_plays_episodes_through_the_endpoint(
+    tmp_path: Path, shared_cache: Path, bpe_policy: Path
+) -> None:
+    """``agent.yaml``: the user's ``openai``-client agent plays every episode against its
+    rollout worker's chat endpoint, in async; the trainer trains on the sessions' tokens
+    (the template's tokens between the agent's calls masked out), every sample accounted
+    for, and held-out evaluation plays episodes too."""
+    out, runs = _run(
+        "agent.yaml", tmp_path, shared_cache, f"policy.path={bpe_policy}", *SMALL_RUN, small=False
+    )
+    assert "step    4/4" in out and "held-out" in out
+    table = Ledger((runs / "my-agent").as_uri()).read()
+    assert check_exactly_once(table) == []
+    assert _trained(table)
+    rows = pq.read_table(runs / "my-agent" / "trajectories", columns=["loss_mask", "reason"])
+    masks = [m for m in rows.column("loss_mask").to_pylist() if m is not None]
+    assert masks and all(0 in m and 1 in m for m in masks)  # two calls: the second's tokens
+    assert rows.column("reason").null_count == rows.num_rows  # no agent failed

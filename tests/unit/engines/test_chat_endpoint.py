@@ -4,6 +4,7 @@ token-exactly, and bad calls get OpenAI-shaped errors."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import Future
 
 import openai
@@ -81,3 +82,41 @@ def test_bad_calls_get_errors_and_a_rewritten_history_fails_the_session(served):
     sessions.close("s2")
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="any", messages=messages)
+
+
+def test_tool_calls_come_back_in_the_openai_form_and_a_tool_result_continues(bpe_policy):
+    tokenizer = AutoTokenizer.from_pretrained(str(bpe_policy))
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    reply_ids = tokenizer(call, add_special_tokens=False)["input_ids"]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(session, ids, max_tokens, temperature):
+        done: Future[Generated] = Future()
+        done.set_result(Generated([*reply_ids, end], [-0.5] * (len(reply_ids) + 1), 0, True))
+        return done
+
+    sessions = ChatSessions()
+    endpoint = ChatEndpoint(sessions, tokenizer, generate)
+    try:
+        session = sessions.open("t1", PROBLEM)
+        client = openai.OpenAI(base_url=endpoint.base_url("t1"), api_key="none")
+        tools = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
+        messages = [{"role": "user", "content": "6*7?"}]
+        first = client.chat.completions.create(model="any", messages=messages, tools=tools)
+        message = first.choices[0].message
+        assert first.choices[0].finish_reason == "tool_calls" and message.content is None
+        (tool_call,) = message.tool_calls
+        assert tool_call.function.name == "calculator"
+        assert json.loads(tool_call.function.arguments) == {"expression": "6*7"}
+        messages += [
+            message.model_dump(exclude_none=True),  # sent back as the SDKs do: with tool_calls
+            {"role": "tool", "tool_call_id": tool_call.id, "content": "42"},
+        ]
+        client.chat.completions.create(model="any", messages=messages, tools=tools)
+    finally:
+        endpoint.close()
+    added = tokenizer(
+        "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )["input_ids"]
+    sampled = [*reply_ids, end]
+    assert session.token_ids == sampled + added + sampled

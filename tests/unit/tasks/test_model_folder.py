@@ -4,12 +4,13 @@ config, a tokenizer and safetensors weights. A folder with only pickled weights
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from sluice.rl.config import ConfigError, load_config
-from sluice.tasks.environment import check_model_folder
+from sluice.tasks.environment import check_agent, check_model_folder
 
 
 def _folder(tmp_path: Path, *files: str) -> Path:
@@ -52,3 +53,35 @@ def test_a_missing_folder_and_a_complete_one(tmp_path: Path) -> None:
 
 def test_the_tests_bpe_model_folder_passes(bpe_policy: Path) -> None:
     check_model_folder(load_config(None, [f"policy.path={bpe_policy}"]))
+
+
+def _agent_config(folder: Path):
+    return load_config(None, ["env.agent=tests.support.agents:two_turns", f"policy.path={folder}"])
+
+
+def test_an_agent_needs_a_chat_template_that_opens_the_assistants_turn(
+    bpe_policy: Path, tmp_path: Path
+) -> None:
+    check_agent(_agent_config(bpe_policy))  # ChatML with a generation prompt: fine
+    copy = tmp_path / "model"
+    shutil.copytree(bpe_policy, copy)
+    template = copy / "chat_template.jinja"  # where save_pretrained writes it
+    template.write_text(template.read_text().split("{% if add_generation_prompt")[0])
+    with pytest.raises(ConfigError, match="has no generation prompt"):
+        check_agent(_agent_config(copy))
+    template.unlink()
+    with pytest.raises(ConfigError, match="has no chat template"):
+        check_agent(_agent_config(copy))
+
+
+def test_an_agent_that_wants_what_a_run_does_not_pass_is_refused(bpe_policy: Path) -> None:
+    cfg = load_config(None, ["env.agent=tests.support.agents:plain", f"policy.path={bpe_policy}"])
+    check_agent(cfg)
+    with pytest.raises(ConfigError, match="does not import"):
+        check_agent(
+            load_config(
+                None, ["env.agent=tests.support.nowhere:agent", f"policy.path={bpe_policy}"]
+            )
+        )
+    with pytest.raises(ConfigError, match=r"set policy\.path"):
+        load_config(None, ["env.agent=tests.support.agents:plain"])
