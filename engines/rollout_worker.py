@@ -309,6 +309,7 @@ class RolloutWorker:
         if self.engine.version() < shard.version:  # restarted since the last weight sync
             self.sync_weights(shard.version, shard.pull_timeout_s)
         if self.episodes is not None or self.agents is not None:
+            before = dict(self.stream_counters)
             played = self.play(
                 problems,
                 shard.n,
@@ -319,7 +320,8 @@ class RolloutWorker:
             )
             block, stats = played_block(self.env.name, played, shard.scale_by_std)
             self.store.put(block)
-            return stats
+            counts = {k: v - before.get(k, 0.0) for k, v in self.stream_counters.items()}
+            return replace(stats, episode_counts=counts)
         prompts = [p.prompt for p in problems]
         groups = self.engine.generate(
             prompts, shard.n, shard.max_new_tokens, shard.temperature, shard.seed

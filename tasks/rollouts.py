@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, cast
 
@@ -210,6 +210,7 @@ class RolloutResult:
     behaviour_version: int
     reward_metrics: dict[str, float]  # summed over the samples that scored
     reward_messages: tuple[str, ...]
+    episode_counts: dict[str, float] = field(default_factory=dict)  # multi-turn, summed
 
 
 # Failed rewards whose reasons the console shows; the rest are counted
@@ -318,6 +319,10 @@ def summed(parts: list[RolloutStats]) -> RolloutResult:
             for name in {name for p in parts for name in p.reward_metrics}
         },
         reward_messages=tuple(m for p in parts for m in p.reward_messages),
+        episode_counts={
+            name: sum(p.episode_counts.get(name, 0.0) for p in parts)
+            for name in {name for p in parts for name in p.episode_counts}
+        },
     )
 
 
@@ -412,6 +417,7 @@ def rollout_metrics(result: RolloutResult) -> dict[str, float]:
         "rollout/truncated": result.truncated,
         "rollout/reward_errors": float(result.reward_errors),
         **reward_function_metrics(result.reward_metrics, result.samples - result.reward_errors),
+        **episode_metrics(result.episode_counts, result.samples),
     }
 
 
@@ -550,6 +556,7 @@ class StreamRollouts:
         self.restarts = Restarts(workers, cfg.rollout.max_restarts)
         self.restarting: set[int] = set()  # died; its stream resumes once Ray has it back
         self.failures = RewardFailures()
+        self.requeued = 0  # groups (episodes) a dead worker held, since the last drain
 
     def start(self) -> None:
         self.dispatcher.resume()
@@ -596,6 +603,7 @@ class StreamRollouts:
         if i in self.restarting:
             return
         lost = self.dispatcher.requeue(i)
+        self.requeued += lost
         self.restarts.died(i, error, handed_back.format(lost=lost))
         self.restarting.add(i)
 
@@ -605,6 +613,7 @@ class StreamRollouts:
         hand those back too (recorded dropped, prompts requeued) before ``i`` streams again
         or the run ends."""
         lost = self.dispatcher.requeue(i)
+        self.requeued += lost
         if lost:
             log.info(
                 "rollout worker %d: %d groups given to it after it died go back to the queue",
@@ -643,6 +652,9 @@ class StreamRollouts:
             )
         self.failures.show(t.reward_messages)
         metrics["rollout/repacked_groups"] = float(t.repacked)
+        # Groups a dead worker held, started again from their prompt on another (episodes
+        # of a multi-turn environment or an agent included).
+        metrics["rollout/requeued_groups"], self.requeued = float(self.requeued), 0
         episodes: dict[str, float] = {}  # multi-turn counters, summed over the workers
         for w, c in state["workers"].items():
             before = self.last.get(w, {})

@@ -9,6 +9,7 @@ in flight: the run finishes and the ledger shows every episode trained once or d
 
 from __future__ import annotations
 
+import sqlite3
 from functools import partial
 from pathlib import Path
 
@@ -178,3 +179,12 @@ def test_a_worker_killed_mid_episode_loses_no_episode(tmp_path, shared_cache):
     assert f"step    {steps}/{steps}" in out
     assert "Traceback" not in out
     assert_ledger_whole(tmp_path / "runs" / "guessing", steps)
+    with sqlite3.connect(tmp_path / "runs" / "mlflow.db") as db:
+        metrics = dict(
+            db.execute(
+                "SELECT key, SUM(value) FROM metrics WHERE key IN "
+                "('rollout/requeued_groups', 'rollout/episode/turns') GROUP BY key"
+            ).fetchall()
+        )
+    assert metrics["rollout/requeued_groups"] > 0  # the killed worker's episodes, again
+    assert metrics["rollout/episode/turns"] > 0
