@@ -19,7 +19,10 @@ of two ways:
   tokens it has.
 Scoring here, next to the tokens, keeps trajectories off the driver. A stream scores
 user code (an isolated scorer) on a thread of its own, so a slow or hung reward holds back
-only its group, never the decoding of the others.
+only its group, never the decoding of the others. Episodes (a multi-turn environment, or
+an agent behind this worker's chat endpoint) run in both: ``rollout`` plays its batch's
+episodes to their end, ``stream`` advances each on its own while the others decode;
+``verdicts`` plays held-out ones.
 """
 
 from __future__ import annotations
@@ -198,7 +201,10 @@ class RolloutWorker:
     ``make_engine`` builds the engine once the process is set up (threads, credentials): in
     a run, vLLM (``engines/vllm_rollout.py``); in tests, any ``StreamingRolloutEngine``.
     ``make_scorer`` builds the scorer (``envs/scoring.py``): the environment's verifier, or
-    the user's reward functions in their own processes.
+    the user's reward functions in their own processes. A multi-turn environment's episodes
+    run turn by turn (``engines/sample_runner.py``), its steps on ``episodes``; with an
+    ``agent``, the agent plays each episode through this worker's chat endpoint
+    (``engines/agent_episodes.py``).
     Without a store and parameter service a worker only ``generate``s (``sluice eval``).
     """
 
@@ -274,11 +280,12 @@ class RolloutWorker:
         seed: int,
         tag: str = "eval",
     ) -> dict[str, PartialGroup]:
-        """Run ``n`` episodes of each problem of a multi-turn environment to their end:
-        the groups by id (``<prompt id>@<tag>``), each sample done with its verdict."""
+        """Run ``n`` episodes of each problem to their end (a multi-turn environment's, or
+        an agent's): the groups by id (``<prompt id>@<tag>``), each sample done with its
+        verdict."""
         fault_point("worker.evaluate")  # tests: a worker that dies during an evaluation
         if self.episodes is None and self.agents is None:
-            raise RuntimeError(f"environment {self.env.name!r} is not multi-turn")
+            raise RuntimeError(f"environment {self.env.name!r} is not multi-turn, and no agent")
         groups = {}
         for i, (problem, ids) in enumerate(
             zip(problems, self.engine.prompt_ids([p.prompt for p in problems]), strict=True)
