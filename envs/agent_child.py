@@ -8,7 +8,8 @@ line is ``{"id": n, "args": {...}}`` (the keyword arguments of one run: the epis
 value}`` or ``{"id": n, "error": "..."}`` when that run ends, in any order: runs are tasks
 on one event loop, so many wait on the endpoint at once; a plain function runs on a thread
 of its own. A run past its time limit is cancelled and answered as an error. Whatever the
-agent prints goes to stderr.
+agent prints goes to stderr. The process ends when its standard input closes (the pool
+closed it, or the worker that held it died), whatever its runs are doing.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ async def _serve(agent: Any, takes: frozenset[str] | None, timeout: float, out: 
         task = asyncio.create_task(one(json.loads(line)))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.wait(tasks)
+    # Standard input closed: the pool closed, or its worker died. Nobody waits for the runs
+    # still going, and a hung one must not keep this process alive.
+    os._exit(0)
 
 
 def main(argv: list[str]) -> int:

@@ -67,3 +67,19 @@ def test_an_agent_that_does_not_import_is_one_clear_failure():
     finally:
         agents.close()
     assert outcome.error is not None and "does not load" in outcome.error
+
+
+def test_the_agent_process_ends_when_its_input_closes_even_with_runs_hanging():
+    """What happens when the worker holding the pool dies: nobody writes to the process,
+    and it must not live on for the agents it still runs."""
+    agents = pool("blocks_the_loop_sync", timeout_s=3600.0)
+    try:
+        run = agents.run({"base_url": "u"})
+        child = agents._child
+        assert child is not None
+        child.proc.stdin.close()
+        assert child.proc.wait(timeout=30) == 0
+        outcome = run.result(timeout=30)
+    finally:
+        agents.close()
+    assert outcome.error is not None and "the agent process ended" in outcome.error
