@@ -106,8 +106,10 @@ class AgentPool:
         memory_mib: int | None = 4096,
         correct_at: float = 1.0,
         roots: Sequence[str] = (),
+        grace_s: float = GRACE_S,
     ) -> None:
         self.agent, self.timeout_s, self.correct_at = agent, timeout_s, correct_at
+        self.grace_s = grace_s
         self._setup = json.dumps(
             {
                 "agent": agent,
@@ -136,7 +138,7 @@ class AgentPool:
                 future.set_result(_failed(str(error)))
                 return future
             run, self._next = self._next, self._next + 1
-            self._runs[run] = (child, time.monotonic() + self.timeout_s + GRACE_S, future)
+            self._runs[run] = (child, time.monotonic() + self.timeout_s + self.grace_s, future)
         try:
             child.send({"id": run, "args": dict(args)})
         except (OSError, TypeError, ValueError) as error:

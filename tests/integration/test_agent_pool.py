@@ -13,7 +13,7 @@ ROOT = "tests.support.agents"
 
 
 def pool(name: str, timeout_s: float = 10.0) -> AgentPool:
-    return AgentPool(f"{ROOT}:{name}", timeout_s=timeout_s, memory_mib=None)
+    return AgentPool(f"{ROOT}:{name}", timeout_s=timeout_s, memory_mib=None, grace_s=1.0)
 
 
 def test_many_runs_wait_at_once_in_one_process():

@@ -1,7 +1,8 @@
 """Fault injection on the real components (the failure table of docs/operating.md): rollout
-workers killed with SIGKILL, the trainer killed, a checkpoint write that dies half way, and
-the whole job killed and resumed. After each run the ledger must show every sample trained
-exactly once or dropped with a reason, and trained versions 1..N without a gap.
+workers killed with SIGKILL (multi-turn episodes in flight), the trainer killed, a
+checkpoint write that dies half way, and the whole job killed and resumed. After each run
+the ledger must show every sample trained exactly once or dropped with a reason, and
+trained versions 1..N without a gap.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -59,12 +61,17 @@ def assert_ledger_whole(run_dir: Path, steps: int) -> dict:
 def test_killed_rollout_workers_a_killed_trainer_and_a_broken_checkpoint_write(
     tmp_path, shared_cache
 ):
+    """On a multi-turn environment (the guessing game): a worker always dies holding
+    episodes mid-way, some waiting for the environment, some decoding a later turn."""
     steps = 40
     job = Job(
         smoke_args(
             tmp_path,
             shared_cache,
             "mode=async",
+            "env.name=guessing",
+            "env.max_turns=6",
+            "rollout.max_new_tokens=48",
             f"train.steps={steps}",
             "checkpoint.every=10",
             "checkpoint.segment_retries=3",
@@ -97,6 +104,15 @@ def test_killed_rollout_workers_a_killed_trainer_and_a_broken_checkpoint_write(
     assert f"step   {steps}/{steps}" in out
     run_dir = tmp_path / "runs" / "smoke"
     assert_ledger_whole(run_dir, steps)
+    with sqlite3.connect(tmp_path / "runs" / "mlflow.db") as db:
+        metrics = dict(
+            db.execute(
+                "SELECT key, SUM(value) FROM metrics WHERE key IN "
+                "('rollout/requeued_groups', 'rollout/episode/turns') GROUP BY key"
+            ).fetchall()
+        )
+    assert metrics["rollout/requeued_groups"] > 0  # the killed worker's episodes, again
+    assert metrics["rollout/episode/turns"] > 1
     checkpoints = CheckpointStore(run_dir.as_uri(), keep_last=3)
     assert checkpoints.list()[-1] == steps
     leftovers = [p.name for p in (run_dir / "checkpoints").iterdir() if ".tmp-" in p.name]
