@@ -9,6 +9,8 @@ import pytest
 
 from sluice.envs.agents import AgentPool
 
+pytestmark = pytest.mark.integration
+
 ROOT = "tests.support.agents"
 
 

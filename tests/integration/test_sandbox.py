@@ -11,6 +11,8 @@ import pytest
 from sluice.envs.sandbox import SandboxLimits, run_python
 from sluice.envs.tools import PythonTool
 
+pytestmark = pytest.mark.integration
+
 FAST = SandboxLimits(wall_s=3.0, cpu_s=1, memory_mib=256, file_bytes=64 << 10, processes=8)
 
 
