@@ -43,10 +43,12 @@ class PromptStream:
     Duplicates are removed because held-out problems are distinct too: with repeats, small
     problems (``3+5=``) would crowd the training stream while the held-out set, drawn
     without repeats, is mostly large ones, and training would not aim at what is measured.
+    A duplicate is the same prompt with the same answer: problems whose prompts read the
+    same can still differ (a guessing game's secret is in its answer, never in its prompt).
     """
 
     def __init__(self, env: Environment, pool_size: int, seed: int) -> None:
-        unique = {p.prompt: p for p in env.problems("train", pool_size, seed)}
+        unique = {(p.prompt, p.answer): p for p in env.problems("train", pool_size, seed)}
         self._pool = list(unique.values())
         self._rng = random.Random(seed)
         self._order: list[int] = []

@@ -35,3 +35,13 @@ def test_prompt_stream_is_distinct_deterministic_and_cycles():
     assert stream.epoch == 2
     again = PromptStream(env, pool_size=64, seed=0)
     assert [p.prompt for p in again.take(pool)] == first
+
+
+def test_problems_whose_prompts_read_the_same_stay_apart():
+    """The guessing game's prompt never shows its secret: a stream that kept one problem
+    per prompt text would train on one secret and teach the model to say it."""
+    env, _ = make_environment(EnvConfig(name="guessing"))
+    stream = PromptStream(env, pool_size=256, seed=0)
+    secrets = {env.secret(p) for p in stream.take(len(stream._pool))}
+    assert len({p.prompt for p in stream._pool}) == 1
+    assert len(secrets) == 32  # every secret in 1..32, each once
