@@ -102,6 +102,7 @@ class PartialSample:
     logprobs: list[float] = field(default_factory=list)
     marks: list[tuple[int, int]] = field(default_factory=list)  # (first token, version)
     done: Completion | None = None
+    offset: int = 0  # tokens it had when its running engine request started
     # Multi-turn episodes: 0 on the tokens an environment added (None: a single turn), the
     # turns so far (model and environment, alternating), where the model's current turn
     # began in ``token_ids``, and the verdict once the episode ended.

@@ -503,9 +503,9 @@ class _Stream(SampleRunner):
         self.newer = None  # the version may go from the object store once the relay drops it
         self.counters["weight_loads"] += 1
         for request, sample in self.running.items():  # tokens from here on: `version`
-            generated = self.engine.generated(request)
+            generated = self.engine.generated(request)  # counted from the request's start
             sample.marks.append(
-                (len(sample.token_ids) if generated is None else generated, version)
+                (len(sample.token_ids) if generated is None else sample.offset + generated, version)
             )
 
     def refill(self) -> None:

@@ -78,6 +78,7 @@ class SampleRunner(ABC):
         version = self.engine.version()
         if not sample.marks or sample.marks[-1][1] != version:
             sample.marks.append((done, version))
+        sample.offset = done
         self.running[request] = sample
         self.engine.start(
             request,

@@ -228,3 +228,48 @@ def test_an_isolated_scorer_scores_off_the_decoding_thread_and_keeps_the_groups_
         stream.take_scored()
     assert [d.group_id for d in stream.unsent_done] == ["g0", "g1"]
     assert [b.column("reward").to_pylist() for b in stream.unsent] == [[1.0], [1.0]]
+
+
+class _Counting:
+    """An engine that holds one request and says how many tokens it has generated."""
+
+    def __init__(self) -> None:
+        self._version, self.loaded = 0, []
+
+    def version(self) -> int:
+        return self._version
+
+    def start(self, request_id, prompt_ids, max_new_tokens, temperature, seed) -> None:
+        self.request = request_id
+
+    def generated(self, request_id):
+        return 3 if request_id == self.request else None
+
+    def load_weights(self, weights, version) -> None:
+        self._version = version
+
+
+def test_a_weight_load_marks_the_token_where_it_lands_in_a_continued_sample():
+    """A later turn of an episode, or a repacked sample, continues from the tokens it has:
+    vLLM counts the request's tokens from its start, the mark counts from the sample's."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    [problem] = env.problems("train", 1, seed=0)
+    worker = SimpleNamespace(
+        engine=_Counting(),
+        env=env,
+        scorer=None,
+        scoring=None,
+        store=_Store(),
+        params=None,
+        stream_counters={"weight_loads": 0.0},
+        episodes=None,
+        limits=EpisodeLimits(),
+        agents=None,
+    )
+    stream = _Stream(worker, _Source(), StreamSettings(0, 1, 32, 1.0, False, 8))
+    sample = PartialSample("g", 0, 1.0, token_ids=list(range(10)), marks=[(0, 0)])
+    stream.groups["g"] = PartialGroup(problem, [1], [sample], seed=0)
+    stream.begin("g", stream.groups["g"], sample)
+    stream.newer = SimpleNamespace(version=4)
+    stream.load_newer()
+    assert sample.marks == [(0, 0), (13, 4)]  # 10 it had, then 3 generated under version 0
