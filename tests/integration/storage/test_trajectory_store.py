@@ -14,7 +14,7 @@ import ray
 
 from sluice.storage.batches import to_train_batch
 from sluice.storage.ledger import Ledger, LedgerEvent, check_exactly_once, latest_events
-from sluice.storage.schema import SCHEMA, SchemaError, batch_from_rows
+from sluice.storage.schema import SCHEMA, SCHEMA_VERSION, SchemaError, batch_from_rows
 from sluice.storage.trajectory_store import LeaseError, StoreClient, create_store
 from sluice.storage.urls import credential_env, open_url
 
@@ -190,7 +190,8 @@ def test_bad_rows_are_refused_and_nothing_stored_is_lost(client):
     ):
         client.put(pa.RecordBatch.from_pylist(broken, schema=SCHEMA))
     old = block("old-format").replace_schema_metadata({b"sluice.schema_version": b"0"})
-    with pytest.raises(SchemaError, match="schema version 0, but this code reads schema version 1"):
+    reads = f"schema version 0, but this code reads schema version {SCHEMA_VERSION}"
+    with pytest.raises(SchemaError, match=reads):
         client.put(old)
     with pytest.raises(ValueError, match="'good/0' is already in the store"):
         client.put(block("good"))
