@@ -85,3 +85,19 @@ def bpe_policy(session_dir: Path) -> Path:
     from tests.support.bpe_policy import build_bpe_policy
 
     return build_bpe_policy(session_dir / "bpe-policy")
+
+
+@pytest.fixture
+def in_process_vllm():
+    """vLLM engines made in this test run in the test's process (as in a rollout actor) and
+    are gone when it ends. vLLM keeps one process-wide parallel state, which an engine tears
+    down when it is collected: an engine left for the garbage collector would tear down the
+    state of the next test's engine."""
+    import gc
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    gc.collect()  # engines an earlier test left behind go now, not under this test's
+    yield
+    patch.undo()
+    gc.collect()

@@ -33,15 +33,7 @@ def worker_with(agent: str, bpe_policy: Path) -> RolloutWorker:
     )
 
 
-@pytest.fixture(scope="module")
-def in_process():
-    patch = pytest.MonkeyPatch()
-    patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    yield
-    patch.undo()
-
-
-def test_an_openai_client_agent_plays_token_exact_episodes(in_process, bpe_policy):
+def test_an_openai_client_agent_plays_token_exact_episodes(in_process_vllm, bpe_policy):
     worker = worker_with("two_turns", bpe_policy)
     sampled: dict[str, list[int]] = {}
     step = worker.engine.step
@@ -102,7 +94,7 @@ def test_an_openai_client_agent_plays_token_exact_episodes(in_process, bpe_polic
     ],
 )
 def test_an_agent_that_misuses_its_endpoint_fails_its_episode(
-    in_process, bpe_policy, agent, reason
+    in_process_vllm, bpe_policy, agent, reason
 ):
     worker = worker_with(agent, bpe_policy)
     problems = AdditionEnv(scratch=False).problems("train", 1, seed=0)

@@ -45,24 +45,19 @@ class Echo:
         return EnvStep(done=True, reward=1.0, correct=True)
 
 
-@pytest.fixture(scope="module")
-def worker(bpe_policy: Path, monkeypatch_module):
-    monkeypatch_module.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process
+def echo_worker(bpe_policy: Path, env=None, seed: int = 0, max_turns: int = 3) -> RolloutWorker:
     engine = partial(
-        VLLMRolloutEngine, str(bpe_policy), seed=0, kv_cache_gib=0.1, max_model_len=512
+        VLLMRolloutEngine, str(bpe_policy), seed=seed, kv_cache_gib=0.1, max_model_len=512
     )
-    limits = EpisodeLimits(max_turns=3, max_turn_tokens=6)
-    return RolloutWorker(engine, Echo(), partial(RecordedScorer, []), None, None, limits=limits)
+    limits = EpisodeLimits(max_turns=max_turns, max_turn_tokens=6)
+    scorer = partial(RecordedScorer, [])
+    return RolloutWorker(engine, env or Echo(), scorer, None, None, limits=limits)
 
 
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    patch = pytest.MonkeyPatch()
-    yield patch
-    patch.undo()
-
-
-def test_an_episode_trains_on_exactly_the_sampled_tokens_and_the_environments(worker, bpe_policy):
+def test_an_episode_trains_on_exactly_the_sampled_tokens_and_the_environments(
+    in_process_vllm, bpe_policy
+):
+    worker = echo_worker(bpe_policy)
     sampled: dict[str, list[int]] = {}
     step = worker.engine.step
 
@@ -118,16 +113,9 @@ class ChatEcho(Echo):
 
 
 def test_a_chat_models_observation_is_the_templates_message_after_the_sampled_turn(
-    bpe_policy, monkeypatch_module
+    in_process_vllm, bpe_policy
 ):
-    monkeypatch_module.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    engine = partial(
-        VLLMRolloutEngine, str(bpe_policy), seed=1, kv_cache_gib=0.1, max_model_len=512
-    )
-    limits = EpisodeLimits(max_turns=2, max_turn_tokens=6)
-    worker = RolloutWorker(
-        engine, ChatEcho(), partial(RecordedScorer, []), None, None, limits=limits
-    )
+    worker = echo_worker(bpe_policy, ChatEcho(), seed=1, max_turns=2)
     played = worker.play(ChatEcho().problems("train", 2, 0), 2, 80, 1.0, seed=3)
     tokenizer = AutoTokenizer.from_pretrained(str(bpe_policy))
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")

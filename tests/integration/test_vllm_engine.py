@@ -7,6 +7,8 @@ later requests."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
@@ -34,9 +36,11 @@ def engine(policy):
     # In this process, as in the rollout actors: no engine-core subprocess.
     patch = pytest.MonkeyPatch()
     patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    gc.collect()  # an engine another test left would tear down this one's parallel state
     # Room for a prompt that fills one KV block (128 tokens on CPU) and its answer.
     yield VLLMRolloutEngine(str(policy), seed=0, kv_cache_gib=0.1, max_model_len=256)
     patch.undo()
+    gc.collect()
 
 
 def _vllm_texts(engine, prompts, n, seed):
