@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
+from sluice.benchmarks import modes
 from sluice.benchmarks.modes import ROOT, _row, run_variant
 from sluice.benchmarks.tables import head_commit, markdown_table
 from sluice.sim.report import write_section
@@ -29,18 +30,7 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("one_step", ["mode=one_step"]),
     ("async k=2", ["mode=async", "max_staleness=2"]),
 ]
-HEADER = [
-    "mode",
-    "samples/s",
-    "tokens/s",
-    "x sync",
-    "step s",
-    "trainer idle",
-    "rollout idle",
-    "mean staleness",
-    "repacked groups",
-    "held-out start -> end",
-]
+HEADER = ["mode", *modes.HEADER[1:]]  # the modes table's columns
 
 
 def table(results: dict[str, dict[str, float]], steps: int) -> str:

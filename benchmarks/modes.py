@@ -114,20 +114,23 @@ def _row(label: str, r: dict[str, float], base: dict[str, float]) -> list[str]:
     ]
 
 
+HEADER = [
+    "variant",
+    "samples/s",
+    "tokens/s",
+    "x sync",
+    "step s",
+    "trainer idle",
+    "rollout idle",
+    "mean staleness",
+    "repacked groups",
+    "held-out start -> end",
+]
+
+
 def table(results: dict[str, dict[str, float]], steps: int) -> str:
     base = next(iter(results.values()))
-    header = [
-        "variant",
-        "samples/s",
-        "tokens/s",
-        "x sync",
-        "step s",
-        "trainer idle",
-        "rollout idle",
-        "mean staleness",
-        "repacked groups",
-        "held-out start -> end",
-    ]
+    header = HEADER
     lines = [
         f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch {version('torch')}, "

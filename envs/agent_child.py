@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TextIO
 
-from sluice.envs.reward_child import _jsonable, _limit_memory
+from sluice.envs.reward_child import _jsonable, start_child
 
 THREADS = 256  # plain (not async) agents running at once
 
@@ -84,11 +84,7 @@ async def _serve(agent: Any, takes: frozenset[str] | None, timeout: float, out: 
 
 def main(argv: list[str]) -> int:
     setup = json.loads(argv[0])
-    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    _limit_memory(setup.get("memory_mib"))
-    sys.path[:0] = [root for root in setup.get("roots", []) if root not in sys.path]
+    answers = start_child(setup)
     from sluice.envs.rewards import accepted_names, import_function
 
     try:

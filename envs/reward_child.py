@@ -59,14 +59,20 @@ def _answer(out: TextIO, message: dict[str, Any]) -> None:
     out.flush()
 
 
-def main(argv: list[str]) -> int:
-    setup = json.loads(argv[0])
-    # Answers go to the real stdout; the user's prints go to stderr.
+def start_child(setup: Mapping[str, Any]) -> TextIO:
+    """What a process of user code does first: answers go to the real stdout (returned),
+    the user's prints to stderr; the address-space limit; the user's import roots."""
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     _limit_memory(setup.get("memory_mib"))
     sys.path[:0] = [root for root in setup.get("roots", []) if root not in sys.path]
+    return answers
+
+
+def main(argv: list[str]) -> int:
+    setup = json.loads(argv[0])
+    answers = start_child(setup)
     # After the limit: imports count against it too.
     from sluice.envs.rewards import accepted_names, import_function, is_batched
 
