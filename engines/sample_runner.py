@@ -149,10 +149,10 @@ class SampleRunner(ABC):
 
     def take_stepped(self) -> None:
         """Go on with each episode whose environment has answered."""
-        if not any(answer.done() for answer, _, _ in self.stepping):
-            return
-        answered = [entry for entry in self.stepping if entry[0].done()]
-        self.stepping = [entry for entry in self.stepping if not entry[0].done()]
+        answered, waiting = [], []
+        for entry in self.stepping:  # one look at each: an answer may arrive meanwhile
+            (answered if entry[0].done() else waiting).append(entry)
+        self.stepping = waiting
         for answer, group_id, sample in answered:
             stepped = answer.result()
             self.count("env_steps", 1)

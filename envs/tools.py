@@ -54,7 +54,7 @@ _OPS: dict[type, Callable[[Any, Any], Any]] = {
 
 
 class CalculatorError(ValueError):
-    pass
+    """An expression the calculator does not evaluate; the message is shown to the model."""
 
 
 def _too_big(value: int | float) -> bool:

@@ -120,12 +120,12 @@ def eval_tokens(cfg: RunConfig, heldout: list[Problem]) -> int:
     """How many tokens a held-out answer may take: the built-in policy spells one token per
     character, so a little more than the longest reference answer; otherwise (or without
     reference answers, or for a multi-turn episode) ``rollout.max_new_tokens``."""
-    if cfg.policy.path is None and all(p.answer for p in heldout) and not multi_turn(cfg):
+    if cfg.policy.path is None and all(p.answer for p in heldout) and not plays_episodes(cfg):
         return max(len(p.answer) for p in heldout) + 4
     return cfg.rollout.max_new_tokens
 
 
-def multi_turn(cfg: RunConfig) -> bool:
+def plays_episodes(cfg: RunConfig) -> bool:
     """Whether the run plays episodes: an agent plays them, or the environment is
     multi-turn (a built-in one, or a plugin's class)."""
     if cfg.env.agent is not None:

@@ -15,7 +15,7 @@ from sluice.tasks.environment import (
     eval_tokens,
     make_environment,
     max_model_len,
-    multi_turn,
+    plays_episodes,
     scorer_factory,
 )
 from sluice.tasks.rollouts import evaluate
@@ -45,7 +45,7 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> dict[str, float]:
         e = cfg.eval
         tokens = eval_tokens(cfg, heldout)
         return evaluate(
-            [worker], scorer, heldout, tokens, e.k, e.temperature, episodes=multi_turn(cfg)
+            [worker], scorer, heldout, tokens, e.k, e.temperature, episodes=plays_episodes(cfg)
         )
     finally:
         scorer.close()

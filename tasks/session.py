@@ -46,7 +46,7 @@ from sluice.tasks.environment import (
     fitting,
     make_environment,
     max_model_len,
-    multi_turn,
+    plays_episodes,
     scorer_factory,
 )
 from sluice.tasks.rollouts import Rollouts, evaluate, schedule
@@ -258,7 +258,7 @@ class Session:
             self.eval_tokens,
             e.k,
             e.temperature,
-            episodes=multi_turn(self.cfg),
+            episodes=plays_episodes(self.cfg),
         )
 
     def checkpoint(self) -> str:

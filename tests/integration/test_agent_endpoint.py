@@ -18,6 +18,7 @@ from sluice.engines.vllm_rollout import VLLMRolloutEngine
 from sluice.envs import AdditionEnv
 from sluice.envs.scoring import RecordedScorer
 from sluice.storage.schema import validate_batch
+from tests.support.sampled import record_sampled
 
 pytestmark = pytest.mark.integration
 ROOT = str(Path(__file__).parents[2])
@@ -35,16 +36,7 @@ def worker_with(agent: str, bpe_policy: Path) -> RolloutWorker:
 
 def test_an_openai_client_agent_plays_token_exact_episodes(in_process_vllm, bpe_policy):
     worker = worker_with("two_turns", bpe_policy)
-    sampled: dict[str, list[int]] = {}
-    step = worker.engine.step
-
-    def recording_step():
-        deltas = step()
-        for d in deltas:
-            sampled.setdefault(d.request_id, []).extend(d.token_ids)
-        return deltas
-
-    worker.engine.step = recording_step
+    sampled = record_sampled(worker.engine)
     problems = AdditionEnv(scratch=False).problems("train", 3, seed=0)
     try:
         played = worker.play(problems, 2, 64, 1.0, seed=0)

@@ -22,6 +22,7 @@ from sluice.envs import Problem
 from sluice.envs.multi_turn import EnvStep, EpisodeLimits
 from sluice.envs.scoring import RecordedScorer
 from sluice.storage.schema import validate_batch
+from tests.support.sampled import record_sampled
 
 pytestmark = pytest.mark.integration
 
@@ -58,20 +59,8 @@ def test_an_episode_trains_on_exactly_the_sampled_tokens_and_the_environments(
     in_process_vllm, bpe_policy
 ):
     worker = echo_worker(bpe_policy)
-    sampled: dict[str, list[int]] = {}
-    step = worker.engine.step
-
-    def recording_step():
-        deltas = step()
-        for d in deltas:
-            sampled.setdefault(d.request_id, []).extend(d.token_ids)
-        return deltas
-
-    worker.engine.step = recording_step
-    try:
-        played = worker.play(Echo().problems("train", 3, 0), 2, 60, 1.0, seed=5)
-    finally:
-        worker.engine.step = step
+    sampled = record_sampled(worker.engine)
+    played = worker.play(Echo().problems("train", 3, 0), 2, 60, 1.0, seed=5)
     tokenizer = AutoTokenizer.from_pretrained(str(bpe_policy))
     retokenized_differs = 0
     for group_id, group in played.items():
