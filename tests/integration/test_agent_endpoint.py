@@ -1,8 +1,8 @@
-"""Agents written against the ``openai`` client play episodes through a rollout worker's
-chat endpoint, on vLLM with a chat model (the test BPE folder): the trajectory is exactly
-the template's rendering of the first messages, then per call what vLLM sampled and the
-template's text for the new messages, tokenized once. An agent that uses another session
-or never calls fails its episode with the reason."""
+"""Agents written against the ``openai`` client, plain or through the OpenAI Agents SDK,
+play episodes through a rollout worker's chat endpoint, on vLLM with a chat model (the test
+BPE folder): the trajectory is exactly the template's rendering of the first messages, then
+per call what vLLM sampled and the template's text for the new messages, tokenized once. An
+agent that uses another session or never calls fails its episode with the reason."""
 
 from __future__ import annotations
 
@@ -34,8 +34,15 @@ def worker_with(agent: str, bpe_policy: Path) -> RolloutWorker:
     )
 
 
-def test_an_openai_client_agent_plays_token_exact_episodes(in_process_vllm, bpe_policy):
-    worker = worker_with("two_turns", bpe_policy)
+@pytest.mark.parametrize(
+    ("agent", "system"),
+    [("two_turns", []), ("agents_sdk", [{"role": "system", "content": "Add the numbers."}])],
+    ids=["openai-client", "agents-sdk"],
+)
+def test_an_openai_client_agent_plays_token_exact_episodes(
+    in_process_vllm, bpe_policy, agent, system
+):
+    worker = worker_with(agent, bpe_policy)
     sampled = record_sampled(worker.engine)
     problems = AdditionEnv(scratch=False).problems("train", 3, seed=0)
     try:
@@ -47,7 +54,7 @@ def test_an_openai_client_agent_plays_token_exact_episodes(in_process_vllm, bpe_
         for sample in group.samples:
             assert sample.result is not None and sample.result.error is None, sample.result
             assert sample.result.metrics == {"calls": 2.0}
-            first = [{"role": "user", "content": problem.prompt}]
+            first = [*system, {"role": "user", "content": problem.prompt}]
             rendered = tokenizer.apply_chat_template(
                 first, add_generation_prompt=True, tokenize=True
             )

@@ -72,3 +72,30 @@ async def someone_elses_session(base_url: str, prompt: str) -> float:
 
 def never_calls(base_url: str, prompt: str) -> float:
     return 1.0
+
+
+async def agents_sdk(base_url: str, prompt: str, answer: str) -> dict:
+    """An agent on the OpenAI Agents SDK: its chat-completions model over the episode's
+    endpoint; one run, then a second that continues the first's conversation."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # its traces would go to OpenAI's servers
+    client = AsyncOpenAI(base_url=base_url, api_key="sluice", max_retries=0)
+    agent = Agent(
+        name="adder",
+        instructions="Add the numbers.",
+        model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+        model_settings=ModelSettings(max_tokens=6),
+    )
+    first = await Runner.run(agent, prompt, max_turns=1)
+    followup = [*first.to_input_list(), {"role": "user", "content": "and the answer is"}]
+    second = await Runner.run(agent, followup, max_turns=1)
+    correct = answer in str(second.final_output)
+    return {"reward": float(correct), "correct": correct, "calls": 2}
