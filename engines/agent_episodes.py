@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.engines.chat_endpoint import ChatEndpoint, Generated
+from sluice.engines.chat_endpoint import CallAbandoned, ChatEndpoint, Generated
 from sluice.engines.chat_sessions import ChatSession, ChatSessions
 from sluice.engines.messages import PartialSample
 from sluice.engines.protocols import Delta, StreamingRolloutEngine
@@ -64,6 +64,10 @@ class AgentEpisodes:
             spec.path, spec.args, spec.timeout_s, spec.memory_mib, 1.0, spec.roots
         )
         self.endpoint = ChatEndpoint(self.sessions, tokenizer, self._enqueue)
+        # The one token of a sample whose agent never called (a trajectory needs one; its
+        # loss mask is 0, so nothing learns from it).
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.filler = eos if isinstance(eos, int) else 0
         self.calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self.replies: dict[str, _Reply] = {}  # engine request id -> the call it answers
         # Agents running: (their outcome, group id, sample, session id).
@@ -141,7 +145,7 @@ class AgentEpisodes:
 
     def take_finished(self) -> list[tuple[str, PartialSample]]:
         """The samples whose agents have returned, made from their sessions (one whose
-        agent never called keeps its group's prompt and no tokens)."""
+        agent never called keeps its group's prompt and one filler token, masked out)."""
         done = [entry for entry in self.runs if entry[0].done()]
         if not done:
             return []
@@ -157,6 +161,7 @@ class AgentEpisodes:
                 sample.token_ids, sample.logprobs = session.token_ids, session.logprobs
                 sample.mask, sample.marks = session.mask, session.marks
             else:
+                sample.token_ids, sample.logprobs, sample.mask = [self.filler], [0.0], [0]
                 sample.marks = [(0, version)]
             if outcome.error is not None:
                 sample.result = RewardResult(0.0, False, error=outcome.error)
@@ -170,6 +175,24 @@ class AgentEpisodes:
                 )
             out.append((group_id, sample))
         return out
+
+    def abandon(self) -> None:
+        """Forget every episode under way (the loop that started them raised): stop their
+        calls in the engine, answer the queued ones with an error, close their sessions, so
+        the next loop starts clean. Their agents' further calls find no session."""
+        self.engine.abort(list(self.replies))
+        pending = [reply.call for reply in self.replies.values()]
+        self.replies.clear()
+        while True:
+            try:
+                pending.append(self.calls.get_nowait())
+            except queue.Empty:
+                break
+        for call in pending:
+            call.answer.set_exception(CallAbandoned("the worker's rollout loop stopped"))
+        for _, _, _, session_id in self.runs:
+            self.sessions.close(session_id)
+        self.runs.clear()
 
     def busy(self) -> bool:
         """Calls are decoding in the engine."""

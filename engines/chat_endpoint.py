@@ -52,6 +52,10 @@ class Generated:
 Generate = Callable[[ChatSession, list[int], int, float], "Future[Generated]"]
 
 
+class CallAbandoned(RuntimeError):
+    """The worker gave up the episode a call belongs to (its rollout loop stopped)."""
+
+
 class _Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -148,7 +152,10 @@ class ChatEndpoint:
             session.failed = str(error)
             raise _Refused(400, str(error)) from None
         answer = self.generate(session, ids, max_tokens, temperature)
-        got = answer.result(timeout=self.call_timeout_s)
+        try:
+            got = answer.result(timeout=self.call_timeout_s)
+        except CallAbandoned as error:
+            raise _Refused(410, str(error)) from None
         reply = self.tokenizer.decode(got.token_ids, skip_special_tokens=True)
         session.add_reply(got.token_ids, got.logprobs, got.version, reply)
         message: dict[str, Any] = {"role": "assistant", "content": reply}

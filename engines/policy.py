@@ -7,7 +7,9 @@ environment's own reference answers until held-out greedy accuracy reaches
 ``policy.warmstart_target`` (so RL starts from a base that is right sometimes; for a
 multi-turn environment, episodes played with its real observations), and caches
 the folder under ``<cache>/policies/<key>``: a second run with the same settings reuses it.
-No hub is ever contacted.
+For an agent (``env.agent``) the tiny policy is a chat model: its tokenizer carries
+``CHAT_TEMPLATE`` and the warm start learns the answers as assistant replies to the prompts
+as the template renders them. No hub is ever contacted.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 # Bump when the way a policy is built changes, so stale cache entries are not reused.
 POLICY_FORMAT = 1
+# The tiny policy's chat template, for agents: each message is its role and its text, an
+# assistant's reply ends with EOS (the token a sampled turn stops at), and the generation
+# prompt opens the assistant's turn. Printable ASCII only, as the character vocabulary is.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ ' ' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
 WARMSTART_FILE = "warmstart.json"
 
 
@@ -108,9 +118,15 @@ def check_policy_folder(folder: Path) -> None:
         )
 
 
-def _policy_key(cfg: PolicyConfig, env_signature: str, seed: int) -> str:
+def _policy_key(cfg: PolicyConfig, env_signature: str, seed: int, chat: bool) -> str:
     blob = json.dumps(
-        {"policy": cfg.model_dump(), "env": env_signature, "seed": seed, "format": POLICY_FORMAT},
+        {
+            "policy": cfg.model_dump(),
+            "env": env_signature,
+            "seed": seed,
+            "format": POLICY_FORMAT,
+            **({"chat": CHAT_TEMPLATE} if chat else {}),
+        },
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -123,22 +139,26 @@ def prepare_policy(
     seed: int,
     cache_dir: Path,
     scorer: Scorer | None = None,
+    chat: bool = False,
 ) -> Path:
     """The starting policy's folder: ``cfg.path`` as given, or a cached tiny policy,
     warm-started on ``env``'s reference answers until ``scorer`` (default: ``env``'s
-    verifier) finds it right often enough. ``env_signature`` must name the scorer too."""
+    verifier) finds it right often enough. ``env_signature`` must name the scorer too.
+    ``chat``: the tiny policy is a chat model (``CHAT_TEMPLATE``), for a single-turn ``env``."""
     if cfg.path:
         folder = Path(cfg.path).expanduser().resolve()
         check_policy_folder(folder)
         return folder
-    folder = cache_dir / "policies" / _policy_key(cfg, env_signature, seed)
+    if chat and is_multi_turn(env):
+        raise ValueError("the tiny chat policy is warm-started on single-turn environments only")
+    folder = cache_dir / "policies" / _policy_key(cfg, env_signature, seed, chat)
     if (folder / WARMSTART_FILE).is_file():
         log.info("reusing cached policy %s", folder)
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
     try:
-        report = _build_and_warm_start(cfg, env, scorer or VerifierScorer(env), seed, staging)
+        report = _build_and_warm_start(cfg, env, scorer or VerifierScorer(env), seed, staging, chat)
         (staging / WARMSTART_FILE).write_text(json.dumps(report, indent=2))
         # Rename is atomic: a crash mid-build never leaves a half-written policy behind.
         os.replace(staging, folder)
@@ -148,12 +168,13 @@ def prepare_policy(
 
 
 def _encode(
-    tokenizer: PreTrainedTokenizerFast, problem: Problem, episode: bool
+    tokenizer: PreTrainedTokenizerFast, problem: Problem, prompt: str, episode: bool
 ) -> tuple[list[int], list[int]]:
-    """A problem's prompt and reference answer as token ids, and which of them are learned
-    (the answer and its EOS). A multi-turn environment's reference episode: each model turn
-    ends with EOS, as a sampled turn does, and the observations between are not learned."""
-    ids = tokenizer(problem.prompt)["input_ids"]
+    """A problem's prompt (as ``prompt`` writes it) and reference answer as token ids, and
+    which of them are learned (the answer and its EOS). A multi-turn environment's reference
+    episode: each model turn ends with EOS, as a sampled turn does, and the observations
+    between are not learned."""
+    ids = tokenizer(prompt)["input_ids"]
     learned = [0] * len(ids)
     turns = reference_turns(problem.answer) if episode else [problem.answer]
     for i, turn in enumerate(turns):
@@ -188,11 +209,14 @@ def greedy_accuracy(
     scorer: Scorer,
     problems: list[Problem],
     max_new_tokens: int,
+    prompts: list[str] | None = None,
 ) -> float:
-    """Fraction of ``problems`` the model solves with greedy decoding (HF generate)."""
+    """Fraction of ``problems`` the model solves with greedy decoding (HF generate) from
+    their prompts (or from ``prompts``, the same ones written another way)."""
     model.eval()
     tokenizer.padding_side = "left"
-    encoded = tokenizer([p.prompt for p in problems], return_tensors="pt", padding=True)
+    texts = prompts if prompts is not None else [p.prompt for p in problems]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True)
     out = model.generate(
         **encoded,
         max_new_tokens=max_new_tokens,
@@ -274,19 +298,35 @@ def _steps(env: MultiTurn, calls: list[tuple[Problem, list[str]]]) -> list[EnvSt
     return answers  # type: ignore[return-value]
 
 
+def chat_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> str:
+    """``prompt`` as the chat template renders it for a reply: the user's message, then the
+    assistant's turn opened (without BOS, which tokenizing adds)."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    return str(text).removeprefix(tokenizer.bos_token)
+
+
 def _build_and_warm_start(
-    cfg: PolicyConfig, env: Environment, scorer: Scorer, seed: int, out: Path
+    cfg: PolicyConfig, env: Environment, scorer: Scorer, seed: int, out: Path, chat: bool
 ) -> dict:
     tokenizer = build_tokenizer()
+    if chat:
+        tokenizer.chat_template = CHAT_TEMPLATE
     model = build_model(cfg, vocab_size=len(tokenizer), seed=seed)
     params = sum(p.numel() for p in model.parameters())
     train = env.problems("train", 20000, seed)
     heldout = env.problems("heldout", 128, seed + 1)
+
+    def prompt(problem: Problem) -> str:
+        return chat_prompt(tokenizer, problem.prompt) if chat else problem.prompt
+
     max_new = max(len(p.answer) for p in heldout) + 4
 
     def measure() -> float:
         if not is_multi_turn(env):
-            return greedy_accuracy(model, tokenizer, scorer, heldout, max_new)
+            texts = [prompt(p) for p in heldout]
+            return greedy_accuracy(model, tokenizer, scorer, heldout, max_new, texts)
         episodes = [reference_turns(p.answer) for p in heldout]
         turn_tokens = max(len(turn) for turns in episodes for turn in turns[::2]) + 4
         most = max((len(turns) + 1) // 2 for turns in episodes)
@@ -304,7 +344,7 @@ def _build_and_warm_start(
     accuracy, step = measure(), 0
     while accuracy < cfg.warmstart_target and step < cfg.warmstart_max_steps:
         sampled = rng.sample(train, cfg.warmstart_batch)
-        batch = _sft_batch([_encode(tokenizer, p, is_multi_turn(env)) for p in sampled])
+        batch = _sft_batch([_encode(tokenizer, p, prompt(p), is_multi_turn(env)) for p in sampled])
         loss = model(input_ids=batch[0], attention_mask=batch[1], labels=batch[2]).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -439,6 +439,13 @@ class _Stream(SampleRunner):
         self.weights_asked: PendingPull | None = None  # a relay asked, not yet answered
 
     def loop(self) -> dict[str, float]:
+        try:
+            return self._loop()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _loop(self) -> dict[str, float]:
         while True:
             now = time.monotonic()
             if self.weights_asked is not None or now >= self.next_check:

@@ -115,6 +115,14 @@ class SampleRunner(ABC):
             del self.groups[sample.group]
             self.finish(sample.group, group)
 
+    def abandon(self) -> None:
+        """Stop what this runner started in the engine and its agents (its loop raised), so
+        that what the worker's next loop finds is its own."""
+        self.engine.abort(list(self.running))
+        self.running.clear()
+        if self.agents is not None:
+            self.agents.abandon()
+
     def decoding(self) -> bool:
         """Requests are running in the engine."""
         return bool(self.running) or (self.agents is not None and self.agents.busy())
@@ -216,6 +224,13 @@ class Play(SampleRunner):
 
     def run(self, groups: dict[str, PartialGroup]) -> dict[str, PartialGroup]:
         """Every group's samples done, in the order given."""
+        try:
+            return self._run(groups)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _run(self, groups: dict[str, PartialGroup]) -> dict[str, PartialGroup]:
         self.finished: dict[str, PartialGroup] = {}
         for group_id, group in groups.items():
             self.groups[group_id] = group

@@ -201,8 +201,9 @@ class EnvConfig(_Section):
         description="Import path 'package.module:function' of an agent that plays each "
         "episode against the rollout worker's OpenAI-compatible endpoint "
         "(docs/environments.md): called as agent(base_url, prompt, answer, **fields), it "
-        "returns the reward. The environment gives the problems. Needs policy.path (a model "
-        "folder with a chat template).",
+        "returns the reward. The environment gives the problems. With policy.path, the "
+        "folder's tokenizer needs a chat template; without, the tiny policy is built as a chat "
+        "model (a single-turn environment's).",
     )
     agent_args: dict[str, Any] = Field(
         default_factory=dict, description="Fixed keyword arguments of the agent."
@@ -654,15 +655,6 @@ class RunConfig(_Section):
         if set(name) == {"."}:
             raise ValueError(f"{name!r} is not a folder name: the run would write outside root")
         return name
-
-    @model_validator(mode="after")
-    def _an_agent_needs_a_chat_model(self) -> RunConfig:
-        if self.env.agent is not None and self.policy.path is None:
-            raise ValueError(
-                "env.agent talks to the policy through a chat endpoint: set policy.path to a "
-                "model folder whose tokenizer has a chat template"
-            )
-        return self
 
     @model_validator(mode="after")
     def _responses_fit_the_context(self) -> RunConfig:

@@ -134,6 +134,12 @@ def _nulls(column: pa.Array) -> np.ndarray:
 
 def _check_lengths(batch: pa.RecordBatch) -> None:
     response_len = batch.column("response_len").to_numpy()
+    empty = np.flatnonzero(response_len < 1)
+    if empty.size:
+        raise SchemaError(
+            f"{_row(batch, int(empty[0]))} has no response tokens; a trajectory needs at least "
+            "one (a failed sample keeps one, with loss mask 0)"
+        )
     for name in RESPONSE_LISTS:
         column = batch.column(name)
         lengths = _list_lengths(column)

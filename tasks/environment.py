@@ -145,7 +145,8 @@ def agent_spec(cfg: RunConfig) -> AgentSpec | None:
 
 def check_agent(cfg: RunConfig) -> None:
     """The agent imports and takes what a run passes it, and the model folder has a chat
-    template: a ConfigError before anything starts."""
+    template (or the tiny policy can be built as a chat model): a ConfigError before
+    anything starts."""
     if cfg.env.agent is None:
         return
     names = ["base_url", "prompt", "answer", *reward_fields(cfg.env)[2:], *cfg.env.agent_args]
@@ -169,7 +170,14 @@ def check_agent(cfg: RunConfig) -> None:
             f"env.agent: {cfg.env.agent!r} requires {', '.join(map(repr, missing))}, which the "
             f"run does not pass; it is called with {', '.join(names)}"
         )
-    assert cfg.policy.path is not None  # the config requires it
+    if cfg.policy.path is None:  # the tiny policy, built as a chat model for the agent
+        if cfg.env.name != "dataset" and is_multi_turn(env_factory(cfg.env.name)):
+            raise ConfigError(
+                f"env.agent: the tiny policy is warm-started as a chat model on single-turn "
+                f"environments only, and {cfg.env.name!r} is multi-turn; set policy.path to a "
+                "model folder with a chat template, or name a single-turn environment"
+            )
+        return
     folder = Path(cfg.policy.path).expanduser()
     from transformers import AutoTokenizer
 

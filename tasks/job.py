@@ -125,9 +125,14 @@ def prepare_policy_task(cfg: RunConfig) -> str:
     env, signature = make_environment(cfg.env, cfg.policy)
     if cfg.reward.functions:  # the warm start's accuracy is the user's reward's
         signature += json.dumps(cfg.reward.model_dump(), sort_keys=True)
-    scorer = scorer_factory(env, cfg.reward, cfg.env)()
+    chat = cfg.env.agent is not None  # the agent's endpoint needs a chat template
+    # An agent's verdicts come with its episodes; the warm start, which learns the
+    # environment's answers, is judged as a run without the agent would judge them.
+    scorer = scorer_factory(env, cfg.reward, cfg.env.model_copy(update={"agent": None}))()
     try:
-        return str(prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir, scorer))
+        return str(
+            prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir, scorer, chat)
+        )
     finally:
         scorer.close()
 

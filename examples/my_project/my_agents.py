@@ -12,15 +12,22 @@ from __future__ import annotations
 from openai import AsyncOpenAI
 
 
-async def answer_then_confirm(base_url: str, prompt: str, answer: str) -> dict:
-    """Ask, then ask for the final answer; reward 1 if the final reply holds the answer."""
+async def answer_in_digits(base_url: str, prompt: str, answer: str) -> dict:
+    """Ask; when the reply is not a number, ask once more for digits only. Reward 1 when
+    the last reply is the answer."""
     client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": prompt}]
-    first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
-    messages += [
-        {"role": "assistant", "content": first.choices[0].message.content},
-        {"role": "user", "content": "Final answer, digits only:"},
-    ]
-    final = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
-    correct = final.choices[0].message.content.strip() == answer
-    return {"reward": float(correct), "correct": correct}
+    reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+    text = (reply.choices[0].message.content or "").strip()
+    asked_again = not text.isdigit()
+    if asked_again:
+        messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": "Digits only."},
+        ]
+        reply = await client.chat.completions.create(
+            model="policy", messages=messages, max_tokens=8
+        )
+        text = (reply.choices[0].message.content or "").strip()
+    correct = text == answer
+    return {"reward": float(correct), "correct": correct, "asked_again": float(asked_again)}

@@ -155,7 +155,8 @@ def test_the_agent_example_plays_episodes_through_the_endpoint(
     """``agent.yaml``: the user's ``openai``-client agent plays every episode against its
     rollout worker's chat endpoint, in async; the trainer trains on the sessions' tokens
     (the template's tokens between the agent's calls masked out), every sample accounted
-    for, and held-out evaluation plays episodes too."""
+    for, and held-out evaluation plays episodes too. The untrained model's replies are
+    rarely digits only, so most episodes take the agent's second call."""
     out, runs = _run(
         "agent.yaml", tmp_path, shared_cache, f"policy.path={bpe_policy}", *SMALL_RUN, small=False
     )
@@ -165,5 +166,6 @@ def test_the_agent_example_plays_episodes_through_the_endpoint(
     assert _trained(table)
     rows = pq.read_table(runs / "my-agent" / "trajectories", columns=["loss_mask", "reason"])
     masks = [m for m in rows.column("loss_mask").to_pylist() if m is not None]
-    assert masks and all(0 in m and 1 in m for m in masks)  # two calls: the second's tokens
+    calls = [re.sub("0+", "0", re.sub("1+", "1", "".join(map(str, m)))) for m in masks]
+    assert set(calls) <= {"1", "101"} and "101" in calls  # one call, or two with text between
     assert rows.column("reason").null_count == rows.num_rows  # no agent failed

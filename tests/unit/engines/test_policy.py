@@ -4,16 +4,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from sluice.engines.chat_template import TurnFormat
 from sluice.engines.policy import (
     BOS_ID,
+    CHAT_TEMPLATE,
     EOS_ID,
     build_model,
     build_tokenizer,
+    chat_prompt,
     check_policy_folder,
     prepare_policy,
     save_policy,
 )
 from sluice.envs import ALPHABET, AdditionEnv
+from sluice.envs.guessing import GuessingEnv
 from sluice.rl.config import PolicyConfig
 
 TINY = PolicyConfig(layers=1, hidden=32, heads=1, intermediate=64, warmstart_max_steps=0)
@@ -93,3 +97,27 @@ def test_prepare_policy_uses_a_given_folder(tmp_path):
         prepare_policy(
             PolicyConfig(path=str(tmp_path / "missing")), AdditionEnv(), "s", 0, tmp_path
         )
+
+
+def test_a_chat_policy_warm_starts_on_the_prompts_its_endpoint_renders(tmp_path):
+    env = AdditionEnv(digits=2, scratch=False)
+    cfg = TINY.model_copy(update={"warmstart_max_steps": 1, "warmstart_eval_every": 1})
+    folder = prepare_policy(cfg, env, "sig", seed=0, cache_dir=tmp_path, chat=True)
+    assert folder != prepare_policy(cfg, env, "sig", seed=0, cache_dir=tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    turns = TurnFormat(tokenizer)  # what the agent's chat sessions use
+    prompt = env.problems("train", 1, seed=0)[0].prompt
+    session = tokenizer(
+        turns.first([{"role": "user", "content": prompt}]), add_special_tokens=False
+    )
+    warm_start = tokenizer(chat_prompt(tokenizer, prompt))
+    assert session["input_ids"] == warm_start["input_ids"]
+    assert warm_start["input_ids"][0] == BOS_ID and chat_prompt(tokenizer, prompt).endswith(
+        f"user: {prompt} assistant: "
+    )
+    assert turns.after_turn([EOS_ID], [{"role": "user", "content": "Digits only."}]) == (
+        " user: Digits only. assistant: "
+    )
+    with pytest.raises(ValueError, match="single-turn"):
+        prepare_policy(cfg, GuessingEnv(), "sig", seed=0, cache_dir=tmp_path, chat=True)

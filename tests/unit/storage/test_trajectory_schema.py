@@ -97,6 +97,12 @@ def test_response_len_must_match_the_tokens():
         validate_batch(raw_batch(row(prompt_len=2)))
 
 
+def test_a_row_without_response_tokens_is_named():
+    empty = row(response_ids=[], behaviour_logprobs=[], token_versions=[], response_len=0)
+    with pytest.raises(SchemaError, match=r"row 0 \(sample_id='s1'\) has no response tokens"):
+        validate_batch(raw_batch(empty))
+
+
 def test_an_unknown_status_is_named():
     with pytest.raises(SchemaError, match=r"column 'status' is 'lost'.*expected one of generated"):
         validate_batch(raw_batch(row(status="lost")))

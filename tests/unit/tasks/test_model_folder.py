@@ -83,5 +83,8 @@ def test_an_agent_that_wants_what_a_run_does_not_pass_is_refused(bpe_policy: Pat
                 None, ["env.agent=tests.support.nowhere:agent", f"policy.path={bpe_policy}"]
             )
         )
-    with pytest.raises(ConfigError, match=r"set policy\.path"):
-        load_config(None, ["env.agent=tests.support.agents:plain"])
+    check_agent(load_config(None, ["env.agent=tests.support.agents:plain"]))  # tiny chat policy
+    with pytest.raises(ConfigError, match=r"'guessing' is multi-turn; set policy\.path"):
+        check_agent(
+            load_config(None, ["env.agent=tests.support.agents:plain", "env.name=guessing"])
+        )
