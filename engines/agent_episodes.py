@@ -44,7 +44,6 @@ class _Call:
     session: ChatSession
     ids: list[int]
     max_tokens: int
-    temperature: float
     answer: Future[Generated]
 
 
@@ -74,11 +73,9 @@ class AgentEpisodes:
         self.runs: list[tuple[Future[AgentOutcome], str, PartialSample, str]] = []
         self.wake = threading.Event()  # a call arrived or an agent ended
 
-    def _enqueue(
-        self, session: ChatSession, ids: list[int], max_tokens: int, temperature: float
-    ) -> Future[Generated]:
+    def _enqueue(self, session: ChatSession, ids: list[int], max_tokens: int) -> Future[Generated]:
         answer: Future[Generated] = Future()
-        self.calls.put(_Call(session, ids, max_tokens, temperature, answer))
+        self.calls.put(_Call(session, ids, max_tokens, answer))
         self.wake.set()
         return answer
 
@@ -95,16 +92,17 @@ class AgentEpisodes:
         run.add_done_callback(lambda _: self.wake.set())
         self.runs.append((run, group_id, sample, session_id))
 
-    def poll(self, budget: int) -> list[tuple[str, PartialSample]]:
+    def poll(self, budget: int, temperature: float) -> list[tuple[str, PartialSample]]:
         """Start the calls the endpoint has queued (``take_calls``); the samples whose
         agents have returned (``take_finished``)."""
         self.wake.clear()  # before looking: whatever comes later wakes the next wait
-        self.take_calls(budget)
+        self.take_calls(budget, temperature)
         return self.take_finished()
 
-    def take_calls(self, budget: int) -> None:
+    def take_calls(self, budget: int, temperature: float) -> None:
         """Start the calls the endpoint has queued, each within the episode's ``budget``
-        of tokens."""
+        of tokens, sampled at the run's ``temperature`` (not the agent's: the trainer's
+        log-prob ratios assume the sampler's)."""
         while True:
             try:
                 call = self.calls.get_nowait()
@@ -122,7 +120,7 @@ class AgentEpisodes:
                 request,
                 call.ids,
                 min(call.max_tokens, left),
-                call.temperature,
+                temperature,
                 seed,
             )
 

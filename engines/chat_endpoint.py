@@ -12,7 +12,9 @@ for. With ``tools`` in the request, the first call renders them into the prompt 
 template does) and a reply's Hermes tool calls come back as ``tool_calls``. One call at a
 time per session (a second one meanwhile is refused with 409); an
 unknown or closed session is 404; a call that cannot continue its session is 400 and fails
-the episode; streaming and ``n > 1`` are refused. The server runs on threads of its own,
+the episode; streaming and ``n > 1`` are refused. The run samples at its own temperature
+(``rollout.temperature``; greedy in held-out evaluation), whatever a request asks: the
+trainer's log-prob ratios assume the sampler's. The server runs on threads of its own,
 one per call, and stops with ``close``.
 """
 
@@ -49,7 +51,7 @@ class Generated:
     finished: bool  # False: it stopped at max_tokens
 
 
-Generate = Callable[[ChatSession, list[int], int, float], "Future[Generated]"]
+Generate = Callable[[ChatSession, list[int], int], "Future[Generated]"]
 
 
 class CallAbandoned(RuntimeError):
@@ -63,8 +65,8 @@ class _Refused(Exception):
 
 
 class ChatEndpoint:
-    """The HTTP server; ``generate(session, input ids, max tokens, temperature)`` runs one
-    generation in the worker's engine and returns its future."""
+    """The HTTP server; ``generate(session, input ids, max tokens)`` runs one generation in
+    the worker's engine and returns its future."""
 
     def __init__(
         self,
@@ -134,16 +136,15 @@ class ChatEndpoint:
             raise _Refused(400, "n must be 1")
         max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
         max_tokens = int(max_tokens) if max_tokens else self.max_tokens
-        temperature = float(request.get("temperature", 1.0))
         if not session.lock.acquire(blocking=False):
             raise _Refused(409, f"session {session_id} has a call running; one at a time")
         try:
-            return self._call(session, request, max_tokens, temperature)
+            return self._call(session, request, max_tokens)
         finally:
             session.lock.release()
 
     def _call(
-        self, session: ChatSession, request: dict[str, Any], max_tokens: int, temperature: float
+        self, session: ChatSession, request: dict[str, Any], max_tokens: int
     ) -> dict[str, Any]:
         tools = request.get("tools") or None
         try:
@@ -151,7 +152,7 @@ class ChatEndpoint:
         except SessionError as error:
             session.failed = str(error)
             raise _Refused(400, str(error)) from None
-        answer = self.generate(session, ids, max_tokens, temperature)
+        answer = self.generate(session, ids, max_tokens)
         try:
             got = answer.result(timeout=self.call_timeout_s)
         except CallAbandoned as error:

@@ -14,9 +14,7 @@ as the template renders them. No hub is ever contacted.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -30,8 +28,9 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from sluice.engines.episodes import EpisodeSteps, StepFailed
 from sluice.envs import ALPHABET, Environment, Problem
-from sluice.envs.multi_turn import EnvStep, MultiTurn, is_multi_turn, reference_turns
+from sluice.envs.multi_turn import EnvStep, is_multi_turn, reference_turns
 from sluice.envs.scoring import Scorer, VerifierScorer
 from sluice.rl.config import PolicyConfig
 
@@ -140,11 +139,13 @@ def prepare_policy(
     cache_dir: Path,
     scorer: Scorer | None = None,
     chat: bool = False,
+    steps: EpisodeSteps | None = None,
 ) -> Path:
     """The starting policy's folder: ``cfg.path`` as given, or a cached tiny policy,
     warm-started on ``env``'s reference answers until ``scorer`` (default: ``env``'s
     verifier) finds it right often enough. ``env_signature`` must name the scorer too.
-    ``chat``: the tiny policy is a chat model (``CHAT_TEMPLATE``), for a single-turn ``env``."""
+    ``chat``: the tiny policy is a chat model (``CHAT_TEMPLATE``), for a single-turn ``env``.
+    ``steps``: a multi-turn ``env``'s steps, run isolated, for the warm start's episodes."""
     if cfg.path:
         folder = Path(cfg.path).expanduser().resolve()
         check_policy_folder(folder)
@@ -158,7 +159,8 @@ def prepare_policy(
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
     try:
-        report = _build_and_warm_start(cfg, env, scorer or VerifierScorer(env), seed, staging, chat)
+        verdicts = scorer or VerifierScorer(env)
+        report = _build_and_warm_start(cfg, env, verdicts, seed, staging, chat, steps)
         (staging / WARMSTART_FILE).write_text(json.dumps(report, indent=2))
         # Rename is atomic: a crash mid-build never leaves a half-written policy behind.
         os.replace(staging, folder)
@@ -236,13 +238,14 @@ def greedy_accuracy(
 def greedy_episodes(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
-    env: MultiTurn,
+    steps: EpisodeSteps,
     problems: list[Problem],
     max_new_tokens: int,
     max_turns: int,
 ) -> float:
     """Fraction of ``problems`` whose greedy episode (HF generate, turn by turn, with the
-    environment's real observations appended as tokens) the environment calls correct."""
+    environment's real observations appended as tokens) the environment calls correct; a
+    failed step ends its episode unsolved."""
     model.eval()
     sequences = [list(tokenizer(p.prompt)["input_ids"]) for p in problems]
     histories: list[list[str]] = [[] for _ in problems]
@@ -271,10 +274,11 @@ def greedy_episodes(
             sequences[i] += turn
             histories[i].append(tokenizer.decode(turn, skip_special_tokens=True))
         going_on = []
-        steps = _steps(env, [(problems[i], list(histories[i])) for i in active])
-        for i, step in zip(active, steps, strict=True):
-            if step.done:
-                correct[i] = bool(step.correct)
+        answers = [steps.submit(problems[i], list(histories[i])) for i in active]
+        for i, answer in zip(active, answers, strict=True):
+            step = answer.result().outcome
+            if isinstance(step, StepFailed) or step.done:
+                correct[i] = isinstance(step, EnvStep) and step.correct
                 continue
             sequences[i] += tokenizer(step.observation, add_special_tokens=False)["input_ids"]
             histories[i].append(step.observation)
@@ -282,20 +286,6 @@ def greedy_episodes(
         active = going_on
     model.train()
     return sum(correct) / len(problems)
-
-
-def _steps(env: MultiTurn, calls: list[tuple[Problem, list[str]]]) -> list[EnvStep]:
-    """``env.step`` of each episode; the ``async`` ones wait together."""
-    answers = [env.step(problem, history) for problem, history in calls]
-    waiting = [k for k, answer in enumerate(answers) if inspect.isawaitable(answer)]
-
-    async def together() -> list[EnvStep]:
-        return list(await asyncio.gather(*(answers[k] for k in waiting)))  # type: ignore[misc]
-
-    if waiting:
-        for k, answer in zip(waiting, asyncio.run(together()), strict=True):
-            answers[k] = answer
-    return answers  # type: ignore[return-value]
 
 
 def chat_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> str:
@@ -308,7 +298,13 @@ def chat_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> str:
 
 
 def _build_and_warm_start(
-    cfg: PolicyConfig, env: Environment, scorer: Scorer, seed: int, out: Path, chat: bool
+    cfg: PolicyConfig,
+    env: Environment,
+    scorer: Scorer,
+    seed: int,
+    out: Path,
+    chat: bool,
+    steps: EpisodeSteps | None,
 ) -> dict:
     tokenizer = build_tokenizer()
     if chat:
@@ -330,8 +326,9 @@ def _build_and_warm_start(
         episodes = [reference_turns(p.answer) for p in heldout]
         turn_tokens = max(len(turn) for turns in episodes for turn in turns[::2]) + 4
         most = max((len(turns) + 1) // 2 for turns in episodes)
-        multi: MultiTurn = env  # type: ignore[assignment]
-        return greedy_episodes(model, tokenizer, multi, heldout, turn_tokens, most)
+        if steps is None:
+            raise ValueError(f"{env.name!r} is multi-turn: its warm start needs its steps")
+        return greedy_episodes(model, tokenizer, steps, heldout, turn_tokens, most)
 
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.0)

@@ -45,7 +45,7 @@ from ray import ObjectRef
 
 from sluice.engines.agent_episodes import AgentEpisodes, AgentSpec
 from sluice.engines.cluster import gpus_each, pool_dtype, thread_env, visible_gpus
-from sluice.engines.episodes import EpisodeSteps
+from sluice.engines.episodes import EpisodeSteps, StepSpec
 from sluice.engines.messages import (
     MESSAGES_KEPT,
     BatchShard,
@@ -60,7 +60,7 @@ from sluice.engines.protocols import Completion, StreamingRolloutEngine
 from sluice.engines.sample_runner import Play, SampleRunner
 from sluice.engines.vllm_rollout import VLLMRolloutEngine
 from sluice.envs import Environment, Problem, RewardResult
-from sluice.envs.multi_turn import EpisodeLimits, MultiTurn, is_multi_turn
+from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
 from sluice.envs.scoring import RecordedScorer, Scorer, VerifierScorer
 from sluice.rl.advantages import group_advantages
 from sluice.rl.config import RolloutConfig
@@ -219,6 +219,7 @@ class RolloutWorker:
         credentials: Credentials | None = None,
         limits: EpisodeLimits | None = None,
         agent: AgentSpec | None = None,
+        steps: StepSpec | None = None,
     ) -> None:
         if credentials:
             credentials.apply()  # trajectory files under an s3:// url
@@ -234,8 +235,12 @@ class RolloutWorker:
         self.limits = limits or EpisodeLimits()
         self.episodes: EpisodeSteps | None = None  # a multi-turn environment's steps
         if is_multi_turn(env):
-            multi: MultiTurn = env  # type: ignore[assignment]
-            self.episodes = EpisodeSteps(multi, self.limits.step_timeout_s)
+            if steps is None:
+                raise TypeError(
+                    f"{env.name!r} is multi-turn: its steps run isolated, so the worker needs "
+                    "its StepSpec (steps=)"
+                )
+            self.episodes = EpisodeSteps(steps, self.limits.step_timeout_s)
         # An agent plays each episode through this worker's chat endpoint.
         self.agents = None
         if agent is not None:
@@ -711,6 +716,7 @@ def launch_rollout_workers(
     scorer: Callable[[], Scorer] | None = None,
     limits: EpisodeLimits | None = None,
     agent: AgentSpec | None = None,
+    steps: StepSpec | None = None,
 ) -> list[RolloutWorkerClient]:
     """``count`` (default ``rollout.workers``) actors, each asking for
     ``rollout.cpus_per_worker`` CPU slots, ``rollout.gpus_per_worker`` GPUs and the custom
@@ -718,7 +724,8 @@ def launch_rollout_workers(
     whose process dies, ``rollout.max_restarts`` times. ``gpus``: the GPUs each asks for,
     if the caller resolved them (``gpus_each``) already. ``scorer`` builds each worker's
     scorer in its process (default: ``env``'s verifier); ``limits`` bound a multi-turn
-    environment's episodes; ``agent`` plays them through each worker's chat endpoint."""
+    environment's episodes, whose steps run as ``steps`` says; ``agent`` plays them through
+    each worker's chat endpoint."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
     gpus = gpus_each(r.gpus_per_worker) if gpus is None else gpus
     return [
@@ -748,6 +755,7 @@ def launch_rollout_workers(
                 credentials=Credentials.here(),
                 limits=limits,
                 agent=agent,
+                steps=steps,
             )
         )
         for i in range(r.workers if count is None else count)

@@ -142,7 +142,7 @@ class SampleRunner(ABC):
         """Go on with what environments and agents have done meanwhile."""
         self.take_stepped()
         if self.agents is not None:
-            for _, sample in self.agents.poll(self.max_new_tokens):
+            for _, sample in self.agents.poll(self.max_new_tokens, self.temperature):
                 self.sample_done(sample, True)
 
     # -- multi-turn episodes ---------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 from sluice.engines.agent_episodes import AgentSpec
 from sluice.engines.dispatcher import LedgerSink
+from sluice.engines.episodes import StepSpec
 from sluice.envs import ENV_NAMES, Environment, Problem, make_env
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Renderer
 from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
@@ -141,6 +142,16 @@ def agent_spec(cfg: RunConfig) -> AgentSpec | None:
     root = module_root(e.agent)
     roots = (root,) if root is not None else ()
     return AgentSpec(e.agent, dict(e.agent_args), e.agent_timeout_s, cfg.reward.memory_mib, roots)
+
+
+def step_spec(cfg: RunConfig) -> StepSpec | None:
+    """How a multi-turn environment's steps are built in their own process (None: the
+    environment is single-turn)."""
+    e = cfg.env
+    if e.name == "dataset" or not is_multi_turn(env_factory(e.name)):
+        return None
+    root = module_root(e.name) if ":" in e.name else None
+    return StepSpec(e.name, dict(e.args), (root,) if root else (), cfg.reward.memory_mib)
 
 
 def check_agent(cfg: RunConfig) -> None:

@@ -17,6 +17,7 @@ from sluice.tasks.environment import (
     max_model_len,
     plays_episodes,
     scorer_factory,
+    step_spec,
 )
 from sluice.tasks.rollouts import evaluate
 
@@ -39,6 +40,7 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> dict[str, float]:
         count=1,
         limits=episode_limits(cfg.env),
         agent=agent_spec(cfg),
+        steps=step_spec(cfg),
     )
     scorer = scorer_factory(env, cfg.reward, cfg.env)()  # here: the worker only generates
     try:

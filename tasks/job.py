@@ -22,6 +22,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from sluice.engines import cluster
+from sluice.engines.episodes import EpisodeSteps
 from sluice.engines.policy import prepare_policy
 from sluice.rl.config import RunConfig
 from sluice.storage.checkpoints import Checkpoint
@@ -29,7 +30,7 @@ from sluice.storage.layout import RunLayout, durable_state
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 from sluice.storage.urls import redact
 from sluice.tasks import plots, registry
-from sluice.tasks.environment import make_environment, scorer_factory
+from sluice.tasks.environment import make_environment, scorer_factory, step_spec
 from sluice.tasks.session import Session, latest_checkpoint
 from sluice.tasks.tracking import MetricLogger, MlflowLogger
 
@@ -129,12 +130,16 @@ def prepare_policy_task(cfg: RunConfig) -> str:
     # An agent's verdicts come with its episodes; the warm start, which learns the
     # environment's answers, is judged as a run without the agent would judge them.
     scorer = scorer_factory(env, cfg.reward, cfg.env.model_copy(update={"agent": None}))()
+    spec = step_spec(cfg)  # a multi-turn environment's warm start plays episodes
+    steps = EpisodeSteps(spec, cfg.env.step_timeout_s) if spec is not None else None
     try:
         return str(
-            prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir, scorer, chat)
+            prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir, scorer, chat, steps)
         )
     finally:
         scorer.close()
+        if steps is not None:
+            steps.close()
 
 
 @task(name="start-ray", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)

@@ -48,6 +48,7 @@ from sluice.tasks.environment import (
     max_model_len,
     plays_episodes,
     scorer_factory,
+    step_spec,
 )
 from sluice.tasks.rollouts import Rollouts, evaluate, schedule
 from sluice.tasks.step_log import StoreMetrics, Totals
@@ -338,6 +339,7 @@ class Session:
             scorer=self.make_scorer,
             limits=episode_limits(cfg.env),
             agent=agent_spec(cfg),
+            steps=step_spec(cfg),
         )
         self.actors = [handle, self.trainer.handle, *(w.handle for w in self.workers)]
         self.actors += params.relays

@@ -46,9 +46,9 @@ def test_a_mapping_gives_reward_correct_and_metrics_and_unused_arguments_are_lef
         ("raises", "raised KeyError"),
         ("hangs", "timed out after 1 s"),
         ("blocks_the_loop_sync", "timed out after 1 s"),
-        ("blocks_the_loop", "the agent process ended"),
+        ("blocks_the_loop", "process ended"),
         ("junk", "not a number"),
-        ("dies", "the agent process ended (exit code 3)"),
+        ("dies", "process ended (exit code 3)"),
     ],
 )
 def test_a_failing_agent_fails_its_run_with_the_reason_and_the_pool_goes_on(name, reason):
@@ -84,4 +84,4 @@ def test_the_agent_process_ends_when_its_input_closes_even_with_runs_hanging():
         outcome = run.result(timeout=30)
     finally:
         agents.close()
-    assert outcome.error is not None and "the agent process ended" in outcome.error
+    assert outcome.error is not None and "process ended" in outcome.error

@@ -4,7 +4,8 @@ In-process, on vLLM with a subword (BPE) tokenizer: the tokens a played episode 
 are, token for token, what vLLM sampled in each turn plus the environment's text encoded
 once; re-tokenizing the episode's text would give other tokens, so a runner that did would
 fail here. With a chat model, an observation that is a chat message comes after the turn
-as the template renders it. (End to end, with a rollout worker killed while it holds
+as the template renders it. The environments' steps run in their own process
+(``tests/support/envs.py``). (End to end, with a rollout worker killed while it holds
 episodes in flight: ``tests/integration/test_faults.py``.)
 """
 
@@ -18,32 +19,13 @@ from transformers import AutoTokenizer
 
 from sluice.engines.rollout_worker import RolloutWorker, played_block
 from sluice.engines.vllm_rollout import VLLMRolloutEngine
-from sluice.envs import Problem
-from sluice.envs.multi_turn import EnvStep, EpisodeLimits
+from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.scoring import RecordedScorer
 from sluice.storage.schema import validate_batch
+from tests.support.envs import OBSERVATION, ChatEcho, Echo, spec
 from tests.support.sampled import record_sampled
 
 pytestmark = pytest.mark.integration
-
-OBSERVATION = " answer 12+34=46 plus {turn}\n"
-
-
-class Echo:
-    """Three model turns; the environment answers with text a BPE tokenizer merges."""
-
-    name, multi_turn = "echo", True
-
-    def problems(self, split, n, seed):
-        return [
-            Problem(f"echo/{i}", self.name, f"what is the sum of {i}+7", "", split)
-            for i in range(n)
-        ]
-
-    def step(self, problem, history):
-        if len(history) < 5:
-            return EnvStep(OBSERVATION.format(turn=len(history)))
-        return EnvStep(done=True, reward=1.0, correct=True)
 
 
 def echo_worker(bpe_policy: Path, env=None, seed: int = 0, max_turns: int = 3) -> RolloutWorker:
@@ -52,7 +34,8 @@ def echo_worker(bpe_policy: Path, env=None, seed: int = 0, max_turns: int = 3) -
     )
     limits = EpisodeLimits(max_turns=max_turns, max_turn_tokens=6)
     scorer = partial(RecordedScorer, [])
-    return RolloutWorker(engine, env or Echo(), scorer, None, None, limits=limits)
+    env = env or Echo()
+    return RolloutWorker(engine, env, scorer, None, None, limits=limits, steps=spec(env))
 
 
 def test_an_episode_trains_on_exactly_the_sampled_tokens_and_the_environments(
@@ -91,14 +74,6 @@ def test_an_episode_trains_on_exactly_the_sampled_tokens_and_the_environments(
         s.mask for g in played.values() for s in g.samples
     ]
     assert stats.correct == 6
-
-
-class ChatEcho(Echo):
-    """The same episodes, its answers chat messages that the model's template renders."""
-
-    def step(self, problem, history):
-        step = super().step(problem, history)
-        return EnvStep(step.observation.strip(), step.done, step.reward, step.correct, role="user")
 
 
 def test_a_chat_models_observation_is_the_templates_message_after_the_sampled_turn(

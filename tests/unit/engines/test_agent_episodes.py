@@ -1,6 +1,7 @@
 """A rollout loop that raises leaves none of its agent episodes behind: their calls in the
 engine are aborted, the agents' waiting calls answered with an error, their sessions
-closed; the worker's next loop plays its own episodes and finds nothing of the old ones.
+closed; the worker's next loop plays its own episodes and finds nothing of the old ones,
+sampling at the run's temperature.
 A real agent process (``tests/support/agents.py:two_turns``) and endpoint, a scripted
 engine."""
 
@@ -28,12 +29,14 @@ class Engine:
         self.tokenizer, self.broken = tokenizer, False
         self.live: dict[str, int] = {}
         self.aborted: list[str] = []
+        self.temperatures: list[float] = []
 
     def version(self) -> int:
         return 0
 
     def start(self, request_id, prompt_ids, max_new_tokens, temperature, seed) -> None:
         self.live[request_id] = 0
+        self.temperatures.append(temperature)
 
     def step(self) -> list[Delta]:
         if self.broken:
@@ -76,11 +79,12 @@ def test_a_loop_that_raises_leaves_no_agent_episode_behind():
         assert agents.runs == [] and agents.replies == {}
         assert agents.sessions.get(engine.aborted[0].split("#")[0]) is None
 
-        engine.broken = False
-        played = Play(engine, None, EpisodeLimits(), 40, 1.0, {}, agents).run(groups("b"))
+        engine.broken, engine.temperatures = False, []
+        played = Play(engine, None, EpisodeLimits(), 40, 0.25, {}, agents).run(groups("b"))
         (sample,) = next(iter(played.values())).samples
         assert sample.result is not None and sample.result.error is None, sample.result
         assert sample.result.metrics == {"calls": 2.0}
         assert sample.token_ids[:2] == [tokenizer.convert_tokens_to_ids("7"), EOS_ID]
+        assert engine.temperatures == [0.25, 0.25]  # the run's, whatever the agent asks
     finally:
         agents.close()

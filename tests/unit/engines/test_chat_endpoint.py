@@ -25,7 +25,7 @@ def served(bpe_policy):
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     asked: list[list[int]] = []
 
-    def generate(session, ids, max_tokens, temperature):
+    def generate(session, ids, max_tokens):
         asked.append(list(ids))
         done: Future[Generated] = Future()
         tokens = [*reply_ids, end][:max_tokens]
@@ -90,7 +90,7 @@ def test_tool_calls_come_back_in_the_openai_form_and_a_tool_result_continues(bpe
     reply_ids = tokenizer(call, add_special_tokens=False)["input_ids"]
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
-    def generate(session, ids, max_tokens, temperature):
+    def generate(session, ids, max_tokens):
         done: Future[Generated] = Future()
         done.set_result(Generated([*reply_ids, end], [-0.5] * (len(reply_ids) + 1), 0, True))
         return done

@@ -1,11 +1,9 @@
-"""Multi-turn episodes in the sample runner, with a scripted engine: the trajectory is the
-sampled tokens plus the environment's tokens, masked; limits end episodes; an environment
-that raises, hangs or answers nonsense fails its episode and nothing else."""
+"""Multi-turn episodes in the sample runner, with a scripted engine and the environments'
+steps in their own process (``tests/support/envs.py``): the trajectory is the sampled tokens
+plus the environment's tokens, masked; limits end episodes; an environment that raises,
+hangs, answers nonsense or runs out of memory fails its episode and nothing else."""
 
 from __future__ import annotations
-
-import asyncio
-import time
 
 import pytest
 
@@ -14,9 +12,9 @@ from sluice.engines.messages import PartialGroup, PartialSample
 from sluice.engines.protocols import Delta
 from sluice.engines.rollout_worker import played_block
 from sluice.engines.sample_runner import Play
-from sluice.envs import Problem
-from sluice.envs.multi_turn import EnvStep, EpisodeLimits
+from sluice.envs.multi_turn import EpisodeLimits
 from sluice.storage.schema import validate_batch
+from tests.support.envs import Broken, Endless, TwoTurns, spec
 
 
 class ScriptedEngine:
@@ -52,27 +50,9 @@ class ScriptedEngine:
         return [1000 + ord(c) for c in text]
 
 
-class TwoTurns:
-    """Answers the first model turn with ``obs``, ends the episode at the second."""
-
-    name, multi_turn = "two-turns", True
-
-    def __init__(self, obs: str = "ok!") -> None:
-        self.obs, self.histories = obs, []
-
-    def problems(self, split, n, seed):
-        return [Problem(f"p{i}", self.name, "Q", "", split) for i in range(n)]
-
-    def step(self, problem, history):
-        self.histories.append(list(history))
-        if len(history) == 1:
-            return EnvStep(self.obs, tool_calls=1, tool_errors={"error": 1})
-        return EnvStep(done=True, reward=1.0, correct=True)
-
-
-def play(env, limits=None, n=2, max_new_tokens=40):
+def play(env, limits=None, n=2, max_new_tokens=40, memory_mib=None, **args):
     limits, engine = limits or EpisodeLimits(), ScriptedEngine()
-    steps = EpisodeSteps(env, limits.step_timeout_s)
+    steps = EpisodeSteps(spec(env, memory_mib, **args), limits.step_timeout_s)
     counters: dict[str, float] = {}
     groups = {}
     for problem in env.problems("train", 2, 0):
@@ -107,11 +87,11 @@ def test_an_episode_is_the_sampled_tokens_then_the_environments_masked_tokens():
             if request.startswith(f"{s.group}/{s.index}")
         )
         assert ids == [1, 2, *sample.token_ids[:6]]
-    # The environment saw each turn as text decoded from the sampled tokens.
+    # The environment was sent each turn as text decoded from the sampled tokens.
     decode = ScriptedEngine().decode
     samples = [s for g in played.values() for s in g.samples]
-    assert sorted(h for h in env.histories if len(h) == 1) == sorted(
-        [decode(s.token_ids[:3])] for s in samples
+    assert all(
+        s.turns == [decode(s.token_ids[:3]), "ok!", decode(s.token_ids[6:])] for s in samples
     )
     assert counters["env_steps"] == 8 and counters["tool_calls"] == 4
     assert counters["tool_errors/error"] == 4 and counters["env_tokens"] == 12
@@ -125,19 +105,6 @@ def test_played_episodes_become_rows_with_a_loss_mask_and_the_environments_rewar
     assert block.column("reward").to_pylist() == [1.0] * 4
     assert block.column("token_versions").to_pylist() == [[7] * 9] * 4
     assert stats.correct == 4
-
-
-class Endless:
-    """Never ends the episode."""
-
-    name, multi_turn = "endless", True
-
-    def problems(self, split, n, seed):
-        return [Problem(f"p{i}", self.name, "Q", "", split) for i in range(n)]
-
-    async def step(self, problem, history):
-        await asyncio.sleep(0)
-        return EnvStep("more")
 
 
 def test_an_episode_out_of_turns_or_tokens_ends_unsolved():
@@ -156,40 +123,18 @@ def test_an_episode_out_of_turns_or_tokens_ends_unsolved():
     assert turn_budgets == {2}
 
 
-class Broken:
-    """Problem 0's step raises, problem 1's hangs, and with ``bad`` it answers nonsense."""
-
-    name, multi_turn = "broken", True
-
-    def __init__(self, how: str) -> None:
-        self.how = how
-
-    def problems(self, split, n, seed):
-        return [Problem(f"p{i}", self.name, "Q", "", split) for i in range(n)]
-
-    def step(self, problem, history):
-        if problem.prompt_id == "p1":
-            return EnvStep(done=True, reward=0.5)
-        if self.how == "raise":
-            raise KeyError("no such state")
-        if self.how == "hang":
-            time.sleep(30)
-        if self.how == "nan":
-            return EnvStep(done=True, reward=float("nan"))
-        return "not an EnvStep"
-
-
 @pytest.mark.parametrize(
     ("how", "reason"),
     [
-        ("raise", "environment step raised KeyError"),
-        ("hang", "environment step timed out after 0.3 s"),
+        ("raise", "environment step: raised KeyError"),
+        ("hang", "environment step: timed out after 0.3 s"),
         ("nan", "not a number in [0, 1]"),
         ("junk", "step returned str, not EnvStep"),
+        ("memory", "environment step: memory limit"),
     ],
 )
 def test_an_environment_that_fails_fails_only_its_episodes(how, reason):
-    played, _, _ = play(Broken(how), EpisodeLimits(step_timeout_s=0.3))
+    played, _, _ = play(Broken(how), EpisodeLimits(step_timeout_s=0.3), memory_mib=2048, how=how)
     failed = [s.result for s in played["p0@t"].samples]
     assert all(r is not None and r.error is not None and reason in r.error for r in failed)
     assert [s.result.reward for s in played["p1@t"].samples] == [0.5, 0.5]
