@@ -58,6 +58,14 @@ class CallAbandoned(RuntimeError):
     """The worker gave up the episode a call belongs to (its rollout loop stopped)."""
 
 
+class _Server(ThreadingHTTPServer):
+    # Every episode on the worker may connect at once while the decoding loop holds the
+    # GIL: with socketserver's backlog of 5, connections beyond it were reset (the agent
+    # saw "Connection error"). The kernel caps this at net.core.somaxconn.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 class _Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -96,8 +104,7 @@ class ChatEndpoint:
             def log_message(self, format: str, *args: Any) -> None:
                 log.debug("chat endpoint: " + format, *args)
 
-        self._server = ThreadingHTTPServer((host, 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, 0), Handler)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="chat-endpoint", daemon=True

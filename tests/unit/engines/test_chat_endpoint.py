@@ -5,7 +5,11 @@ token-exactly, and bad calls get OpenAI-shaped errors."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
 from concurrent.futures import Future
+from pathlib import Path
 
 import openai
 import pytest
@@ -16,6 +20,7 @@ from sluice.engines.chat_sessions import ChatSessions
 from sluice.envs import Problem
 
 PROBLEM = Problem("p/0", "chat", "What is 2+3?", "5", "train")
+ROOT = Path(__file__).parents[3]
 
 
 @pytest.fixture
@@ -120,3 +125,34 @@ def test_tool_calls_come_back_in_the_openai_form_and_a_tool_result_continues(bpe
     )["input_ids"]
     sampled = [*reply_ids, end]
     assert session.token_ids == sampled + added + sampled
+
+
+def test_many_agents_connect_at_once_while_the_decoding_loop_holds_the_gil(served):
+    """Every episode of a worker may call at once while its decoding loop keeps the GIL
+    busy; with socketserver's backlog of 5, most such connections were reset."""
+    endpoint, sessions, *_ = served
+    n = 100
+    for i in range(n):
+        sessions.open(f"s{i:04d}", PROBLEM)
+    stop = threading.Event()
+
+    def decoding_loop() -> None:  # pure Python: holds the GIL between switches
+        while not stop.is_set():
+            sum(range(100_000))
+
+    busy = threading.Thread(target=decoding_loop)
+    busy.start()
+    try:
+        host = endpoint.base_url("x").split("/s/")[0]
+        calls = subprocess.run(
+            [sys.executable, "-m", "tests.support.many_calls", host, str(n)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+    finally:
+        stop.set()
+        busy.join()
+    assert calls.returncode == 0, calls.stderr[-2000:]
+    assert json.loads(calls.stdout) == {"ok": n}
