@@ -5,6 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sluice.engines.chat_template import TurnFormat
+from sluice.engines.episodes import EpisodeSteps, StepSpec
 from sluice.engines.policy import (
     BOS_ID,
     CHAT_TEMPLATE,
@@ -121,3 +122,17 @@ def test_a_chat_policy_warm_starts_on_the_prompts_its_endpoint_renders(tmp_path)
     )
     with pytest.raises(ValueError, match="single-turn"):
         prepare_policy(cfg, GuessingEnv(), "sig", seed=0, cache_dir=tmp_path, chat=True)
+
+
+def test_a_multi_turn_warm_start_plays_its_episodes_in_the_step_process(tmp_path):
+    env = GuessingEnv()
+    cfg = TINY.model_copy(update={"warmstart_max_steps": 1, "warmstart_eval_every": 1})
+    with pytest.raises(ValueError, match="needs its steps"):
+        prepare_policy(cfg, env, "sig", seed=0, cache_dir=tmp_path)
+    steps = EpisodeSteps(StepSpec("guessing"), timeout_s=30)
+    try:
+        folder = prepare_policy(cfg, env, "sig", seed=0, cache_dir=tmp_path, steps=steps)
+    finally:
+        steps.close()
+    report = json.loads((folder / "warmstart.json").read_text())
+    assert report["steps"] == 1  # measured before and after the step, through the process
