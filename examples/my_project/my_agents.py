@@ -12,22 +12,28 @@ from __future__ import annotations
 from openai import AsyncOpenAI
 
 
-async def answer_in_digits(base_url: str, prompt: str, answer: str) -> dict:
-    """Ask; when the reply is not a number, ask once more for digits only. Reward 1 when
-    the last reply is the answer."""
+def final(text: str) -> str:
+    """The result a reply ends with: what follows its last ``|`` (the addition
+    environment's answers show their column work first, ``7+5=12,4+8+1=13|132``)."""
+    return text.rsplit("|", 1)[-1].strip()
+
+
+async def show_your_work(base_url: str, prompt: str, answer: str) -> dict:
+    """Ask; when the reply gives no result after a ``|``, ask once more for it. Reward 1
+    when the result is the answer's."""
     client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": prompt}]
-    reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
-    text = (reply.choices[0].message.content or "").strip()
-    asked_again = not text.isdigit()
+    reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=32)
+    text = reply.choices[0].message.content or ""
+    asked_again = not final(text).isdigit()
     if asked_again:
         messages += [
             {"role": "assistant", "content": text},
-            {"role": "user", "content": "Digits only."},
+            {"role": "user", "content": "End with |result."},
         ]
         reply = await client.chat.completions.create(
-            model="policy", messages=messages, max_tokens=8
+            model="policy", messages=messages, max_tokens=32
         )
-        text = (reply.choices[0].message.content or "").strip()
-    correct = text == answer
+        text = reply.choices[0].message.content or ""
+    correct = final(text) == final(answer)
     return {"reward": float(correct), "correct": correct, "asked_again": float(asked_again)}
