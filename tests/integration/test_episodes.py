@@ -43,7 +43,10 @@ def test_an_episode_trains_on_exactly_the_sampled_tokens_and_the_environments(
 ):
     worker = echo_worker(bpe_policy)
     sampled = record_sampled(worker.engine)
-    played = worker.play(Echo().problems("train", 3, 0), 2, 60, 1.0, seed=5)
+    try:
+        played = worker.play(Echo().problems("train", 3, 0), 2, 60, 1.0, seed=5)
+    finally:
+        worker.episodes.close()  # its step process
     tokenizer = AutoTokenizer.from_pretrained(str(bpe_policy))
     retokenized_differs = 0
     for group_id, group in played.items():
@@ -80,7 +83,10 @@ def test_a_chat_models_observation_is_the_templates_message_after_the_sampled_tu
     in_process_vllm, bpe_policy
 ):
     worker = echo_worker(bpe_policy, ChatEcho(), seed=1, max_turns=2)
-    played = worker.play(ChatEcho().problems("train", 2, 0), 2, 80, 1.0, seed=3)
+    try:
+        played = worker.play(ChatEcho().problems("train", 2, 0), 2, 80, 1.0, seed=3)
+    finally:
+        worker.episodes.close()
     tokenizer = AutoTokenizer.from_pretrained(str(bpe_policy))
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for group in played.values():
