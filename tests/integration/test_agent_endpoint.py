@@ -74,7 +74,11 @@ def test_an_openai_client_agent_plays_token_exact_episodes(
             before = tokenizer.apply_chat_template(
                 first, add_generation_prompt=True, tokenize=False
             )
-            added_text = text[len(before) + len(tokenizer.decode(one, skip_special_tokens=False)) :]
+            # After the reply's text: the turn's end, unless the model sampled it, then the
+            # new message. (The reply's text leaves out special tokens it sampled anywhere.)
+            added_text = text[len(before) + len(reply) :]
+            if one[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>"):
+                added_text = added_text.removeprefix("<|im_end|>")
             added = tokenizer(added_text, add_special_tokens=False)["input_ids"]
             two = sample.token_ids[len(one) + len(added) :]
             assert sample.token_ids == one + added + two
