@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from sluice.engines.episodes import StepSpec
-from sluice.envs import Problem
+from sluice.envs import Problem, RewardResult
 from sluice.envs.multi_turn import EnvStep
 
 ROOT = str(Path(__file__).parents[2])
@@ -21,19 +21,30 @@ def spec(env: object, memory_mib: int | None = None, **args: object) -> StepSpec
     return StepSpec(f"{__name__}:{type(env).__name__}", args, (ROOT,), memory_mib)
 
 
-class Echo:
+class _Episodes:
+    """What these environments share: problems ``p0``, ``p1``, ... that read ``Q``, and a
+    ``reward`` for the registry's check that is never what scores them (their steps end
+    each episode with its reward)."""
+
+    name, multi_turn = "episodes", True
+
+    def problems(self, split, n, seed):
+        return [Problem(f"p{i}", self.name, "Q", "", split) for i in range(n)]
+
+    def reward(self, problem, completion):
+        return RewardResult(0.0, False)
+
+
+class Echo(_Episodes):
     """Three model turns; the environment answers with text a BPE tokenizer merges."""
 
-    name, multi_turn = "echo", True
+    name = "echo"
 
     def problems(self, split, n, seed):
         return [
             Problem(f"echo/{i}", self.name, f"what is the sum of {i}+7", "", split)
             for i in range(n)
         ]
-
-    def reward(self, problem, completion):
-        raise NotImplementedError  # episodes end with the step's reward
 
     def step(self, problem, history):
         if len(history) < 5:
@@ -49,19 +60,13 @@ class ChatEcho(Echo):
         return EnvStep(step.observation.strip(), step.done, step.reward, step.correct, role="user")
 
 
-class TwoTurns:
+class TwoTurns(_Episodes):
     """Answers the first model turn with ``obs``, ends the episode at the second."""
 
-    name, multi_turn = "two-turns", True
+    name = "two-turns"
 
     def __init__(self, obs: str = "ok!") -> None:
         self.obs = obs
-
-    def problems(self, split, n, seed):
-        return [Problem(f"p{i}", self.name, "Q", "", split) for i in range(n)]
-
-    def reward(self, problem, completion):
-        raise NotImplementedError
 
     def step(self, problem, history):
         if len(history) == 1:
@@ -70,36 +75,24 @@ class TwoTurns:
         return EnvStep(done=True, reward=1.0, correct=True)
 
 
-class Endless:
+class Endless(_Episodes):
     """Never ends the episode."""
 
-    name, multi_turn = "endless", True
-
-    def problems(self, split, n, seed):
-        return [Problem(f"p{i}", self.name, "Q", "", split) for i in range(n)]
-
-    def reward(self, problem, completion):
-        raise NotImplementedError
+    name = "endless"
 
     async def step(self, problem, history):
         await asyncio.sleep(0)
         return EnvStep("more")
 
 
-class Broken:
+class Broken(_Episodes):
     """Problem 0's step fails as ``how`` says (raise, hang, nan, junk, memory, exit);
     problem 1's ends well."""
 
-    name, multi_turn = "broken", True
+    name = "broken"
 
     def __init__(self, how: str) -> None:
         self.how = how
-
-    def problems(self, split, n, seed):
-        return [Problem(f"p{i}", self.name, "Q", "", split) for i in range(n)]
-
-    def reward(self, problem, completion):
-        raise NotImplementedError
 
     def step(self, problem, history):
         if problem.prompt_id == "p1":
