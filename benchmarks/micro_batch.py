@@ -1,12 +1,13 @@
-"""Trainer step time by ``train.micro_batch_tokens`` on a long-tail batch: why the default is
-what it is.
+"""Trainer step time by ``train.micro_batch_tokens`` and ``train.packing`` on a long-tail
+batch: why the defaults are what they are.
 
 One process, the torch engine on the default tiny policy, one torch thread (as in the trainer
 actor). The batch is the long-tail workload's shape: 16 prompts x 8 samples, response lengths
 drawn with the spread ``configs/longtail.yaml`` produces (median 19 tokens, p99 about 76,
 capped at 86). Each setting gets its own trainer from the same saved policy; the settings take
 turns step by step, and "x 4096" is the median over rounds of a setting's step time over the
-4096-token setting's in the same round, so a load change hits both sides of a ratio alike.
+4096-token padded setting's in the same round, so a load change hits both sides of a ratio
+alike. Tokens/s counts the batch's real tokens (prompts and responses, no padding).
 Writes the table into BENCHMARKS.md between markers.
 
     .venv/bin/python -m sluice.benchmarks.micro_batch --repeats 15
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from sluice.benchmarks.engines import fixed_batch, step_times
-from sluice.benchmarks.tables import markdown_table
+from sluice.benchmarks.tables import head_commit, markdown_table
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.engines.trainer_core import NO_TOKEN_LIMIT
@@ -36,12 +37,16 @@ from sluice.rl.batching import TrainBatch
 from sluice.rl.config import PolicyConfig, TrainConfig
 from sluice.sim.report import write_section
 
-SETTINGS: list[tuple[str, int]] = [
-    ("512", 512),
-    ("1024", 1024),
-    ("2048", 2048),
-    ("4096", 4096),
-    ("no split", NO_TOKEN_LIMIT),
+# (label, micro_batch_tokens, packing)
+SETTINGS: list[tuple[str, int, bool]] = [
+    ("512", 512, False),
+    ("1024", 1024, False),
+    ("2048", 2048, False),
+    ("4096", 4096, False),
+    ("no split", NO_TOKEN_LIMIT, False),
+    ("512 packed", 512, True),
+    ("1024 packed", 1024, True),
+    ("2048 packed", 2048, True),
 ]
 BASELINE = "4096"
 MEDIAN_TOKENS, SPREAD, MAX_TOKENS = 19, 0.6, 86  # lognormal: p99 = 19 * e^(2.33 * 0.6) = 77
@@ -64,35 +69,46 @@ def measure(repeats: int, warmup: int) -> tuple[dict[str, dict[str, float]], Tra
                 grad_clip=train.grad_clip,
                 micro_batch=train.micro_batch,
                 micro_batch_tokens=tokens,
+                packing=packing,
                 threads=1,
                 seed=0,
             )
-            for label, tokens in SETTINGS
+            for label, tokens, packing in SETTINGS
         }
         batch = fixed_batch(len(tok), trainers[BASELINE].pad_id, response_len=longtail_length)
         times = step_times(dict(trainers), batch, repeats, warmup)
+    tokens = float(batch.attention_mask.sum())
     results = {}
     for label, samples in times.items():
         ratios = [t / b for t, b in zip(samples, times[BASELINE], strict=True)]
-        results[label] = {"median": statistics.median(samples), "ratio": statistics.median(ratios)}
+        median = statistics.median(samples)
+        results[label] = {
+            "median": median,
+            "ratio": statistics.median(ratios),
+            "tokens_per_s": tokens / median,
+        }
     return results, batch
 
 
 def table(results: dict[str, dict[str, float]], batch: TrainBatch, repeats: int) -> str:
     lengths = batch.attention_mask.sum(dim=1)
     lines = [
-        f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at {head_commit()} on {platform.machine()}, "
+        f"{os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch {version('torch')}; the default policy, "
         f"float32, 1 torch thread; a batch of {len(batch)} samples, "
         f"{int(batch.mask.sum())} response tokens, rows of {int(lengths.min())} to "
-        f"{int(lengths.max())} tokens; median of {repeats} steps per setting, settings "
-        "interleaved step by step.",
+        f"{int(lengths.max())} tokens ({int(lengths.sum())} in all); median of {repeats} steps "
+        "per setting, settings interleaved step by step.",
         "Command: `make bench-micro-batch` "
         f"(`.venv/bin/python -m sluice.benchmarks.micro_batch --repeats {repeats}`).",
         "",
         *markdown_table(
-            ["micro_batch_tokens", "step s", "x 4096"],
-            [[label, f"{r['median']:.3f}", f"{r['ratio']:.2f}"] for label, r in results.items()],
+            ["micro_batch_tokens", "step s", "x 4096", "tokens/s"],
+            [
+                [label, f"{r['median']:.3f}", f"{r['ratio']:.2f}", f"{r['tokens_per_s']:.0f}"]
+                for label, r in results.items()
+            ],
         ),
     ]
     return "\n".join(lines)

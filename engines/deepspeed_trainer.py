@@ -33,7 +33,7 @@ from sluice.engines.zero_state import (
     load_weights,
     scatter_adamw_state,
 )
-from sluice.rl.batching import TrainBatch, micro_batches
+from sluice.rl.batching import TrainBatch
 from sluice.storage.torch_state import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
@@ -150,7 +150,7 @@ class DeepSpeedTrainer(PolicyTrainer):
     def step_batch(self, batch: TrainBatch) -> dict[str, float]:
         """One optimiser step on the whole batch (every rank passes the same one)."""
         total_tokens = batch.mask.sum().clamp(min=1.0)
-        parts = micro_batches(batch, self._micro_batch, self._micro_tokens)
+        parts = self.parts(batch)
         mine = parts[self._rank :: self._world]
         # DeepSpeed averages gradients over ranks; each rank's share of the token mean is a
         # sum, so scale it up by the world size.

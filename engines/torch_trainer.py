@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from sluice.engines.trainer_core import MODEL_FILE, PolicyTrainer
-from sluice.rl.batching import TrainBatch, micro_batches
+from sluice.rl.batching import TrainBatch
 from sluice.storage.torch_state import (
     bytes_to_tensors,
     load_optimizer,
@@ -42,7 +42,7 @@ class TorchTrainer(PolicyTrainer):
         """One optimiser step on padded tensors (``rl.batching.TrainBatch``)."""
         total_tokens = batch.mask.sum().clamp(min=1.0)
         self._optimizer.zero_grad(set_to_none=True)
-        parts = micro_batches(batch, self._micro_batch, self._micro_tokens)
+        parts = self.parts(batch)
         sums = self._accumulate(parts, total_tokens, torch.Tensor.backward)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.optimisation.grad_clip

@@ -48,6 +48,7 @@ def build_engine(
         "weight_decay": train.weight_decay,
         "micro_batch": train.micro_batch,
         "micro_batch_tokens": train.micro_batch_tokens,
+        "packing": train.packing,
         "loss": train.loss,
         "is_cap": train.is_cap,
         "threads": train.threads,

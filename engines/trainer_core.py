@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from sluice.rl.batching import Sample, TrainBatch, collate
+from sluice.rl.batching import Sample, TrainBatch, collate, micro_batches, pack
 from sluice.rl.losses import (
     LOSS_NAMES,
     entropy_from_logits,
@@ -90,6 +90,45 @@ class StepSums:
         }
 
 
+def model_inputs(batch: TrainBatch) -> dict[str, torch.Tensor | bool]:
+    """The forward pass's arguments. A packed batch passes its restarting ``position_ids``
+    and no attention mask: transformers then builds a causal mask that stops at each
+    sample's start (``masking_utils.find_packed_sequence_indices``), as it does for its own
+    padding-free collator. No KV cache: it only costs memory in training, and a cache makes
+    transformers skip the packed-sequence check."""
+    if batch.position_ids is not None:
+        where = {"position_ids": batch.position_ids}
+    else:
+        where = {"attention_mask": batch.attention_mask}
+    return {"input_ids": batch.input_ids, **where, "use_cache": False}
+
+
+def check_packing(model: torch.nn.Module, device: torch.device) -> None:
+    """Raise unless ``model`` keeps attention inside each packed sample: a sample packed
+    after another must get the logits it gets alone (a model whose attention ignores
+    restarting position ids would let it attend to the one before)."""
+    vocab = int(model.config.vocab_size)
+    first, second = torch.arange(3, 9) % vocab, torch.arange(9, 13) % vocab
+    row = TrainBatch(
+        input_ids=torch.cat([first, second])[None],
+        attention_mask=torch.ones(1, 10, dtype=torch.long),
+        targets=torch.zeros(1, 9, dtype=torch.long),
+        mask=torch.zeros(1, 9),
+        old_logprobs=torch.zeros(1, 9),
+        advantages=torch.zeros(1, 9),
+        position_ids=torch.cat([torch.arange(6), torch.arange(4)])[None],
+    ).to(device)
+    with torch.no_grad():
+        alone = model(input_ids=second[None].to(device), use_cache=False).logits[0]
+        packed = model(**model_inputs(row)).logits[0, 6:]
+    if not torch.allclose(packed.float(), alone.float(), atol=1e-3, rtol=1e-3):
+        raise ValueError(
+            f"train.packing: {type(model).__name__} lets a packed sample attend to the one "
+            "before it (its attention does not stop where position ids restart); set "
+            "train.packing: false for this model"
+        )
+
+
 class PolicyTrainer(ABC):
     """The engine-independent half of a :class:`engines.protocols.TrainEngine`.
 
@@ -116,6 +155,7 @@ class PolicyTrainer(ABC):
         before_update: Callable[[], object] | None = None,
         dtype: str = "float32",
         device: str | None = None,
+        packing: bool = False,
     ) -> None:
         if loss not in LOSS_NAMES:
             raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSS_NAMES)}")
@@ -143,12 +183,15 @@ class PolicyTrainer(ABC):
         self._entropy_coef = entropy_coef
         self._micro_batch = micro_batch
         self._micro_tokens = micro_batch_tokens
+        self._packing = packing
         # What the forward pass calls: the model, or an engine that wraps it.
         self._network: Callable[..., Any] = self.model
         # Called right before the weights change in place: a weight publish may still be
         # copying them (storage.params: ParameterService.wait_snapshot).
         self.before_update = before_update
         self._version = 0
+        if packing:
+            check_packing(self.model, self.device)
         self._attach_optimizer()
 
     @abstractmethod
@@ -174,12 +217,18 @@ class PolicyTrainer(ABC):
     def pad_id(self) -> int:
         return self._pad_id
 
+    def parts(self, batch: TrainBatch) -> list[TrainBatch]:
+        """The forward/backward passes a step cuts ``batch`` into: packed rows with
+        ``train.packing``, else length-sorted padded parts (``rl.batching``)."""
+        cut = pack if self._packing else micro_batches
+        return cut(batch, self._micro_batch, self._micro_tokens)
+
     def _forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs of the targets (float32) and the logits, on the trainer's device."""
         with torch.autocast(
             self.device.type, dtype=self._autocast or torch.float32, enabled=bool(self._autocast)
         ):
-            out = self._network(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            out = self._network(**model_inputs(batch))
         logits = out.logits[:, :-1].float()
         return token_logprobs(logits, batch.targets), logits
 

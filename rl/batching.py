@@ -1,4 +1,5 @@
-"""Turn scored samples into the padded tensors a policy-gradient step consumes."""
+"""Turn scored samples into the tensors a policy-gradient step consumes: right-padded rows
+(``collate``, cut by ``micro_batches``), or samples packed end to end into rows (``pack``)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ class TrainBatch:
 
     input_ids [B, T], targets [B, T-1] (input_ids shifted left), mask [B, T-1] is 1 on
     response tokens the policy sampled, old_logprobs [B, T-1], advantages [B].
+
+    A packed batch (``pack``) holds several samples end to end in each row: advantages are
+    then per token [B, T-1], and ``position_ids`` [B, T] restart at 0 where each sample
+    starts, which is how the model keeps attention inside a sample.
     """
 
     input_ids: torch.Tensor
@@ -37,6 +42,7 @@ class TrainBatch:
     mask: torch.Tensor
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
+    position_ids: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -50,6 +56,7 @@ class TrainBatch:
             self.mask.to(device),
             self.old_logprobs.to(device),
             self.advantages.to(device),
+            None if self.position_ids is None else self.position_ids.to(device),
         )
 
     def rows(self, index: torch.Tensor) -> TrainBatch:
@@ -125,3 +132,51 @@ def micro_batches(batch: TrainBatch, max_rows: int, max_tokens: int) -> list[Tra
         if last:
             parts.append(batch.rows(order[start:end]))
     return parts
+
+
+def pack(batch: TrainBatch, max_rows: int, max_tokens: int) -> list[TrainBatch]:
+    """The batch's samples packed end to end, one row of at most ``max_tokens`` tokens and
+    ``max_rows`` samples per part, in place of padding each part to its longest row.
+
+    Samples go longest first into the first row with room (first-fit decreasing); one
+    longer than ``max_tokens`` gets a row of its own. In a row, positions restart at 0 with
+    each sample, advantages are per token, and the last token of a sample, whose target is
+    the next sample's first token, carries mask 0 (it always did: it predicts no response
+    token). Every sample lands in exactly one part.
+    """
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    rows: list[list[int]] = []  # sample indices per packed row
+    room: list[int] = []  # tokens left per row
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        fits = (r for r in range(len(rows)) if room[r] >= lengths[i] and len(rows[r]) < max_rows)
+        r = next(fits, len(rows))
+        if r == len(rows):
+            rows.append([])
+            room.append(max_tokens)
+        rows[r].append(i)
+        room[r] -= lengths[i]
+    return [_packed_row(batch, members, lengths) for members in rows]
+
+
+def _packed_row(batch: TrainBatch, members: list[int], lengths: list[int]) -> TrainBatch:
+    """One row of the samples ``members``, end to end, as a [1, sum of lengths] batch."""
+    ids, positions, mask, old, advantages = [], [], [], [], []
+    for i in members:
+        n = lengths[i]
+        ids.append(batch.input_ids[i, :n])
+        positions.append(torch.arange(n))
+        # Sample i's n - 1 predictions, then the one across into the next sample (mask 0).
+        gap = batch.mask.new_zeros(1)
+        mask.append(torch.cat([batch.mask[i, : n - 1], gap]))
+        old.append(torch.cat([batch.old_logprobs[i, : n - 1], gap]))
+        advantages.append(batch.advantages[i].expand(n))
+    row = torch.cat(ids)[None]
+    return TrainBatch(
+        input_ids=row,
+        attention_mask=torch.ones_like(row),
+        targets=row[:, 1:],
+        mask=torch.cat(mask)[None, :-1],
+        old_logprobs=torch.cat(old)[None, :-1],
+        advantages=torch.cat(advantages)[None, :-1],
+        position_ids=torch.cat(positions)[None],
+    )

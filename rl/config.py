@@ -469,6 +469,13 @@ class TrainConfig(_Section):
         "(a part's activations then stay in the core's cache; see BENCHMARKS.md); on GPUs "
         "raise it to what memory allows (8k-32k).",
     )
+    packing: bool = Field(
+        False,
+        description="Pack samples end to end into rows of up to micro_batch_tokens tokens "
+        "(positions restart with each sample; attention never crosses samples) instead of "
+        "padding each part to its longest row. Same loss and gradients; the trainer checks "
+        "at start that the model's attention honours the packing, and refuses it if not.",
+    )
     cpus: float = Field(1.0, gt=0.0, description="Ray CPU slots for the trainer actor.")
     gpus_per_rank: float | None = Field(
         None,

@@ -77,6 +77,15 @@ def test_deepspeed_step_equals_torch_step(policy_dir, stage):
     assert engine.version() == 3
 
 
+def test_a_packed_zero3_step_equals_the_padded_torch_step(policy_dir):
+    reference = TorchTrainer(str(policy_dir), **SETTINGS)
+    engine = DeepSpeedTrainer(str(policy_dir), zero_stage=3, packing=True, **SETTINGS)
+    samples = _samples()
+    for _ in range(2):
+        _assert_same_step(engine.step(samples), reference.step(samples))
+        _assert_same_weights(reference, engine, ATOL, RTOL)
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3], ids=["zero1", "zero2", "zero3"])
 def test_checkpoint_resumes_bit_identically(policy_dir, tmp_path, stage):
     """Save after two steps through the checkpoint store, restore into a fresh engine: its

@@ -1,5 +1,6 @@
 import json
 import math
+import random
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.protocols import TrainEngine
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.engines.vllm_rollout import VLLMRolloutEngine
-from sluice.rl.batching import Sample
+from sluice.rl.batching import Sample, collate
 from sluice.rl.config import PolicyConfig
 
 
@@ -188,3 +189,53 @@ def test_checkpoint_resumes_the_same_trajectory(trainer):
     assert metrics["lr"] == pytest.approx(original._schedule.get_last_lr()[0] * 3 / 4)
     for name, tensor in original.model.state_dict().items():
         torch.testing.assert_close(fresh.model.state_dict()[name], tensor, atol=0, rtol=0)
+
+
+def _ragged(trainer, lengths):
+    rng = random.Random(0)
+    samples = []
+    for n in lengths:
+        prompt = [1] + [rng.randrange(4, 60) for _ in range(rng.randrange(1, 6))]
+        response = [rng.randrange(4, 60) for _ in range(n)]
+        behaviour = [-rng.uniform(0.5, 4.0) for _ in response]
+        mask = [rng.choice([0, 1, 1]) for _ in response]  # environment tokens among them
+        samples.append(Sample(prompt, response, behaviour, rng.gauss(0.0, 1.0), mask))
+    return collate(samples, trainer.pad_id)
+
+
+def _loss_and_grads(trainer, batch):
+    trainer.model.zero_grad(set_to_none=True)
+    total = batch.mask.sum()
+    sums = trainer._accumulate(trainer.parts(batch), total, torch.Tensor.backward)
+    return sums.sums["loss"], {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+
+
+@pytest.mark.parametrize("loss", ["ppo", "decoupled_ppo", "tis"])
+def test_packed_rows_give_the_padded_loss_and_gradients(trainer, loss):
+    folder = trainer._model_dir
+    padded = _trainer(folder, loss=loss, micro_batch=256, micro_batch_tokens=96)
+    packed = _trainer(folder, loss=loss, micro_batch=256, micro_batch_tokens=96, packing=True)
+    batch = _ragged(padded, [1, 30, 2, 3, 17, 5, 1, 40, 8, 2, 2, 11])
+    assert len(packed.parts(batch)) < len(padded.parts(batch))  # fewer, fuller passes
+    loss_padded, grads_padded = _loss_and_grads(padded, batch)
+    loss_packed, grads_packed = _loss_and_grads(packed, batch)
+    assert loss_packed == pytest.approx(loss_padded, abs=1e-5)
+    for name, grad in grads_padded.items():
+        torch.testing.assert_close(grads_packed[name], grad, atol=1e-5, rtol=1e-5)
+
+
+class _SeesEverything(torch.nn.Module):
+    """A model whose token i sees every token before it, wherever position ids restart."""
+
+    config = type("Config", (), {"vocab_size": 64})()
+
+    def forward(self, input_ids, use_cache, position_ids=None, attention_mask=None):
+        seen = torch.nn.functional.one_hot(input_ids, 64).float().cumsum(dim=1)
+        return type("Out", (), {"logits": seen})()
+
+
+def test_packing_is_refused_for_a_model_whose_attention_crosses_samples():
+    from sluice.engines.trainer_core import check_packing
+
+    with pytest.raises(ValueError, match=r"set train\.packing: false"):
+        check_packing(_SeesEverything(), torch.device("cpu"))

@@ -15,7 +15,7 @@ import torch
 
 from sluice.engines.deepspeed_trainer import DeepSpeedTrainer, backend
 from sluice.engines.torch_trainer import TorchTrainer
-from sluice.rl.batching import Sample, collate
+from sluice.rl.batching import Sample, collate, pack
 from sluice.storage.torch_state import restore_rng, rng_state_files
 
 BF16_ATOL = 0.05
@@ -52,10 +52,15 @@ def test_a_bf16_trainer_matches_float32_within_bf16_rounding_and_keeps_fp32_weig
     assert _gap(full.logprobs(samples), half.logprobs(samples)) < BF16_ATOL
 
 
-def test_a_batch_moves_to_the_trainers_device():
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_a_batch_moves_to_the_trainers_device(packed):
     batch = collate(_samples(), 0)
+    if packed:
+        batch = pack(batch, max_rows=64, max_tokens=1024)[0]
     moved = batch.to(torch.device("meta"))  # a device that is not the CPU, without a GPU
-    assert {t.device.type for t in vars(moved).values()} == {"meta"}
+    tensors = {k: v for k, v in vars(moved).items() if v is not None}
+    assert {t.device.type for t in tensors.values()} == {"meta"}
+    assert ("position_ids" in tensors) == packed
     assert moved.input_ids.shape == batch.input_ids.shape
 
 

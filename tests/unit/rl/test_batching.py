@@ -1,7 +1,9 @@
+import itertools
+
 import pytest
 import torch
 
-from sluice.rl.batching import Sample, collate, micro_batches
+from sluice.rl.batching import Sample, collate, micro_batches, pack
 
 
 def test_collate_aligns_response_mask_with_targets():
@@ -62,3 +64,34 @@ def test_micro_batches_cover_every_row_once_and_pad_less(max_rows, max_tokens, p
         assert part.attention_mask[:, -1].any()
     padded = sum(p.input_ids.numel() for p in split)
     assert padded <= batch.input_ids.numel()
+
+
+@pytest.mark.parametrize(
+    ("max_rows", "max_tokens", "rows"),
+    [(64, 10_000, 1), (2, 10_000, 3), (64, 24, 2), (64, 8, 5)],
+    ids=["fits-one-row", "row-limit", "token-limit", "each-alone"],
+)
+def test_pack_lays_every_sample_end_to_end_once(max_rows, max_tokens, rows):
+    samples, batch = _ragged_batch()
+    packed = pack(batch, max_rows, max_tokens)
+    assert len(packed) == rows
+    seen = []
+    for row in packed:
+        assert row.input_ids.shape[0] == 1 and row.position_ids.shape == row.input_ids.shape
+        starts = (row.position_ids[0] == 0).nonzero().flatten().tolist()
+        bounds = [*starts, row.input_ids.shape[1]]
+        assert len(starts) <= max_rows
+        assert row.input_ids.shape[1] <= max_tokens or len(starts) == 1
+        for start, end in itertools.pairwise(bounds):
+            n_response = end - start - 2  # every prompt here is [1, 2]
+            assert row.input_ids[0, start:end].tolist() == [1, 2] + [3] * n_response
+            assert row.position_ids[0, start:end].tolist() == list(range(end - start))
+            # targets inside the sample: its response tokens, none across into the next one
+            assert row.mask[0, start : end - 1].tolist() == [0.0] + [1.0] * n_response
+            assert row.advantages[0, start : end - 1].tolist() == [float(n_response)] * (
+                end - start - 1
+            )
+            seen.append(n_response)
+        assert row.mask.shape == row.targets.shape == row.old_logprobs.shape
+        assert int(row.mask.sum()) == sum(seen[-len(starts) :])
+    assert sorted(seen) == sorted(len(s.response_ids) for s in samples)
