@@ -474,7 +474,8 @@ class TrainConfig(_Section):
         description="Pack samples end to end into rows of up to micro_batch_tokens tokens "
         "(positions restart with each sample; attention never crosses samples) instead of "
         "padding each part to its longest row. Same loss and gradients; the trainer checks "
-        "at start that the model's attention honours the packing, and refuses it if not.",
+        "at start that the model's attention honours the packing, and refuses it if not. "
+        "Pays on GPUs with flash-attention; slower on CPUs (BENCHMARKS.md).",
     )
     cpus: float = Field(1.0, gt=0.0, description="Ray CPU slots for the trainer actor.")
     gpus_per_rank: float | None = Field(
