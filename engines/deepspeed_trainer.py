@@ -2,23 +2,21 @@
 state (stage 1), the gradients too (stage 2) and the weights too (stage 3) across ranks.
 
 Held by the trainer actor (``engines/trainer_actor.py``: a world of one on 127.0.0.1) or as
-one process per rank under ``torchrun`` (``scripts/deepspeed_ranks.py``). On CPU it uses the
+one process per rank under ``torchrun`` (``scripts/train_ranks.py``). On CPU it uses the
 gloo backend and torch's AdamW (``torch_adam``). ``deepspeed_config`` builds DeepSpeed's
 config from Sluice's (``train`` in the config): there is no JSON for a user to keep in sync.
 Loss, metrics and micro-batching are ``engines.trainer_core``'s, so from the same weights on
 the same batch it takes the torch engine's step.
 
-Data parallelism: every rank calls ``step_batch`` with the whole batch, cuts it into the
-micro-batches the torch engine would, and runs every world-th one; DeepSpeed averages the
-gradients across ranks at ``step()``. Checkpoints are gathered into the torch engine's
-layout (``engines.zero_state``), so no file is pickled and either engine can resume them.
+Data parallelism: every rank calls ``step_batch`` with its share of the batch
+(``engines.ranks.shares``); DeepSpeed averages the gradients across ranks. Checkpoints are
+gathered into the torch engine's layout (``engines.zero_state``), so no file is pickled and
+either engine can resume them.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import socket
 import warnings
 from typing import Any
 
@@ -26,7 +24,8 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from sluice.engines.trainer_core import MODEL_FILE, Optimisation, PolicyTrainer, StepSums
+from sluice.engines.ranks import backend, free_port
+from sluice.engines.trainer_core import MODEL_FILE, Optimisation, PolicyTrainer
 from sluice.engines.zero_state import (
     gather_adamw_state,
     gathered_weights,
@@ -96,29 +95,18 @@ def deepspeed_config(
     }
 
 
-def _free_port() -> int:
-    # The port is free now; another process could take it before gloo binds (rarely).
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def init_process_group() -> None:
-    """Join the ranks ``torchrun`` set up, or, in a lone process, form a world of one."""
+    """Use the group the training pool joined (``engines.ranks.join``) or ``torchrun`` set
+    up, or, in a lone process, form a world of one."""
     if "RANK" not in os.environ:
         os.environ.update(
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(_free_port()),
+            MASTER_PORT=str(free_port()),
             RANK="0",
             WORLD_SIZE="1",
             LOCAL_RANK="0",
         )
     deepspeed.init_distributed(dist_backend=backend())
-
-
-def backend() -> str:
-    """NCCL between GPUs, gloo (torch's CPU backend) without them."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 class DeepSpeedTrainer(PolicyTrainer):
@@ -148,19 +136,8 @@ class DeepSpeedTrainer(PolicyTrainer):
         return self._zero_stage
 
     def step_batch(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimiser step on the whole batch (every rank passes the same one)."""
-        total_tokens = batch.mask.sum().clamp(min=1.0)
-        parts = self.parts(batch)
-        mine = parts[self._rank :: self._world]
-        # DeepSpeed averages gradients over ranks; each rank's share of the token mean is a
-        # sum, so scale it up by the world size.
-        sums = self._accumulate(mine, total_tokens, self._engine.backward, scale=self._world)
-        # ZeRO-2/3 reduce gradients inside backward, a collective: every rank must run as
-        # many backward passes, so a rank short of micro-batches runs one that adds nothing.
-        for _ in range(math.ceil(len(parts) / self._world) - len(mine)):
-            self._engine.backward(self._forward(parts[0].to(self.device))[0].sum() * 0.0)
-        if self._world > 1:
-            sums = self._reduce(sums)
+        """One optimiser step on this rank's share of a batch (``rl.batching.TrainBatch``)."""
+        sums, total_tokens = self._passes(batch, self._engine.backward)
         lr = float(self._engine.get_lr()[0])
         if self.before_update is not None:
             self.before_update()  # e.g. a weight publish still copying these tensors
@@ -168,16 +145,7 @@ class DeepSpeedTrainer(PolicyTrainer):
         grad_norm = float(self._engine.get_global_grad_norm())
         self._check_grad_norm(grad_norm)  # DeepSpeed skips a step with a non-finite norm
         self._version += 1
-        return sums.metrics(grad_norm, lr, float(total_tokens))
-
-    def _reduce(self, step: StepSums) -> StepSums:
-        """Every rank's sums added up, the largest weight over all ranks (the tensors on the
-        trainer's device: NCCL reduces only CUDA tensors)."""
-        sums = torch.tensor(list(step.sums.values()), dtype=torch.float64, device=self.device)
-        dist.all_reduce(sums)
-        top = torch.tensor([step.weight_max], dtype=torch.float64, device=self.device)
-        dist.all_reduce(top, op=dist.ReduceOp.MAX)
-        return StepSums(dict(zip(step.sums, sums.tolist(), strict=True)), float(top))
+        return sums.metrics(grad_norm, lr, total_tokens)
 
     def state(self) -> dict[str, torch.Tensor]:
         """The full weights by name: live ones below stage 3, gathered copies at stage 3.

@@ -2,15 +2,20 @@
 
 Held by the trainer actor (``engines/trainer_actor.py``) or run in-process in tests. Holds
 the policy, a plain torch AdamW and the version counter; hands out its weights as one
-safetensors blob. The loss, metrics and micro-batching are ``engines.trainer_core``'s,
-shared with the DeepSpeed engine.
+safetensors blob. In a pool of several ranks (``engines/ranks.py``) the model is wrapped in
+torch's ``DistributedDataParallel``: each rank trains on its share of the batch and DDP
+averages the gradients on a step's last backward pass, so every rank applies the same
+update and holds the same weights. The loss, metrics and micro-batching are
+``engines.trainer_core``'s, shared with the DeepSpeed engine.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from sluice.engines.trainer_core import MODEL_FILE, PolicyTrainer
 from sluice.rl.batching import TrainBatch
@@ -28,6 +33,9 @@ class TorchTrainer(PolicyTrainer):
     """A :class:`engines.protocols.TrainEngine` on one process with plain torch."""
 
     def _attach_optimizer(self) -> None:
+        if self._world > 1:
+            self._ddp = DistributedDataParallel(self.model)
+            self._network = self._ddp
         opt = self.optimisation
         self._optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -39,11 +47,9 @@ class TorchTrainer(PolicyTrainer):
         self._schedule = torch.optim.lr_scheduler.LambdaLR(self._optimizer, opt.warmup())
 
     def step_batch(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimiser step on padded tensors (``rl.batching.TrainBatch``)."""
-        total_tokens = batch.mask.sum().clamp(min=1.0)
+        """One optimiser step on this rank's share of a batch (``rl.batching.TrainBatch``)."""
         self._optimizer.zero_grad(set_to_none=True)
-        parts = self.parts(batch)
-        sums = self._accumulate(parts, total_tokens, torch.Tensor.backward)
+        sums, total_tokens = self._passes(batch, torch.Tensor.backward)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.optimisation.grad_clip
         )
@@ -56,7 +62,10 @@ class TorchTrainer(PolicyTrainer):
         lr = float(self._schedule.get_last_lr()[0])
         self._schedule.step()
         self._version += 1
-        return sums.metrics(float(grad_norm), lr, float(total_tokens))
+        return sums.metrics(float(grad_norm), lr, total_tokens)
+
+    def _no_sync(self) -> AbstractContextManager[object]:
+        return self._ddp.no_sync() if self._world > 1 else nullcontext()
 
     def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
         """Model, optimiser and RNG state as named files, plus the counters to restore."""

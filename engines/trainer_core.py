@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from sluice.engines.ranks import all_max, all_sum, rank_and_world
 from sluice.rl.batching import Sample, TrainBatch, collate, micro_batches, pack
 from sluice.rl.losses import (
     LOSS_NAMES,
@@ -190,6 +192,8 @@ class PolicyTrainer(ABC):
         # copying them (storage.params: ParameterService.wait_snapshot).
         self.before_update = before_update
         self._version = 0
+        # This rank's place in the training pool's group (0 of 1 outside one).
+        self._rank, self._world = rank_and_world()
         if packing:
             check_packing(self.model, self.device)
         self._attach_optimizer()
@@ -235,52 +239,83 @@ class PolicyTrainer(ABC):
     def step(self, samples: list[Sample]) -> dict[str, float]:
         return self.step_batch(collate(samples, self._pad_id))
 
-    def _accumulate(
+    def _no_sync(self) -> AbstractContextManager[object]:
+        """A context in which a backward pass keeps its gradients on this rank: every pass of
+        a step but the last (DDP reduces on the last). Engines that reduce at their
+        optimiser step (DeepSpeed) need none."""
+        return nullcontext()
+
+    def _passes(
+        self, batch: TrainBatch, backward: Callable[[torch.Tensor], object]
+    ) -> tuple[StepSums, float]:
+        """Forward and backward over this rank's share of a step's batch (all of it in a
+        pool of one); returns the step's metrics and its loss tokens, over every rank.
+
+        Each part's loss weighs by its share of the whole batch's tokens, times the world
+        size (the ranks' gradients are averaged), so the reduced gradient is the batch's
+        token mean whichever rank trained which row. Every rank runs as many backward
+        passes (ZeRO-2/3 and DDP reduce inside them: a collective), a rank short of parts
+        running ones that add nothing.
+        """
+        parts = self.parts(batch)
+        tokens = float(batch.mask.sum())
+        (tokens,), (count,) = all_sum([tokens], self.device), all_max([len(parts)], self.device)
+        total = torch.tensor(max(tokens, 1.0))
+        step = StepSums()
+        for i in range(int(count)):
+            with self._no_sync() if i < count - 1 else nullcontext():
+                if i < len(parts):
+                    self._pass(parts[i].to(self.device), total, backward, step)
+                else:
+                    backward(self._forward(parts[-1].to(self.device))[0].sum() * 0.0)
+        if self._world > 1:
+            sums = all_sum(list(step.sums.values()), self.device)
+            (top,) = all_max([step.weight_max], self.device)
+            step = StepSums(dict(zip(step.sums, sums, strict=True)), top)
+        return step, float(total)
+
+    def _pass(
         self,
-        parts: Iterable[TrainBatch],
+        part: TrainBatch,
         total_tokens: torch.Tensor,
         backward: Callable[[torch.Tensor], object],
-        scale: float = 1.0,
-    ) -> StepSums:
-        """Forward and backward over ``parts``, each loss weighted by its share of the
-        batch's ``total_tokens`` (times ``scale``), so the gradients sum to the token mean."""
-        step = StepSums()
+        step: StepSums,
+    ) -> None:
+        """Forward and backward over one part, its loss weighted by its share of the
+        batch's ``total_tokens`` (times the world size); adds its metrics to ``step``."""
         sums = step.sums
-        for part in parts:
-            part = part.to(self.device)
-            logprobs, logits = self._forward(part)
-            # The proximal policy is this trainer's before the update. One optimiser step per
-            # batch means every micro-batch sees those weights, so it is this very forward pass,
-            # detached: no extra forward. (Several steps per batch would need a no-grad pass
-            # before the first.) Then r = 1 at the gradient and decoupled PPO's gradient is
-            # tis's: min(pi/pi_behav, cap) * A * grad log pi.
-            proximal = logprobs.detach()
-            out = policy_loss(
-                self._loss,
-                logprobs,
-                proximal,
-                part.old_logprobs,
-                part.advantages,
-                part.mask,
-                self._clip_eps,
-                self._is_cap,
+        logprobs, logits = self._forward(part)
+        # The proximal policy is this trainer's before the update. One optimiser step per
+        # batch means every micro-batch sees those weights, so it is this very forward pass,
+        # detached: no extra forward. (Several steps per batch would need a no-grad pass
+        # before the first.) Then r = 1 at the gradient and decoupled PPO's gradient is
+        # tis's: min(pi/pi_behav, cap) * A * grad log pi.
+        proximal = logprobs.detach()
+        out = policy_loss(
+            self._loss,
+            logprobs,
+            proximal,
+            part.old_logprobs,
+            part.advantages,
+            part.mask,
+            self._clip_eps,
+            self._is_cap,
+        )
+        entropy = entropy_from_logits(logits, part.mask)
+        # Each micro-batch weighs by its share of tokens: the sum is the batch token mean.
+        share = part.mask.sum() / total_tokens.to(part.mask.device)
+        backward((out.loss - self._entropy_coef * entropy) * share * self._world)
+        with torch.no_grad():
+            sums["loss"] += float(out.loss * share)
+            sums["kl_behaviour"] += float(kl_k3(proximal, part.old_logprobs, part.mask) * share)
+            sums["entropy"] += float(entropy * share)
+            sums["clip_fraction"] += float(out.clip_fraction * share)
+            sums["is_weight_mean"] += float(out.weight_mean * share)
+            sums["is_truncated_fraction"] += float(out.truncated_fraction * share)
+            sums["logprob_mismatch"] += float(
+                logprob_mismatch(proximal, part.old_logprobs, part.mask) * share
             )
-            entropy = entropy_from_logits(logits, part.mask)
-            # Each micro-batch weighs by its share of tokens: the sum is the batch token mean.
-            share = part.mask.sum() / total_tokens
-            backward((out.loss - self._entropy_coef * entropy) * share * scale)
-            with torch.no_grad():
-                sums["loss"] += float(out.loss * share)
-                sums["kl_behaviour"] += float(kl_k3(proximal, part.old_logprobs, part.mask) * share)
-                sums["entropy"] += float(entropy * share)
-                sums["clip_fraction"] += float(out.clip_fraction * share)
-                sums["is_weight_mean"] += float(out.weight_mean * share)
-                sums["is_truncated_fraction"] += float(out.truncated_fraction * share)
-                sums["logprob_mismatch"] += float(
-                    logprob_mismatch(proximal, part.old_logprobs, part.mask) * share
-                )
-                step.weight_max = max(step.weight_max, float(out.weight_max))
-        return step
+            step.weight_max = max(step.weight_max, float(out.weight_max))
 
     def _check_grad_norm(self, grad_norm: float) -> None:
         if not math.isfinite(grad_norm):

@@ -205,8 +205,7 @@ def _ragged(trainer, lengths):
 
 def _loss_and_grads(trainer, batch):
     trainer.model.zero_grad(set_to_none=True)
-    total = batch.mask.sum()
-    sums = trainer._accumulate(trainer.parts(batch), total, torch.Tensor.backward)
+    sums, _ = trainer._passes(batch, torch.Tensor.backward)
     return sums.sums["loss"], {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
 
 

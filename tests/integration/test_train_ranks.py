@@ -1,7 +1,8 @@
-"""Two DeepSpeed ranks under torchrun take the torch engine's steps (ZeRO-2 across processes).
+"""Two ranks under torchrun take one torch process's steps: DDP, ZeRO-2 and ZeRO-3.
 
-The ranks split each batch's micro-batches between them and average their gradients over
-gloo; the gathered checkpoint they write then resumes in the torch engine.
+Each rank trains on its token-balanced share of the batch and the ranks average their
+gradients over gloo; the gathered checkpoint they write then resumes in one process, on the
+torch engine and on DeepSpeed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ SETTINGS = {
     "lr": 5e-3,
     "clip_eps": 0.2,
     "grad_clip": 0.3,
-    "micro_batch": 2,  # seven samples: four micro-batches, so the ranks run two each
+    "micro_batch": 2,  # seven samples: the ranks take 3 and 4, and two or more passes each
     "warmup_steps": 1,
     "loss": "ppo",
     "threads": 1,
@@ -55,7 +56,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _torchrun(policy: Path, tmp_path: Path, stage: int) -> dict:
+def _torchrun(policy: Path, tmp_path: Path, engine: str, stage: int) -> dict:
     samples, settings = tmp_path / "samples.json", tmp_path / "settings.json"
     samples.write_text(json.dumps([asdict(s) for s in _samples()]))
     settings.write_text(json.dumps(SETTINGS))
@@ -63,9 +64,10 @@ def _torchrun(policy: Path, tmp_path: Path, stage: int) -> dict:
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"),
         *("--master_addr", "127.0.0.1", "--master_port", str(_free_port())),
-        str(ROOT / "scripts" / "deepspeed_ranks.py"),
+        str(ROOT / "scripts" / "train_ranks.py"),
         *("--policy", str(policy), "--samples", str(samples), "--settings", str(settings)),
-        *("--out", str(out), "--zero-stage", str(stage), "--steps", str(STEPS)),
+        *("--out", str(out), "--engine", engine, "--zero-stage", str(stage)),
+        *("--steps", str(STEPS)),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
@@ -75,9 +77,14 @@ def _torchrun(policy: Path, tmp_path: Path, stage: int) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
-def test_two_zero2_ranks_take_the_torch_engines_steps(tiny_policy, tmp_path):
-    ranks = _torchrun(tiny_policy, tmp_path, stage=2)
-    assert (ranks["world_size"], ranks["zero_stage"]) == (2, 2)
+@pytest.mark.parametrize(
+    ("engine", "stage", "resume_on"),
+    [("torch", 0, "deepspeed"), ("deepspeed", 2, "torch"), ("deepspeed", 3, "torch")],
+    ids=["ddp", "zero2", "zero3"],
+)
+def test_two_ranks_take_one_processs_steps(tiny_policy, tmp_path, engine, stage, resume_on):
+    ranks = _torchrun(tiny_policy, tmp_path, engine, stage)
+    assert ranks["world_size"] == 2
     reference = TorchTrainer(str(tiny_policy), **SETTINGS)
     for got in ranks["steps"]:
         want = reference.step(_samples())
@@ -86,10 +93,15 @@ def test_two_zero2_ranks_take_the_torch_engines_steps(tiny_policy, tmp_path):
             assert got[key] == pytest.approx(value, rel=RTOL, abs=ATOL), key
     assert want["grad_norm"] > SETTINGS["grad_clip"]  # the clip was exercised
 
-    # The checkpoint the two ranks gathered resumes in one torch process, on the same path.
+    # The checkpoint the two ranks gathered resumes in one process, on the other engine too.
     saved = CheckpointStore((tmp_path / "out").as_uri()).load_latest()
     assert saved is not None and saved.meta["version"] == STEPS
-    resumed = TorchTrainer(str(tiny_policy), **SETTINGS)
+    if resume_on == "deepspeed":
+        from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
+
+        resumed = DeepSpeedTrainer(str(tiny_policy), zero_stage=2, **SETTINGS)
+    else:
+        resumed = TorchTrainer(str(tiny_policy), **SETTINGS)
     resumed.load_checkpoint(saved.files, saved.meta)
     resumed.step(_samples())
     reference.step(_samples())

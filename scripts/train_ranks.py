@@ -1,0 +1,71 @@
+"""Training ranks under torchrun take steps on one batch; rank 0 writes what they reached.
+
+One process per rank, each building the engine ``--engine`` names (torch: DDP; deepspeed:
+ZeRO at ``--zero-stage``) from the same model folder and training on its token-balanced
+share of the same samples (``engines.ranks.shares``), as the trainer actors of a pool of
+``train.ranks`` do. After the steps the trainer's checkpoint (gathered from all ranks) goes
+to ``<out>/checkpoints/`` and the per-step metrics to ``<out>/metrics.json``, both written
+by rank 0. ``tests/integration/test_train_ranks.py`` compares them with one torch process's
+steps. On a 2-core machine give each rank one thread:
+
+    OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 --master_addr 127.0.0.1 \\
+        --master_port 29511 scripts/train_ranks.py --policy <model folder> \\
+        --samples samples.json --settings settings.json --out <folder> --engine deepspeed \\
+        --zero-stage 2 --steps 3
+
+``samples.json`` holds a list of ``rl.batching.Sample`` fields; ``settings.json`` the
+trainer's keyword arguments (lr, clip_eps, grad_clip, micro_batch, threads, seed, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+
+from sluice.engines.ranks import Rendezvous, join, shares
+from sluice.engines.torch_trainer import TorchTrainer
+from sluice.engines.trainer_core import PolicyTrainer
+from sluice.rl.batching import Sample
+from sluice.storage.checkpoints import CheckpointStore
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", required=True, help="model folder to start from")
+    parser.add_argument("--samples", required=True, type=Path, help="JSON list of samples")
+    parser.add_argument("--settings", required=True, type=Path, help="JSON trainer arguments")
+    parser.add_argument("--out", required=True, type=Path, help="folder for rank 0's output")
+    parser.add_argument("--engine", choices=["torch", "deepspeed"], default="deepspeed")
+    parser.add_argument("--zero-stage", type=int, default=2, help="ZeRO stage: 1, 2 or 3")
+    parser.add_argument("--steps", type=int, default=3, help="optimiser steps to take")
+    args = parser.parse_args()
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    place = Rendezvous(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world)
+    join(place, timeout_s=120)
+    samples = [Sample(**row) for row in json.loads(args.samples.read_text())]
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    mine = [samples[i] for i in shares(lengths, world)[rank]]
+    settings = json.loads(args.settings.read_text())
+    trainer: PolicyTrainer
+    if args.engine == "deepspeed":
+        from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
+
+        trainer = DeepSpeedTrainer(args.policy, zero_stage=args.zero_stage, **settings)
+    else:
+        trainer = TorchTrainer(args.policy, **settings)
+    metrics = [trainer.step(mine) for _ in range(args.steps)]
+    files, counters = trainer.checkpoint_files()  # collective under ZeRO: every rank gathers
+    if rank == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        CheckpointStore(args.out.resolve().as_uri()).save(args.steps, files, counters)
+        (args.out / "metrics.json").write_text(json.dumps({"world_size": world, "steps": metrics}))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
