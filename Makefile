@@ -8,7 +8,7 @@ CONFIG ?= configs/default.yaml
 # pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: setup run test test-multinode test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
+.PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
   bench-quick bench-engines bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
@@ -25,6 +25,11 @@ test: setup
 # loses a node and regrows under a real job (~3 minutes). CI runs it after `make test`.
 test-multinode: setup
 	$(PYTEST) tests/integration/test_multinode.py
+
+# A two-rank training pool under a real async job (marker `slow`): DDP over gloo, one rank
+# killed mid-run, the segment retried with a fresh group (~1.5 minutes). CI runs it.
+test-ranks: setup
+	$(PYTEST) tests/integration/test_trainer_ranks.py
 
 # The chaos test (marker `slow`): workers, the trainer and the job killed at moments drawn
 # from each seed in SLUICE_CHAOS_SEEDS (default 1-5, ~3-4 minutes a seed). CI runs one seed,

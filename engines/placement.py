@@ -32,10 +32,15 @@ class PlacementTimeout(RuntimeError):
 
 
 def _free() -> str:
-    """CPUs, GPUs and custom resources free now (not memory, not Ray's per-node labels)."""
+    """CPUs, GPUs and custom resources free now (not memory, not Ray's per-node labels,
+    not the resources a placement group holds for its own actors)."""
     free = sorted(ray.available_resources().items())
     hidden = ("memory", "object_store_memory")
-    shown = [f"{k}={round(v, 2):g}" for k, v in free if k not in hidden and ":" not in k]
+    shown = [
+        f"{k}={round(v, 2):g}"
+        for k, v in free
+        if k not in hidden and ":" not in k and not k.startswith("bundle_group_")
+    ]
     return ", ".join(shown) or "nothing"
 
 

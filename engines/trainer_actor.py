@@ -1,15 +1,21 @@
-"""The trainer actor: a Ray actor holding a training engine and the weight publisher.
+"""The training pool: ``train.ranks`` Ray actors, each holding a training engine; rank 0
+also holds the weight publisher.
 
-Driven by the flow's step (``flows/rl_job.py``) through ``TrainerClient``: ``train`` takes a
-lease the flow got from the trajectory store, reads its rows zero-copy out of Ray's object
-store, takes one optimiser step and publishes the new version to the parameter service
-before it returns, so a sample the flow then acknowledges always has a published version
-behind it. It also restores and writes checkpoints and saves the trained policy.
+Driven by the flow's step (``flows/rl_job.py``) through ``TrainerPool``: ``train`` hands
+every rank the lease the flow got from the trajectory store; each reads its token-balanced
+share of the rows zero-copy out of Ray's object store (never through rank 0 or the
+driver), the ranks take one optimiser step together (``engines/ranks.py``), and rank 0
+publishes the new version to the parameter service before it returns, so a sample the flow
+then acknowledges always has a published version behind it. One lease, one
+acknowledgement, one version per step, at any rank count. The pool also restores and
+writes checkpoints (gathered, written by rank 0) and saves the trained policy.
 
 The engine is torch (``engines/torch_trainer.py``) or DeepSpeed ZeRO
 (``engines/deepspeed_trainer.py``), chosen once by ``train.engine`` in ``build_engine``;
 only a DeepSpeed run imports DeepSpeed. The trainer is not restarted in place: a trainer
-failure fails its segment, and the flow rebuilds every pool from the last checkpoint.
+failure (any rank's: the others' collectives fail with it, or time out after
+``train.collective_timeout_s``) fails its segment, and the flow rebuilds every pool from the
+last checkpoint.
 """
 
 from __future__ import annotations
@@ -18,13 +24,21 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import ray
+import torch
 from ray import ObjectRef
+from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from sluice.engines.cluster import gpus_each, pool_dtype, thread_env, visible_gpus
+from sluice.engines.ranks import Rendezvous, free_port, join, shares
 from sluice.engines.trainer_core import PolicyTrainer
+from sluice.rl.batching import TrainBatch
 from sluice.rl.config import TrainConfig
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
 from sluice.storage.checkpoints import CheckpointStore
@@ -66,31 +80,58 @@ def build_engine(
 
 
 class Trainer:
-    """A training engine and the parameter service it publishes to; ``TrainerActor`` is
-    the same class as a Ray actor."""
+    """One rank of the training pool: a training engine and, on rank 0, the parameter
+    service it publishes to; ``TrainerActor`` is the same class as a Ray actor.
+
+    Built in two calls: the constructor only records its settings (so Ray can place every
+    rank before any loads a model), ``start`` joins the group and builds the engine.
+    """
 
     def __init__(
         self,
         train: TrainConfig,
         model_dir: str,
         seed: int,
-        params: ParameterService,
+        params: ParameterService | None,
         credentials: Credentials | None = None,
+        rank: int = 0,
     ) -> None:
         if credentials:
             credentials.apply()  # checkpoints under an s3:// url
-        # One publisher for the actor's life: it holds the staging buffers and the snapshot
-        # in flight, which the next optimiser step must wait for (before_update).
-        self.params = params
-        self.engine = build_engine(train, model_dir, seed, before_update=params.wait_snapshot)
+        self.train_cfg, self.model_dir, self.seed = train, model_dir, seed
+        # Rank 0 publishes; one publisher for the actor's life: it holds the staging buffers
+        # and the snapshot in flight, which the next optimiser step must wait for.
+        self.params = params if rank == 0 else None
+        self.rank = rank
+        self._engine: PolicyTrainer | None = None
 
-    def train(self, lease: LeaseGrant) -> dict[str, float]:
-        """One optimiser step on the leased rows, then publish the new version."""
+    def address(self) -> tuple[str, str]:
+        """This node's id and IP address (rank 0's become the group's rendezvous)."""
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+    def start(self, place: Rendezvous) -> None:
+        """Join the pool's group (none for a pool of one) and build the engine."""
+        join(place, self.train_cfg.collective_timeout_s)
+        before = self.params.wait_snapshot if self.params else None
+        self._engine = build_engine(self.train_cfg, self.model_dir, self.seed, before)
+
+    @property
+    def engine(self) -> PolicyTrainer:
+        if self._engine is None:
+            raise RuntimeError("the trainer was not started (TrainerPool.start)")
+        return self._engine
+
+    def train(self, lease: LeaseGrant, world: int) -> dict[str, float]:
+        """One optimiser step on this rank's share of the leased rows; rank 0 then publishes
+        the new version and returns the step's metrics (over every rank)."""
         t0 = time.monotonic()
         table = materialize(lease, list(TRAIN_FIELDS))  # zero-copy out of the object store
-        metrics = self.engine.step_batch(to_train_batch(table, self.engine.pad_id))
+        metrics = self.engine.step_batch(rank_batch(table, self.rank, world, self.engine.pad_id))
         t1 = time.monotonic()
-        publish_s = self.params.publish(self.engine.version(), self.engine.state())
+        state = self.engine.state()  # collective under ZeRO-3: every rank gathers
+        if self.params is None:
+            return {}
+        publish_s = self.params.publish(self.engine.version(), state)
         staleness = lease.staleness
         return {
             **metrics,
@@ -103,20 +144,33 @@ class Trainer:
         }
 
     def restore(self, files: dict[str, bytes], meta: dict[str, Any]) -> int:
-        """Load a checkpoint and publish its weights, so rollout workers can pull them."""
+        """Load a checkpoint (every rank); rank 0 publishes its weights for the workers."""
         self.engine.load_checkpoint(files, meta)
-        self.params.publish(self.engine.version(), self.engine.state())
-        self.params.wait_snapshot()
+        state = self.engine.state()
+        if self.params is not None:
+            self.params.publish(self.engine.version(), state)
+            self.params.wait_snapshot()
         return self.engine.version()
 
     def save_checkpoint(self, url: str, keep_last: int, step: int, meta: dict[str, Any]) -> str:
-        """Write an atomic checkpoint of the trainer's state; returns its URL."""
+        """Write an atomic checkpoint of the pool's state (gathered by every rank, written
+        by rank 0); returns its URL (rank 0) or ""."""
         files, counters = self.engine.checkpoint_files()
+        if self.rank != 0:
+            return ""
         return CheckpointStore(url, keep_last).save(step, files, {**meta, **counters})
 
     def save(self, folder: str) -> None:
-        """Write the current policy as a model folder."""
-        self.engine.save(folder)
+        """Write the current policy as a model folder (rank 0; the others take part in
+        gathering the weights)."""
+        if self.rank == 0:
+            self.engine.save(folder)
+        else:
+            self.engine.cpu_state()
+
+    def free_port(self, address: str) -> int:
+        """A port free on ``address`` for the group's rendezvous (rank 0)."""
+        return free_port(address)
 
     def pid(self) -> int:
         return os.getpid()
@@ -128,28 +182,70 @@ class Trainer:
 TrainerActor = ray.remote(Trainer)
 
 
-class TrainerClient:
-    """The trainer actor's handle, typed; each call returns its Ray ref at once."""
+def rank_batch(table: pa.Table, rank: int, world: int, pad_id: int) -> TrainBatch:
+    """Rank ``rank``'s token-balanced share of the leased rows, as training tensors. A rank
+    left without rows (a batch smaller than the pool) trains on a row with no loss tokens,
+    so it still takes part in the step's collectives."""
+    if world == 1:
+        return to_train_batch(table, pad_id)
+    lengths = pc.add(
+        pc.list_value_length(table.column("prompt_ids")),
+        pc.list_value_length(table.column("response_ids")),
+    ).to_pylist()
+    rows = shares(lengths, world)[rank]
+    batch = to_train_batch(table.take(rows or [0]), pad_id)
+    return batch if rows else replace(batch, mask=torch.zeros_like(batch.mask))
 
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
+
+class TrainerPool:
+    """The training pool's ranks, typed: each call goes to every rank and returns rank 0's
+    Ray ref at once (the other ranks' refs are checked by the next call, so a rank that
+    failed alone is not missed)."""
+
+    def __init__(self, handles: list[Any], group: PlacementGroup | None) -> None:
+        self.handles = handles
+        self.group = group
+        self._others: list[ObjectRef[Any]] = []
+
+    @property
+    def handle(self) -> Any:
+        return self.handles[0]
+
+    def _all(self, method: str, *args: Any) -> ObjectRef[Any]:
+        if self._others:
+            ray.get(self._others)  # done long since; raises a rank's error
+        refs = [getattr(h, method).remote(*args) for h in self.handles]
+        self._others = refs[1:]
+        return refs[0]
+
+    def start(self, timeout_s: float) -> None:
+        """Join the ranks into one group and build their engines; waits (a model load)."""
+        world = len(self.handles)
+        address, port = "127.0.0.1", 0
+        if world > 1:
+            nodes = ray.get([h.address.remote() for h in self.handles])
+            if len({node for node, _ in nodes}) > 1:
+                address = nodes[0][1]  # ranks on several nodes: rank 0's node IP
+            port = ray.get(self.handles[0].free_port.remote(address))
+        places = [Rendezvous(address, port, rank, world) for rank in range(world)]
+        ray.get([h.start.remote(p) for h, p in zip(self.handles, places, strict=True)])
 
     def train(self, lease: LeaseGrant) -> ObjectRef[dict[str, float]]:
-        return self.handle.train.remote(lease)
+        return self._all("train", lease, len(self.handles))
 
     def restore(self, files: dict[str, bytes], meta: dict[str, Any]) -> ObjectRef[int]:
-        return self.handle.restore.remote(files, meta)
+        return self._all("restore", ray.put(files), meta)
 
     def save_checkpoint(
         self, url: str, keep_last: int, step: int, meta: dict[str, Any]
     ) -> ObjectRef[str]:
-        return self.handle.save_checkpoint.remote(url, keep_last, step, meta)
+        return self._all("save_checkpoint", url, keep_last, step, meta)
 
     def save(self, folder: str) -> ObjectRef[None]:
-        return self.handle.save.remote(folder)
+        return self._all("save", folder)
 
-    def pid(self) -> ObjectRef[int]:
-        return self.handle.pid.remote()
+    def pids(self) -> list[int]:
+        return ray.get([h.pid.remote() for h in self.handles])
 
     def devices(self) -> ObjectRef[str]:
         return self.handle.devices.remote()
@@ -162,16 +258,34 @@ def launch_trainer(
     params: ParameterService,
     env_vars: dict[str, str],
     gpus: float | None = None,
-) -> TrainerClient:
-    """The trainer actor, on a node that offers ``train.cpus``, ``train.gpus_per_rank``
-    and ``train.resources``. ``gpus``: the GPUs it asks for, if the caller resolved them
-    (``gpus_each``) already."""
+) -> TrainerPool:
+    """The training pool's ``train.ranks`` actors, each on a node that offers
+    ``train.cpus``, ``train.gpus_per_rank`` and ``train.resources``; several ranks are
+    placed together as one placement group (``train.placement``: packed on few nodes or
+    spread over many). ``gpus``: the GPUs each asks for, if the caller resolved them
+    (``gpus_each``) already. Start them with ``TrainerPool.start`` once Ray placed them."""
     gpus = gpus_each(train.gpus_per_rank) if gpus is None else gpus
     train = train.model_copy(update={"dtype": pool_dtype(train.dtype, gpus)})
-    handle = TrainerActor.options(
-        num_cpus=train.cpus,
-        num_gpus=gpus,
-        resources=train.resources or None,
-        runtime_env=thread_env(train.threads, env_vars, gpus),
-    ).remote(train, model_dir, seed, params, Credentials.here())
-    return TrainerClient(handle)
+    ask: dict[str, Any] = {
+        "num_cpus": train.cpus,
+        "num_gpus": gpus,
+        "resources": train.resources or None,
+        "runtime_env": thread_env(train.threads, env_vars, gpus),
+    }
+    group = None
+    if train.ranks > 1:
+        bundle = {"CPU": train.cpus, **({"GPU": gpus} if gpus else {}), **train.resources}
+        group = placement_group([bundle] * train.ranks, strategy=train.placement.upper())
+    handles = []
+    for rank in range(train.ranks):
+        where = {}
+        if group is not None:
+            where["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=rank
+            )
+        handles.append(
+            TrainerActor.options(**ask, **where).remote(
+                train, model_dir, seed, params, Credentials.here(), rank
+            )
+        )
+    return TrainerPool(handles, group)

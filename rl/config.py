@@ -412,6 +412,25 @@ class TrainConfig(_Section):
         "DeepSpeed ZeRO (train.zero_stage), gloo backend on CPU; from the same weights and "
         "batch it takes the torch engine's step, and either resumes the other's checkpoints.",
     )
+    ranks: int = Field(
+        1,
+        ge=1,
+        description="Trainer ranks: actors forming one torch.distributed group (gloo on CPU, "
+        "NCCL on GPU), each holding train.cpus, train.gpus_per_rank and train.resources, and "
+        "training on a token-balanced share of each batch. torch: DDP; deepspeed: ZeRO "
+        "across the ranks. 1: a single process, no group.",
+    )
+    placement: Literal["pack", "spread"] = Field(
+        "pack",
+        description="Several ranks: pack them onto as few nodes as fit (fast collectives), or "
+        "spread them over nodes (Ray placement group strategies PACK and SPREAD).",
+    )
+    collective_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="Several ranks: how long a collective waits for the other ranks before "
+        "it fails (a rank that died then fails the segment instead of hanging it).",
+    )
     zero_stage: Literal[1, 2, 3] = Field(
         2,
         description="deepspeed: ZeRO stage. 1 partitions the optimiser state across ranks, "

@@ -148,8 +148,8 @@ def start_ray(cfg: RunConfig, layout: RunLayout) -> None:
     (``engines/cluster.py``)."""
     r, t = cfg.rollout, cfg.train
     cluster.start(
-        r.workers * r.cpus_per_worker + t.cpus,
-        cluster.summed((r.workers, r.resources), (1, t.resources)),
+        r.workers * r.cpus_per_worker + t.ranks * t.cpus,
+        cluster.summed((r.workers, r.resources), (t.ranks, t.resources)),
         layout.ray_temp,
     )
 

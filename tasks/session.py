@@ -25,12 +25,13 @@ from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from sluice.engines.cluster import child_env, gpus_each, on_driver_node, pool_dtype
 from sluice.engines.dispatcher import launch_dispatcher
 from sluice.engines.placement import wait_placed
 from sluice.engines.rollout_worker import RolloutWorkerClient, launch_rollout_workers
-from sluice.engines.trainer_actor import TrainerClient, launch_trainer
+from sluice.engines.trainer_actor import TrainerPool, launch_trainer
 from sluice.engines.trainer_core import MODEL_FILE
 from sluice.envs.prompts import training_prompts
 from sluice.rl.config import RunConfig
@@ -80,6 +81,7 @@ class Session:
         self.totals = Totals()
         self.store_metrics = StoreMetrics()
         self.actors: list[Any] = []
+        self.groups: list[PlacementGroup] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -96,15 +98,20 @@ class Session:
         engine: str = cfg.train.engine
         if engine == "deepspeed":
             engine += f" ZeRO-{cfg.train.zero_stage}"
+        pids = self.trainer.pids()
+        trainer = f"the trainer (pid {pids[0]})"
+        if len(pids) > 1:
+            engine += " DDP" if cfg.train.engine == "torch" else ""
+            trainer = f"{len(pids)} trainer ranks (pids {', '.join(map(str, pids))})"
         live = self.rollouts.live()
         log.info(
-            "starting %d rollout worker(s) (pids %s) and the trainer (pid %d) on %s; "
-            "vLLM takes ~30 s",
+            "starting %d rollout worker(s) (pids %s) and %s on %s; vLLM takes ~30 s",
             len(live),
             ", ".join(map(str, ray.get([w.pid() for w in live]))),
-            ray.get(self.trainer.pid()),
+            trainer,
             engine,
         )
+        self.trainer.start(cfg.rollout.placement_timeout_s)
         seen = ray.get([self.trainer.devices(), *(w.devices() for w in live)])
         if any(d != "cpu" for d in seen):
             log.info(
@@ -141,6 +148,9 @@ class Session:
         self.scorer.close()
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+        for group in self.groups:
+            remove_placement_group(group)  # the trainer ranks' resources, back to the cluster
+        self.groups = []
         deadline = time.monotonic() + ACTOR_EXIT_TIMEOUT_S
         for actor in self.actors:
             while time.monotonic() < deadline:
@@ -159,15 +169,23 @@ class Session:
         cfg, r = self.cfg, self.cfg.rollout
         names = [f"rollout worker {i}" for i in range(len(self.workers))]
         handles = [w.handle for w in self.workers]
-        actors = {"the trainer": self.trainer.handle, **dict(zip(names, handles, strict=True))}
+        ranks = self.trainer.handles
+        trainers = (
+            ["the trainer"] if len(ranks) == 1 else [f"trainer rank {i}" for i in range(len(ranks))]
+        )
+        train_ask = _ask(cfg.train.cpus, self.train_gpus, cfg.train.resources)
+        actors = {
+            **dict(zip(trainers, ranks, strict=True)),
+            **dict(zip(names, handles, strict=True)),
+        }
         asks = {
-            "the trainer": _ask(cfg.train.cpus, self.train_gpus, cfg.train.resources),
+            **dict.fromkeys(trainers, train_ask),
             **{name: _ask(r.cpus_per_worker, self.worker_gpus, r.resources) for name in names},
         }
         need = self.schedule.min_workers
 
         def enough(pending: set[str]) -> bool:
-            return "the trainer" not in pending and len(set(names) - pending) >= need
+            return not pending & set(trainers) and len(set(names) - pending) >= need
 
         pending = wait_placed(actors, asks, enough, r.placement_timeout_s)
         self.rollouts.placed({names.index(name) for name in pending})
@@ -323,7 +341,7 @@ class Session:
             # weights travel in the dtype vLLM runs in
             dtype=pool_dtype(cfg.rollout.dtype, self.worker_gpus),
         )
-        self.trainer: TrainerClient = launch_trainer(
+        self.trainer: TrainerPool = launch_trainer(
             cfg.train, self.policy_dir, cfg.seed, params, env_vars, self.train_gpus
         )
         self.workers: list[RolloutWorkerClient] = launch_rollout_workers(
@@ -341,7 +359,8 @@ class Session:
             agent=agent_spec(cfg),
             steps=step_spec(cfg),
         )
-        self.actors = [handle, self.trainer.handle, *(w.handle for w in self.workers)]
+        self.actors = [handle, *self.trainer.handles, *(w.handle for w in self.workers)]
+        self.groups = [self.trainer.group] if self.trainer.group is not None else []
         self.actors += params.relays
         train_seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
         prompts, self.heldout = fitting(

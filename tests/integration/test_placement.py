@@ -41,3 +41,29 @@ def test_a_run_starts_without_an_unplaceable_actor_only_when_it_may(ray_local, c
     finally:
         for actor in actors.values():
             ray.kill(actor)
+
+
+def test_more_trainer_ranks_than_the_cluster_holds_fail_naming_them(ray_local) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    from sluice.engines.trainer_actor import launch_trainer
+    from sluice.rl.config import TrainConfig
+
+    # Three ranks of one CPU each, on a cluster of two CPUs: the placement group of the
+    # ranks is placed whole or not at all, so no rank starts.
+    pool = launch_trainer(TrainConfig(ranks=3), "unused", 0, None, {}, gpus=0.0)  # type: ignore[arg-type]
+    names = [f"trainer rank {i}" for i in range(3)]
+    asks = {name: {"CPU": 1.0} for name in names}
+    try:
+        with pytest.raises(PlacementTimeout) as failed:
+            wait_placed(dict(zip(names, pool.handles, strict=True)), asks, lambda p: not p, 2)
+        message = str(failed.value)
+        assert message.startswith("trainer rank 0, trainer rank 1, trainer rank 2 not placed")
+        assert "trainer rank 0 asks for {'CPU': 1.0}" in message
+        assert "free on the cluster: CPU=2" in message  # a group's own bundles not shown
+        assert "train.cpus" in message
+    finally:
+        for handle in pool.handles:
+            ray_local.kill(handle)
+        assert pool.group is not None
+        remove_placement_group(pool.group)
