@@ -7,7 +7,8 @@ address; every collective then times out after ``train.collective_timeout_s`` in
 waiting for a dead rank forever. Each rank trains on its ``shares`` of a leased batch:
 rows dealt longest first to the rank with the fewest tokens so far, so a long-tail batch
 leaves no rank idle while another pads through the long answers. A pool of one forms no
-group, and every helper here is then the identity.
+group (FSDP2, which needs one, forms a world of one), and the collectives here are then the
+identity.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ def free_port(address: str = "127.0.0.1") -> int:
 
 
 def join(place: Rendezvous, timeout_s: float) -> None:
-    """Join the group ``place`` names (a no-op for a world of one). The environment
-    variables are the ones ``torchrun`` sets, so DeepSpeed finds the group as it is."""
-    if place.world == 1 or dist.is_initialized():
+    """Join the group ``place`` names (a no-op in a process already in one). The
+    environment variables are the ones ``torchrun`` sets, so DeepSpeed finds the group as
+    it is."""
+    if dist.is_initialized():
         return
     os.environ.update(
         MASTER_ADDR=place.address,

@@ -10,12 +10,12 @@ then acknowledges always has a published version behind it. One lease, one
 acknowledgement, one version per step, at any rank count. The pool also restores and
 writes checkpoints (gathered, written by rank 0) and saves the trained policy.
 
-The engine is torch (``engines/torch_trainer.py``) or DeepSpeed ZeRO
-(``engines/deepspeed_trainer.py``), chosen once by ``train.engine`` in ``build_engine``;
-only a DeepSpeed run imports DeepSpeed. The trainer is not restarted in place: a trainer
-failure (any rank's: the others' collectives fail with it, or time out after
-``train.collective_timeout_s``) fails its segment, and the flow rebuilds every pool from the
-last checkpoint.
+The engine is torch (``engines/torch_trainer.py``), FSDP2 (``engines/fsdp_trainer.py``) or
+DeepSpeed ZeRO (``engines/deepspeed_trainer.py``), chosen once by ``train.engine`` in
+``build_engine``; only a DeepSpeed run imports DeepSpeed. The trainer is not restarted in
+place: a trainer failure (any rank's: the others' collectives fail with it, or time out
+after ``train.collective_timeout_s``) fails its segment, and the flow rebuilds every pool
+from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -74,6 +74,10 @@ def build_engine(
         from sluice.engines.deepspeed_trainer import DeepSpeedTrainer  # only runs that use it
 
         return DeepSpeedTrainer(model_dir, zero_stage=train.zero_stage, **settings)
+    if train.engine == "fsdp":
+        from sluice.engines.fsdp_trainer import FSDPTrainer
+
+        return FSDPTrainer(model_dir, **settings)
     from sluice.engines.torch_trainer import TorchTrainer
 
     return TorchTrainer(model_dir, **settings)
@@ -111,7 +115,8 @@ class Trainer:
 
     def start(self, place: Rendezvous) -> None:
         """Join the pool's group (none for a pool of one) and build the engine."""
-        join(place, self.train_cfg.collective_timeout_s)
+        if place.world > 1:
+            join(place, self.train_cfg.collective_timeout_s)
         before = self.params.wait_snapshot if self.params else None
         self._engine = build_engine(self.train_cfg, self.model_dir, self.seed, before)
 

@@ -406,19 +406,21 @@ class RolloutConfig(_Section):
 class TrainConfig(_Section):
     """The trainer: engine, optimiser, loss and schedule."""
 
-    engine: Literal["torch", "deepspeed"] = Field(
+    engine: Literal["torch", "fsdp", "deepspeed"] = Field(
         "torch",
-        description="Training engine. torch: plain torch AdamW in one process. deepspeed: "
-        "DeepSpeed ZeRO (train.zero_stage), gloo backend on CPU; from the same weights and "
-        "batch it takes the torch engine's step, and either resumes the other's checkpoints.",
+        description="Training engine. torch: plain torch AdamW (DDP across train.ranks). "
+        "fsdp: torch FSDP2, weights, gradients and AdamW state sharded across the ranks. "
+        "deepspeed: DeepSpeed ZeRO (train.zero_stage). gloo on CPU, NCCL on GPU; from the "
+        "same weights and batch all three take the same step, and each resumes the others' "
+        "checkpoints.",
     )
     ranks: int = Field(
         1,
         ge=1,
         description="Trainer ranks: actors forming one torch.distributed group (gloo on CPU, "
         "NCCL on GPU), each holding train.cpus, train.gpus_per_rank and train.resources, and "
-        "training on a token-balanced share of each batch. torch: DDP; deepspeed: ZeRO "
-        "across the ranks. 1: a single process, no group.",
+        "training on a token-balanced share of each batch. torch: DDP; fsdp: FSDP2; "
+        "deepspeed: ZeRO across the ranks. 1: a single process, no group.",
     )
     placement: Literal["pack", "spread"] = Field(
         "pack",

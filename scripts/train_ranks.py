@@ -1,7 +1,7 @@
 """Training ranks under torchrun take steps on one batch; rank 0 writes what they reached.
 
-One process per rank, each building the engine ``--engine`` names (torch: DDP; deepspeed:
-ZeRO at ``--zero-stage``) from the same model folder and training on its token-balanced
+One process per rank, each building the engine ``--engine`` names (torch: DDP; fsdp: FSDP2;
+deepspeed: ZeRO at ``--zero-stage``) from the same model folder and training on its token-balanced
 share of the same samples (``engines.ranks.shares``), as the trainer actors of a pool of
 ``train.ranks`` do. After the steps the trainer's checkpoint (gathered from all ranks) goes
 to ``<out>/checkpoints/`` and the per-step metrics to ``<out>/metrics.json``, both written
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--samples", required=True, type=Path, help="JSON list of samples")
     parser.add_argument("--settings", required=True, type=Path, help="JSON trainer arguments")
     parser.add_argument("--out", required=True, type=Path, help="folder for rank 0's output")
-    parser.add_argument("--engine", choices=["torch", "deepspeed"], default="deepspeed")
+    parser.add_argument("--engine", choices=["torch", "fsdp", "deepspeed"], default="deepspeed")
     parser.add_argument("--zero-stage", type=int, default=2, help="ZeRO stage: 1, 2 or 3")
     parser.add_argument("--steps", type=int, default=3, help="optimiser steps to take")
     args = parser.parse_args()
@@ -56,6 +56,10 @@ def main() -> None:
         from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
 
         trainer = DeepSpeedTrainer(args.policy, zero_stage=args.zero_stage, **settings)
+    elif args.engine == "fsdp":
+        from sluice.engines.fsdp_trainer import FSDPTrainer
+
+        trainer = FSDPTrainer(args.policy, **settings)
     else:
         trainer = TorchTrainer(args.policy, **settings)
     metrics = [trainer.step(mine) for _ in range(args.steps)]

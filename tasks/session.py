@@ -95,14 +95,15 @@ class Session:
             tag = self._roll_back(0, 0)
         self._launch(restore="checkpoint" if checkpoint is not None else False, tag=tag)
         self._wait_placed()
-        engine: str = cfg.train.engine
-        if engine == "deepspeed":
-            engine += f" ZeRO-{cfg.train.zero_stage}"
         pids = self.trainer.pids()
         trainer = f"the trainer (pid {pids[0]})"
         if len(pids) > 1:
-            engine += " DDP" if cfg.train.engine == "torch" else ""
             trainer = f"{len(pids)} trainer ranks (pids {', '.join(map(str, pids))})"
+        engine = {
+            "torch": "torch DDP" if len(pids) > 1 else "torch",
+            "fsdp": "torch FSDP2",
+            "deepspeed": f"deepspeed ZeRO-{cfg.train.zero_stage}",
+        }[cfg.train.engine]
         live = self.rollouts.live()
         log.info(
             "starting %d rollout worker(s) (pids %s) and %s on %s; vLLM takes ~30 s",

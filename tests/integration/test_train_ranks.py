@@ -1,4 +1,4 @@
-"""Two ranks under torchrun take one torch process's steps: DDP, ZeRO-2 and ZeRO-3.
+"""Two ranks under torchrun take one torch process's steps: DDP, FSDP2, ZeRO-2 and ZeRO-3.
 
 Each rank trains on its token-balanced share of the batch and the ranks average their
 gradients over gloo; the gathered checkpoint they write then resumes in one process, on the
@@ -79,8 +79,13 @@ def _torchrun(policy: Path, tmp_path: Path, engine: str, stage: int) -> dict:
 
 @pytest.mark.parametrize(
     ("engine", "stage", "resume_on"),
-    [("torch", 0, "deepspeed"), ("deepspeed", 2, "torch"), ("deepspeed", 3, "torch")],
-    ids=["ddp", "zero2", "zero3"],
+    [
+        ("torch", 0, "deepspeed"),
+        ("fsdp", 0, "torch"),
+        ("deepspeed", 2, "torch"),
+        ("deepspeed", 3, "fsdp"),
+    ],
+    ids=["ddp", "fsdp2", "zero2", "zero3"],
 )
 def test_two_ranks_take_one_processs_steps(tiny_policy, tmp_path, engine, stage, resume_on):
     ranks = _torchrun(tiny_policy, tmp_path, engine, stage)
@@ -100,6 +105,10 @@ def test_two_ranks_take_one_processs_steps(tiny_policy, tmp_path, engine, stage,
         from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
 
         resumed = DeepSpeedTrainer(str(tiny_policy), zero_stage=2, **SETTINGS)
+    elif resume_on == "fsdp":
+        from sluice.engines.fsdp_trainer import FSDPTrainer
+
+        resumed = FSDPTrainer(str(tiny_policy), **SETTINGS)
     else:
         resumed = TorchTrainer(str(tiny_policy), **SETTINGS)
     resumed.load_checkpoint(saved.files, saved.meta)

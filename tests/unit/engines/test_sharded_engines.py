@@ -1,4 +1,6 @@
-"""The DeepSpeed engine against the torch engine: same weights, same batch, same step."""
+"""The sharded engines (DeepSpeed ZeRO, torch FSDP2) against the torch engine: same
+weights, same batch, same step; checkpoints each resumes from the others' (a world of one
+rank here; two ranks: tests/integration/test_train_ranks.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import pytest
 import torch
 
 from sluice.engines.deepspeed_trainer import DeepSpeedTrainer, deepspeed_config
+from sluice.engines.fsdp_trainer import FSDPTrainer
 from sluice.engines.protocols import TrainEngine
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.engines.trainer_core import Optimisation
@@ -86,6 +89,44 @@ def test_a_packed_zero3_step_equals_the_padded_torch_step(policy_dir):
         _assert_same_weights(reference, engine, ATOL, RTOL)
 
 
+def test_fsdp_step_equals_torch_step(policy_dir):
+    reference = TorchTrainer(str(policy_dir), **SETTINGS)
+    engine = FSDPTrainer(str(policy_dir), packing=True, **SETTINGS)
+    _assert_same_weights(reference, engine, atol=0, rtol=0)
+    samples = _samples()
+    for _ in range(3):
+        want, got = reference.step(samples), engine.step(samples)
+        _assert_same_step(got, want)
+        _assert_same_weights(reference, engine, ATOL, RTOL)
+    assert want["grad_norm"] > SETTINGS["grad_clip"]  # the clip was exercised
+    assert engine.version() == 3
+
+
+def test_fsdp_checkpoints_resume_bit_identically_and_cross_engines(policy_dir, tmp_path):
+    samples = _samples()
+    original = FSDPTrainer(str(policy_dir), **SETTINGS)
+    original.step(samples)
+    files, counters = original.checkpoint_files()
+    CheckpointStore(tmp_path.as_uri()).save(1, files, counters)
+    want = original.step(samples)
+    loaded = CheckpointStore(tmp_path.as_uri()).load_latest()
+    fresh = FSDPTrainer(str(policy_dir), **{**SETTINGS, "seed": 7})
+    fresh.load_checkpoint(loaded.files, loaded.meta)
+    assert fresh.version() == 1
+    assert fresh.step(samples) == want
+    _assert_same_weights(original, fresh, atol=0, rtol=0)
+    # FSDP -> torch -> DeepSpeed -> FSDP, each going on as the torch engine would.
+    reference = TorchTrainer(str(policy_dir), **SETTINGS)
+    reference.load_checkpoint(loaded.files, loaded.meta)
+    reference.step(samples)
+    zero = DeepSpeedTrainer(str(policy_dir), zero_stage=3, **SETTINGS)
+    zero.load_checkpoint(*reference.checkpoint_files())
+    back = FSDPTrainer(str(policy_dir), **SETTINGS)
+    back.load_checkpoint(*zero.checkpoint_files())
+    _assert_same_step(back.step(samples), reference.step(samples))
+    _assert_same_weights(reference, back, ATOL, RTOL)
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3], ids=["zero1", "zero2", "zero3"])
 def test_checkpoint_resumes_bit_identically(policy_dir, tmp_path, stage):
     """Save after two steps through the checkpoint store, restore into a fresh engine: its
@@ -126,7 +167,9 @@ def test_a_torch_checkpoint_resumes_under_deepspeed(policy_dir):
     _assert_same_weights(reference, back, ATOL, RTOL)
 
 
-@pytest.mark.parametrize("engine", [TorchTrainer, DeepSpeedTrainer], ids=["torch", "deepspeed"])
+@pytest.mark.parametrize(
+    "engine", [TorchTrainer, FSDPTrainer, DeepSpeedTrainer], ids=["torch", "fsdp", "deepspeed"]
+)
 def test_a_non_finite_gradient_skips_the_step(policy_dir, engine):
     trainer = engine(str(policy_dir), **SETTINGS)
     before = {k: v.clone() for k, v in trainer.state().items()}
