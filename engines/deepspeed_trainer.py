@@ -36,7 +36,6 @@ from sluice.rl.batching import TrainBatch
 from sluice.storage.torch_state import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
-    bytes_to_tensors,
     files_to_state,
     restore_rng,
     rng_state_files,
@@ -177,7 +176,7 @@ class DeepSpeedTrainer(PolicyTrainer):
         """Restore what ``checkpoint_files`` (of either engine) wrote; collective."""
         if self.before_update is not None:
             self.before_update()
-        load_weights(self.model, bytes_to_tensors(files[MODEL_FILE]))
+        load_weights(self.model, self.checkpoint_weights(files))
         optimizer = files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
         scatter_adamw_state(self.model, self._zero, optimizer)
         self._engine.lr_scheduler.load_state_dict(counters["scheduler"])

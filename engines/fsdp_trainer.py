@@ -29,7 +29,6 @@ from sluice.rl.batching import TrainBatch
 from sluice.storage.torch_state import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
-    bytes_to_tensors,
     files_to_state,
     restore_rng,
     rng_state_files,
@@ -148,7 +147,7 @@ class FSDPTrainer(PolicyTrainer):
         """Restore what ``checkpoint_files`` (of any engine) wrote; collective."""
         if self.before_update is not None:
             self.before_update()
-        weights = bytes_to_tensors(files[MODEL_FILE])
+        weights = self.checkpoint_weights(files)
         live = self.model.state_dict()
         if set(weights) != set(live):
             raise ValueError(

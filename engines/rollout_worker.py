@@ -63,7 +63,7 @@ from sluice.envs import Environment, Problem, RewardResult
 from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
 from sluice.envs.scoring import RecordedScorer, Scorer, VerifierScorer
 from sluice.rl.advantages import group_advantages
-from sluice.rl.config import RolloutConfig
+from sluice.rl.config import LoraConfig, RolloutConfig
 from sluice.rl.dispatch import InFlight
 from sluice.storage.block_builder import VersionRuns, trajectory_block
 from sluice.storage.faults import fault_point
@@ -717,6 +717,7 @@ def launch_rollout_workers(
     limits: EpisodeLimits | None = None,
     agent: AgentSpec | None = None,
     steps: StepSpec | None = None,
+    lora: LoraConfig | None = None,
 ) -> list[RolloutWorkerClient]:
     """``count`` (default ``rollout.workers``) actors, each asking for
     ``rollout.cpus_per_worker`` CPU slots, ``rollout.gpus_per_worker`` GPUs and the custom
@@ -725,7 +726,8 @@ def launch_rollout_workers(
     if the caller resolved them (``gpus_each``) already. ``scorer`` builds each worker's
     scorer in its process (default: ``env``'s verifier); ``limits`` bound a multi-turn
     environment's episodes, whose steps run as ``steps`` says; ``agent`` plays them through
-    each worker's chat endpoint."""
+    each worker's chat endpoint. ``lora`` (``train.lora``): the workers serve adapters,
+    which each weight pull reloads, over the base model in ``model_dir``."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
     gpus = gpus_each(r.gpus_per_worker) if gpus is None else gpus
     return [
@@ -746,6 +748,7 @@ def launch_rollout_workers(
                     max_model_len=max_model_len,
                     dtype=pool_dtype(r.dtype, gpus),
                     gpu_memory_utilization=r.gpu_memory_utilization,
+                    lora=lora,
                 ),
                 env,
                 scorer if scorer is not None else partial(VerifierScorer, env),

@@ -6,7 +6,8 @@ safetensors blob. In a pool of several ranks (``engines/ranks.py``) the model is
 torch's ``DistributedDataParallel``: each rank trains on its share of the batch and DDP
 averages the gradients on a step's last backward pass, so every rank applies the same
 update and holds the same weights. The loss, metrics and micro-batching are
-``engines.trainer_core``'s, shared with the DeepSpeed engine.
+``engines.trainer_core``'s, shared with the other engines. Under ``train.lora`` the
+optimiser steps the adapters alone, and the checkpoint holds the adapter, not the base.
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from sluice.engines.trainer_core import MODEL_FILE, PolicyTrainer
+from sluice.engines.lora import load_adapter_state
+from sluice.engines.trainer_core import PolicyTrainer
 from sluice.rl.batching import TrainBatch
 from sluice.storage.torch_state import (
-    bytes_to_tensors,
     load_optimizer,
     optimizer_to_files,
     restore_rng,
     rng_state_files,
-    tensors_to_bytes,
 )
 
 
@@ -38,7 +38,7 @@ class TorchTrainer(PolicyTrainer):
             self._network = self._ddp
         opt = self.optimisation
         self._optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            self.trainable(),
             lr=opt.lr,
             betas=opt.betas,
             eps=opt.eps,
@@ -70,7 +70,7 @@ class TorchTrainer(PolicyTrainer):
     def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
         """Model, optimiser and RNG state as named files, plus the counters to restore."""
         files = {
-            MODEL_FILE: tensors_to_bytes(self.cpu_state()),
+            **self.weight_files(),
             **optimizer_to_files(self._optimizer),
             **rng_state_files(),
         }
@@ -80,7 +80,11 @@ class TorchTrainer(PolicyTrainer):
         """Restore what ``checkpoint_files`` wrote; continues at the saved version."""
         if self.before_update is not None:
             self.before_update()
-        self.model.load_state_dict(bytes_to_tensors(files[MODEL_FILE]), strict=True)
+        weights = self.checkpoint_weights(files)
+        if self.lora is not None:
+            load_adapter_state(self.model, weights)
+        else:
+            self.model.load_state_dict(weights, strict=True)
         load_optimizer(self._optimizer, files)
         self._schedule.load_state_dict(counters["scheduler"])
         restore_rng(files)

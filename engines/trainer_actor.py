@@ -69,6 +69,7 @@ def build_engine(
         "seed": seed,
         "before_update": before_update,
         "dtype": train.dtype,  # resolved from "auto" by launch_trainer
+        "lora": train.lora,
     }
     if train.engine == "deepspeed":
         from sluice.engines.deepspeed_trainer import DeepSpeedTrainer  # only runs that use it

@@ -1,11 +1,14 @@
 """What every training engine shares: the policy it loads, the micro-batched policy-gradient
 pass and its metrics, the learning-rate warm-up, and the policy's outward forms.
 
-``PolicyTrainer`` is the base of ``engines.torch_trainer.TorchTrainer`` and
-``engines.deepspeed_trainer.DeepSpeedTrainer``. The engines differ only in how the
-optimiser is built, how gradients are reduced and applied (``step_batch``), where the full
-weights live (``state``) and how optimiser state is checkpointed. The loss is picked by name
-from ``rl.losses`` (``train.loss`` in the config), so no engine knows which algorithm it runs.
+``PolicyTrainer`` is the base of ``engines.torch_trainer.TorchTrainer``,
+``engines.fsdp_trainer.FSDPTrainer`` and ``engines.deepspeed_trainer.DeepSpeedTrainer``.
+The engines differ only in how the optimiser is built, how gradients are reduced and
+applied (``step_batch``), where the full weights live (``state``) and how optimiser state is
+checkpointed. The loss is picked by name from ``rl.losses`` (``train.loss`` in the config),
+so no engine knows which algorithm it runs. With ``train.lora`` the model carries peft
+adapters (``engines/lora.py``) and the policy's outward forms (``state``, the checkpoint's
+weights, the saved folder) are the adapter's alone.
 """
 
 from __future__ import annotations
@@ -22,8 +25,16 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from sluice.engines.lora import (
+    ADAPTER_FILE,
+    adapter_state,
+    attach,
+    load_adapter_state,
+    write_adapter,
+)
 from sluice.engines.ranks import all_max, all_sum, rank_and_world
 from sluice.rl.batching import Sample, TrainBatch, collate, micro_batches, pack
+from sluice.rl.config import LoraConfig
 from sluice.rl.losses import (
     LOSS_NAMES,
     entropy_from_logits,
@@ -32,7 +43,7 @@ from sluice.rl.losses import (
     policy_loss,
     token_logprobs,
 )
-from sluice.storage.torch_state import tensors_to_bytes
+from sluice.storage.torch_state import bytes_to_tensors, tensors_to_bytes
 
 # Files that travel with the weights when the trained policy is saved as a model folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -158,6 +169,7 @@ class PolicyTrainer(ABC):
         dtype: str = "float32",
         device: str | None = None,
         packing: bool = False,
+        lora: LoraConfig | None = None,
     ) -> None:
         if loss not in LOSS_NAMES:
             raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSS_NAMES)}")
@@ -174,6 +186,9 @@ class PolicyTrainer(ABC):
             model_dir, dtype=torch.float32, use_safetensors=True
         )
         self.model.to(self.device)
+        self.lora = lora
+        if lora is not None:  # base weights frozen; only the adapters train
+            self.model = attach(self.model, lora, str(self._model_dir))
         self.model.train()
         self._pad_id = int(self.model.config.pad_token_id or 0)
         self.optimisation = Optimisation(
@@ -216,6 +231,30 @@ class PolicyTrainer(ABC):
 
     def version(self) -> int:
         return self._version
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimiser steps: all of them, or the adapters' under LoRA."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def weight_files(self) -> dict[str, bytes]:
+        """A checkpoint's weights: the adapter under LoRA (``ADAPTER_FILE``), else the full
+        weights (``MODEL_FILE``)."""
+        return {ADAPTER_FILE if self.lora else MODEL_FILE: tensors_to_bytes(self.cpu_state())}
+
+    def checkpoint_weights(self, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
+        """The weights a checkpoint holds, once they are known to be of this run's kind (an
+        adapter for a LoRA run, full weights otherwise)."""
+        if self.lora is None and ADAPTER_FILE in files:
+            raise ValueError(
+                "the checkpoint holds a LoRA adapter, not full weights: resume it with "
+                "train.lora set as the run that wrote it had it"
+            )
+        if self.lora is not None and MODEL_FILE in files:
+            raise ValueError(
+                "the checkpoint holds full weights (a run without train.lora): resume it "
+                "without train.lora, or start a LoRA run afresh"
+            )
+        return bytes_to_tensors(files[ADAPTER_FILE if self.lora else MODEL_FILE])
 
     @property
     def pad_id(self) -> int:
@@ -332,8 +371,11 @@ class PolicyTrainer(ABC):
 
     def state(self) -> dict[str, torch.Tensor]:
         """The live weights by name, on the trainer's device (not copies: publish or save
-        before the next step). The parameter service copies them tensor by tensor into its
-        CPU staging buffers, so publishing from a GPU makes no device-side copy."""
+        before the next step); under LoRA the adapter's alone. The parameter service copies
+        them tensor by tensor into its CPU staging buffers, so publishing from a GPU makes
+        no device-side copy."""
+        if self.lora is not None:
+            return adapter_state(self.model)
         return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
 
     def cpu_state(self) -> dict[str, torch.Tensor]:
@@ -345,12 +387,35 @@ class PolicyTrainer(ABC):
         return tensors_to_bytes(self.cpu_state())
 
     def save(self, folder: str) -> None:
-        """Write the current policy as a model folder (safetensors + tokenizer files)."""
+        """Write the current policy as a model folder (safetensors + tokenizer files); under
+        LoRA an adapter folder naming its base (and, with ``merged_export``, the merged
+        model in ``<folder>/merged``)."""
         out = Path(folder)
         # Copies: an engine may hold its weights as views of one flat buffer, which
         # save_pretrained would take for tied tensors.
         weights = self.cpu_state()
-        self.model.save_pretrained(out, state_dict=weights, safe_serialization=True)
+        if self.lora is not None:
+            write_adapter(out, weights, self.lora, str(self._model_dir))
+            if self.lora.merged_export:
+                self.save_merged(out / "merged")
+        else:
+            self.model.save_pretrained(out, state_dict=weights, safe_serialization=True)
+        self._copy_tokenizer(out)
+
+    def save_merged(self, folder: Path) -> None:
+        """The base model with the current adapter merged into its weights, as a model
+        folder; built on a fresh copy of the base, so the trainer's model stays as it is."""
+        assert self.lora is not None
+        base = AutoModelForCausalLM.from_pretrained(
+            self._model_dir, dtype=torch.float32, use_safetensors=True
+        )
+        with_adapter = attach(base, self.lora, str(self._model_dir))
+        load_adapter_state(with_adapter, self.cpu_state())
+        merged = with_adapter.merge_and_unload()
+        merged.save_pretrained(folder, safe_serialization=True)
+        self._copy_tokenizer(folder)
+
+    def _copy_tokenizer(self, out: Path) -> None:
         for name in TOKENIZER_FILES:
             if (self._model_dir / name).is_file():
                 shutil.copy2(self._model_dir / name, out / name)

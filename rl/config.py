@@ -403,6 +403,45 @@ class RolloutConfig(_Section):
     )
 
 
+# The adapter ranks vLLM can serve (vllm.config.lora.MaxLoRARanks, vLLM 0.32): a worker's
+# engine reserves the smallest of these at least train.lora.rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class LoraConfig(_Section):
+    """LoRA adapters (peft): the trainer trains and publishes only these, and every rollout
+    worker hot-loads each published adapter into vLLM over the frozen base model."""
+
+    rank: int = Field(
+        8,
+        ge=1,
+        le=VLLM_LORA_RANKS[-1],
+        description="Rank r of each adapter's A (r x in) and B (out x r) matrices.",
+    )
+    alpha: float = Field(
+        16.0, gt=0.0, description="LoRA's alpha: the adapter's update is scaled by alpha / rank."
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on the adapter's input in training. 0 keeps the trainer's "
+        "log-probs equal to vLLM's, which never drops out.",
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Names of the linear modules that get adapters (the last part of their "
+        "name, e.g. q_proj, v_proj, gate_proj); the trainer lists the model's own when one is "
+        "missing.",
+    )
+    merged_export: bool = Field(
+        False,
+        description="Also save the trained policy with the adapter merged into the base "
+        "weights, as a plain model folder (<policy>/merged), beside the adapter.",
+    )
+
+
 class TrainConfig(_Section):
     """The trainer: engine, optimiser, loss and schedule."""
 
@@ -432,6 +471,12 @@ class TrainConfig(_Section):
         gt=0.0,
         description="Several ranks: how long a collective waits for the other ranks before "
         "it fails (a rank that died then fails the segment instead of hanging it).",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train LoRA adapters instead of the full weights (train.lora: {} for the "
+        "defaults). Publishes only the adapter; needs train.engine torch (DDP across "
+        "train.ranks). Unset: full fine-tuning.",
     )
     zero_stage: Literal[1, 2, 3] = Field(
         2,
@@ -522,6 +567,15 @@ class TrainConfig(_Section):
     def _betas_below_one(self) -> TrainConfig:
         if not all(0.0 <= beta < 1.0 for beta in self.betas):
             raise ValueError(f"train.betas {list(self.betas)} must each lie in [0, 1)")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_on_the_torch_engine(self) -> TrainConfig:
+        if self.lora is not None and self.engine != "torch":
+            raise ValueError(
+                f"train.lora needs train.engine: torch (DDP across train.ranks); "
+                f"train.engine {self.engine!r} trains full weights only in this release"
+            )
         return self
 
 

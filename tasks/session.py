@@ -359,6 +359,7 @@ class Session:
             limits=episode_limits(cfg.env),
             agent=agent_spec(cfg),
             steps=step_spec(cfg),
+            lora=cfg.train.lora,
         )
         self.actors = [handle, *self.trainer.handles, *(w.handle for w in self.workers)]
         self.groups = [self.trainer.group] if self.trainer.group is not None else []
