@@ -9,7 +9,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-engines bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -121,6 +121,15 @@ bench-rewards: setup
 # A 1M-row Parquet data set: time to the first prompts and the driver's memory (~2 minutes).
 bench-datasets: setup
 	$(PY) -m sluice.benchmarks.datasets --write
+
+# Trainer step time at 1 and 2 ranks (torchrun) for torch DDP, FSDP2 and ZeRO-1/2/3 (~8 minutes).
+bench-ranks: setup
+	$(PY) -m sluice.benchmarks.ranks --rounds 3 --write
+
+# A LoRA adapter's publish, pull and vLLM load against full weights, at 1.1B parameters and on
+# the tiny policy (~3 minutes, ~8 GB of RAM at peak).
+bench-adapters: setup
+	$(PY) -m sluice.benchmarks.adapters --write
 
 # A publish and a pull of a ~1.1B-parameter llama in bfloat16: the puller's and the relay's
 # memory and GB/s beside a plain copy (~4 minutes, ~13 GB of RAM at peak).

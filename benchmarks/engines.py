@@ -62,6 +62,15 @@ def fixed_batch(
 ) -> TrainBatch:
     """One batch of off-policy samples with prompt and response lengths like addition's
     (``response_len`` draws each response's length)."""
+    return collate(fixed_samples(vocab, seed, response_len), pad_id)
+
+
+def fixed_samples(
+    vocab: int,
+    seed: int = 0,
+    response_len: Callable[[random.Random], int] = lambda rng: rng.randint(8, 32),
+) -> list[Sample]:
+    """``fixed_batch``'s samples."""
     rng = random.Random(seed)
     samples = []
     for _ in range(PROMPTS):
@@ -70,7 +79,7 @@ def fixed_batch(
             response = [rng.randrange(4, vocab) for _ in range(response_len(rng))]
             behaviour = [-rng.uniform(0.5, 4.0) for _ in response]
             samples.append(Sample(prompt, response, behaviour, rng.gauss(0.0, 1.0)))
-    return collate(samples, pad_id)
+    return samples
 
 
 def _trainer_settings(threads: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import deepspeed
@@ -28,9 +29,11 @@ from sluice.engines.ranks import backend, free_port
 from sluice.engines.trainer_core import MODEL_FILE, Optimisation, PolicyTrainer
 from sluice.engines.zero_state import (
     gather_adamw_state,
+    gather_weights,
     gathered_weights,
     load_weights,
     scatter_adamw_state,
+    weights_layout,
 )
 from sluice.rl.batching import TrainBatch
 from sluice.storage.torch_state import (
@@ -152,6 +155,23 @@ class DeepSpeedTrainer(PolicyTrainer):
         if self._zero_stage == 3:
             return gathered_weights(self.model)
         return super().state()
+
+    @property
+    def sharded(self) -> bool:
+        return self._zero_stage == 3
+
+    def layout(self) -> dict[str, torch.Tensor]:
+        if self._zero_stage == 3:
+            return weights_layout(self.model)
+        return super().layout()
+
+    def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights; at stage 3 gathered module by module as they are asked for
+        (collective)."""
+        if self._zero_stage == 3:
+            yield from gather_weights(self.model)
+        else:
+            yield from super().gathered()
 
     def cpu_state(self) -> dict[str, torch.Tensor]:
         """The full weights as CPU tensors; at stage 3 gathered module by module straight to

@@ -14,6 +14,7 @@ Every method that gathers is collective: all ranks call it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -116,6 +117,25 @@ class FSDPTrainer(PolicyTrainer):
 
     def cpu_state(self) -> dict[str, torch.Tensor]:
         return self.state()
+
+    @property
+    def sharded(self) -> bool:
+        return True
+
+    def layout(self) -> dict[str, torch.Tensor]:
+        """The full weights' names, shapes and dtypes (a DTensor's shape is the whole's)."""
+        return {
+            name: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+            for name, tensor in self.model.state_dict().items()
+        }
+
+    def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights one parameter at a time, on the device, each gathered from
+        every rank when asked for. Collective."""
+        for name, tensor in self.model.state_dict().items():
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            yield name, whole.detach()
+            del whole
 
     def _adamw_state(self) -> dict[str, Any]:
         """The state dict of a torch AdamW over ``model.parameters()``, gathered."""

@@ -105,6 +105,32 @@ def write_adapter(
         os.replace(part, folder / name)
 
 
+def read_adapter(folder: Path) -> tuple[str, LoraConfig]:
+    """An adapter folder's base model folder and its LoRA settings (``adapter_config.json``,
+    as ``write_adapter`` or peft wrote it)."""
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text())
+        lora = LoraConfig(
+            rank=config["r"],
+            alpha=config["lora_alpha"],
+            dropout=config.get("lora_dropout", 0.0),
+            target_modules=sorted(config["target_modules"]),
+        )
+        base = str(config["base_model_name_or_path"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{folder} is not a LoRA adapter folder peft wrote: {err}") from err
+    if not (Path(base) / "config.json").is_file():
+        raise ValueError(
+            f"the adapter in {folder} adapts the model folder {base}, which is not on this "
+            "machine: copy the base there, or export the policy with train.lora.merged_export"
+        )
+    return base, lora
+
+
+def is_adapter(folder: Path) -> bool:
+    return (folder / ADAPTER_CONFIG).is_file()
+
+
 def vllm_max_rank(rank: int) -> int:
     """The smallest adapter rank vLLM reserves room for that holds ``rank``."""
     return next(r for r in VLLM_LORA_RANKS if r >= rank)

@@ -718,6 +718,7 @@ def launch_rollout_workers(
     agent: AgentSpec | None = None,
     steps: StepSpec | None = None,
     lora: LoraConfig | None = None,
+    adapter: str | None = None,
 ) -> list[RolloutWorkerClient]:
     """``count`` (default ``rollout.workers``) actors, each asking for
     ``rollout.cpus_per_worker`` CPU slots, ``rollout.gpus_per_worker`` GPUs and the custom
@@ -727,7 +728,8 @@ def launch_rollout_workers(
     scorer in its process (default: ``env``'s verifier); ``limits`` bound a multi-turn
     environment's episodes, whose steps run as ``steps`` says; ``agent`` plays them through
     each worker's chat endpoint. ``lora`` (``train.lora``): the workers serve adapters,
-    which each weight pull reloads, over the base model in ``model_dir``."""
+    which each weight pull reloads, over the base model in ``model_dir``, starting from the
+    adapter folder ``adapter`` if given."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
     gpus = gpus_each(r.gpus_per_worker) if gpus is None else gpus
     return [
@@ -749,6 +751,7 @@ def launch_rollout_workers(
                     dtype=pool_dtype(r.dtype, gpus),
                     gpu_memory_utilization=r.gpu_memory_utilization,
                     lora=lora,
+                    adapter=adapter,
                 ),
                 env,
                 scorer if scorer is not None else partial(VerifierScorer, env),

@@ -134,10 +134,9 @@ class Trainer:
         table = materialize(lease, list(TRAIN_FIELDS))  # zero-copy out of the object store
         metrics = self.engine.step_batch(rank_batch(table, self.rank, world, self.engine.pad_id))
         t1 = time.monotonic()
-        state = self.engine.state()  # collective under ZeRO-3: every rank gathers
+        publish_s = self._publish()
         if self.params is None:
             return {}
-        publish_s = self.params.publish(self.engine.version(), state)
         staleness = lease.staleness
         return {
             **metrics,
@@ -152,11 +151,26 @@ class Trainer:
     def restore(self, files: dict[str, bytes], meta: dict[str, Any]) -> int:
         """Load a checkpoint (every rank); rank 0 publishes its weights for the workers."""
         self.engine.load_checkpoint(files, meta)
-        state = self.engine.state()
+        self._publish()
         if self.params is not None:
-            self.params.publish(self.engine.version(), state)
             self.params.wait_snapshot()
         return self.engine.version()
+
+    def _publish(self) -> float:
+        """Publish the engine's version (rank 0); returns the seconds publish took. A sharded
+        engine's weights are gathered one tensor at a time, every rank taking part, and rank
+        0 copies each into the parameter service's staging buffer as it comes: no process
+        holds the gathered model. Otherwise the background snapshot copies the live tensors
+        while the trainer goes on."""
+        engine = self.engine
+        if not engine.sharded:
+            state = engine.state()
+            return self.params.publish(engine.version(), state) if self.params else 0.0
+        if self.params is None:
+            for _ in engine.gathered():  # this rank's part in each gather
+                pass
+            return 0.0
+        return self.params.publish_from(engine.version(), engine.layout(), engine.gathered())
 
     def save_checkpoint(self, url: str, keep_last: int, step: int, meta: dict[str, Any]) -> str:
         """Write an atomic checkpoint of the pool's state (gathered by every rank, written

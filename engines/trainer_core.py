@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -377,6 +377,25 @@ class PolicyTrainer(ABC):
         if self.lora is not None:
             return adapter_state(self.model)
         return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights are sharded across ranks (FSDP2, ZeRO-3): such an engine is
+        published through ``layout`` and ``gathered``, one full tensor at a time, not
+        through ``state``, which gathers the whole model at once."""
+        return False
+
+    def layout(self) -> dict[str, torch.Tensor]:
+        """What ``state`` holds, as meta tensors of its names, shapes and dtypes (nothing
+        gathered)."""
+        return {
+            k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in self.state().items()
+        }
+
+    def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``state``'s tensors one at a time; a sharded engine gathers each as it is asked
+        for (collective: every rank reads the whole iterator). Copy each before the next."""
+        yield from self.state().items()
 
     def cpu_state(self) -> dict[str, torch.Tensor]:
         """The weights as CPU tensors, copied one tensor at a time (never a whole-model

@@ -88,7 +88,10 @@ class VLLMRolloutEngine:
         dtype: str = "auto",
         gpu_memory_utilization: float = 0.9,
         lora: LoraConfig | None = None,
+        adapter: str | None = None,
     ) -> None:
+        """``lora``: serve LoRA adapters over the base model in ``model_dir``, starting from
+        the adapter folder ``adapter`` if given (else from the base model alone)."""
         import torch
         from vllm import LLM
 
@@ -113,6 +116,10 @@ class VLLMRolloutEngine:
         )
         self._tokenizer = self._llm.get_tokenizer()
         self._version = 0
+        if adapter is not None:
+            from vllm.lora.request import LoRARequest
+
+            self._adapter = LoRARequest(ADAPTER_NAME, ADAPTER_ID, adapter)
 
     @property
     def tokenizer(self) -> Any:

@@ -10,6 +10,7 @@ Driven by ``engines.deepspeed_trainer``. Every function here is collective: all 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -24,8 +25,16 @@ def gathered_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of the full weights by name (``state_dict``'s keys). Under ZeRO-3 they are
     gathered one module at a time, each copied to the CPU before the next is gathered, so
     the device holds one module's full weights at most, never the whole model's."""
+    out = {key: tensor.to("cpu", copy=True) for key, tensor in gather_weights(model)}
+    return {key: out[key] for key in model.state_dict()}
+
+
+def gather_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The full weights by ``state_dict`` name, module by module: each module's are
+    gathered, yielded (on the device: copy them before asking for the next) and released
+    before the next module's are gathered."""
     keys = set(model.state_dict())
-    out: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
     for prefix, module in model.named_modules():
         own = list(module.parameters(recurse=False))
         with GatheredParameters(own):  # no-op below stage 3, or for a module without any
@@ -35,9 +44,19 @@ def gathered_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             ]
             for name, tensor in tensors:
                 key = f"{prefix}.{name}" if prefix else name
-                if key in keys and key not in out:
-                    out[key] = tensor.detach().to("cpu", copy=True)
-    return {key: out[key] for key in model.state_dict()}
+                if key in keys and key not in seen:
+                    seen.add(key)
+                    yield key, tensor.detach()
+
+
+def weights_layout(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full weights' names, shapes and dtypes as meta tensors, without gathering
+    (ZeRO-3 keeps a partitioned parameter's whole shape as ``ds_shape``)."""
+    out = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        shape = getattr(tensor, "ds_shape", tensor.shape)
+        out[key] = torch.empty(shape, dtype=tensor.dtype, device="meta")
+    return out
 
 
 def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:

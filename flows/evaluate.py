@@ -16,6 +16,7 @@ import ray
 from prefect import flow
 
 from sluice.engines import cluster
+from sluice.engines.lora import is_adapter, read_adapter
 from sluice.rl.config import build_config
 from sluice.storage.layout import RunLayout
 from sluice.tasks import registry
@@ -68,8 +69,12 @@ def eval_flow(
         folder, name, version = resolve_policy(tracker.client, model, scratch)
         policy = str(folder)
     assert policy is not None
-    if not (Path(policy) / "config.json").is_file():
-        raise ValueError(f"{policy} is not a policy folder (no config.json)")
+    if is_adapter(Path(policy)):
+        read_adapter(Path(policy))  # its base must be here
+    elif not (Path(policy) / "config.json").is_file():
+        raise ValueError(
+            f"{policy} is not a policy folder (no config.json, nor a LoRA adapter_config.json)"
+        )
     cluster.start(cfg.rollout.cpus_per_worker, cfg.rollout.resources, layout.ray_temp)
     status = "FAILED"
     try:

@@ -20,13 +20,15 @@ import logging
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from mlflow.tracking import MlflowClient
 from prefect import flow
 
+from sluice.engines.lora import is_adapter
 from sluice.flows.rl_job import rl_job
-from sluice.rl.config import RunConfig, apply_override, build_config
+from sluice.rl.config import ConfigError, RunConfig, apply_override, build_config
 from sluice.storage.layout import RunLayout
 from sluice.tasks import registry
 from sluice.tasks.environment import dataset_environment
@@ -39,7 +41,17 @@ def retrain_config(
     cfg: RunConfig, champion_dir: str | None, now: datetime, trained_in: Sequence[str] = ()
 ) -> RunConfig:
     """The run a retrain makes: a new name, a fresh prompt pool, the champion as the start;
-    for a data set, the rows the runs at ``trained_in`` trained on left out."""
+    for a data set, the rows the runs at ``trained_in`` trained on left out. A LoRA
+    champion starts the run from its merged export (new adapters then train over it)."""
+    if champion_dir is not None and is_adapter(Path(champion_dir)):
+        merged = Path(champion_dir) / "merged"
+        if not (merged / "config.json").is_file():
+            raise ConfigError(
+                f"the champion in {champion_dir} is a LoRA adapter without a merged export, "
+                "which a retrain starts from: set train.lora.merged_export: true in the run "
+                "that trains the champion"
+            )
+        champion_dir = str(merged)
     tree = cfg.model_dump()
     stamp = now.strftime("%Y%m%d-%H%M%S")
     apply_override(tree, f"name={cfg.name}-{stamp}")

@@ -77,6 +77,8 @@ def _bounds(field: FieldInfo) -> str:
 
 def _default(field: FieldInfo) -> str:
     """The default as it would be written in YAML's JSON subset (``null``, ``true``, ``[]``)."""
+    if field.is_required():
+        return "(required)"
     value = field.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
         value = value.model_dump()
@@ -97,6 +99,16 @@ def _is_section(field: FieldInfo) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
+def _optional_section(field: FieldInfo) -> type[BaseModel] | None:
+    """The section model of a field typed ``Section | None`` (off unless set)."""
+    args = [a for a in get_args(field.annotation) if a is not type(None)]
+    if get_origin(field.annotation) in (Union, types.UnionType) and len(args) == 1:
+        (only,) = args
+        if isinstance(only, type) and issubclass(only, BaseModel):
+            return only
+    return None
+
+
 def sections(
     model: type[BaseModel] = RunConfig, prefix: str = ""
 ) -> Iterator[tuple[str, type[BaseModel], list[tuple[str, FieldInfo]]]]:
@@ -114,6 +126,8 @@ def sections(
         if _is_section(field):
             assert isinstance(field.annotation, type)  # for the type checker: _is_section
             yield from sections(field.annotation, f"{prefix}{name}.")
+        elif (optional := _optional_section(field)) is not None:
+            yield from sections(optional, f"{prefix}{name}.")
 
 
 def _section_text(name: str, model: type[BaseModel]) -> list[str]:

@@ -1,12 +1,13 @@
 """Training ranks under torchrun take steps on one batch; rank 0 writes what they reached.
 
-One process per rank, each building the engine ``--engine`` names (torch: DDP; fsdp: FSDP2;
-deepspeed: ZeRO at ``--zero-stage``) from the same model folder and training on its token-balanced
-share of the same samples (``engines.ranks.shares``), as the trainer actors of a pool of
-``train.ranks`` do. After the steps the trainer's checkpoint (gathered from all ranks) goes
-to ``<out>/checkpoints/`` and the per-step metrics to ``<out>/metrics.json``, both written
-by rank 0. ``tests/integration/test_train_ranks.py`` compares them with one torch process's
-steps. On a 2-core machine give each rank one thread:
+One process per rank, each building the engine ``--engine`` names (torch: DDP; fsdp:
+FSDP2; deepspeed: ZeRO at ``--zero-stage``) from the same model folder and training on its
+token-balanced share of the same samples (``engines.ranks.shares``), as the trainer actors
+of a pool of ``train.ranks`` do. After the steps the trainer's checkpoint (gathered from all
+ranks) goes to ``<out>/checkpoints/`` and the per-step metrics and seconds to
+``<out>/metrics.json``, both written by rank 0. ``tests/integration/test_train_ranks.py``
+compares them with one torch process's steps; ``benchmarks/ranks.py`` times the engines
+with them. On a 2-core machine give each rank one thread:
 
     OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 --master_addr 127.0.0.1 \\
         --master_port 29511 scripts/train_ranks.py --policy <model folder> \\
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import torch.distributed as dist
@@ -30,6 +32,7 @@ from sluice.engines.ranks import Rendezvous, join, shares
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.engines.trainer_core import PolicyTrainer
 from sluice.rl.batching import Sample
+from sluice.rl.config import LoraConfig
 from sluice.storage.checkpoints import CheckpointStore
 
 
@@ -51,6 +54,8 @@ def main() -> None:
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     mine = [samples[i] for i in shares(lengths, world)[rank]]
     settings = json.loads(args.settings.read_text())
+    if settings.get("lora") is not None:  # train.lora: adapters, DDP across the ranks
+        settings["lora"] = LoraConfig(**settings["lora"])
     trainer: PolicyTrainer
     if args.engine == "deepspeed":
         from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
@@ -62,12 +67,18 @@ def main() -> None:
         trainer = FSDPTrainer(args.policy, **settings)
     else:
         trainer = TorchTrainer(args.policy, **settings)
-    metrics = [trainer.step(mine) for _ in range(args.steps)]
+    metrics, seconds = [], []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        metrics.append(trainer.step(mine))
+        seconds.append(time.perf_counter() - start)  # the pool's: every step ends collectively
     files, counters = trainer.checkpoint_files()  # collective under ZeRO: every rank gathers
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         CheckpointStore(args.out.resolve().as_uri()).save(args.steps, files, counters)
-        (args.out / "metrics.json").write_text(json.dumps({"world_size": world, "steps": metrics}))
+        (args.out / "metrics.json").write_text(
+            json.dumps({"world_size": world, "steps": metrics, "step_s": seconds})
+        )
     dist.barrier()
 
 

@@ -230,6 +230,29 @@ class _Snapshot:
             for name, view in self.views.items():
                 view.copy_(state[name])
 
+    def fill_from(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each of ``tensors`` into its place as it comes; every name of this
+        snapshot's layout must come, once."""
+        missing = set(self.views)
+        with torch.no_grad():
+            for name, tensor in tensors:
+                if name not in missing:
+                    why = "twice" if name in self.views else "but is not in the layout"
+                    raise ParameterError(f"version {version}: tensor {name!r} came {why}")
+                try:
+                    self.views[name].copy_(tensor)
+                except RuntimeError as err:
+                    raise ParameterError(
+                        f"copying {name!r} of version {version} into a staging buffer: {err}"
+                    ) from err
+                missing.discard(name)
+                del tensor  # let it go before the next is gathered
+        if missing:
+            raise ParameterError(
+                f"version {version}: {len(missing)} tensor(s) of the layout never came, "
+                f"e.g. {sorted(missing)[:3]}"
+            )
+
     def parts(self) -> list[Parts]:
         """The buckets as they travel; the arrays are views of the buffers, not copies."""
         return [[h, b.numpy()] for h, b in zip(self.headers, self.buffers, strict=True)]
@@ -579,6 +602,51 @@ class ParameterService:
         ``MAX_IN_FLIGHT`` versions are still being handed over, for the oldest of them.
         """
         start = time.perf_counter()
+        slot = self._slot_for(version, state)
+        if self._snapshot_thread is None:
+            self._snapshot_thread = ThreadPoolExecutor(1, thread_name_prefix="param-snapshot")
+        snapshot = slot.snapshot
+        assert snapshot is not None
+        self._hand_over_later(
+            slot, version, self._snapshot_thread.submit(_copy, version, snapshot, dict(state))
+        )
+        return time.perf_counter() - start
+
+    def publish_from(
+        self,
+        version: int,
+        layout: Mapping[str, torch.Tensor],
+        tensors: Iterable[tuple[str, torch.Tensor]],
+    ) -> float:
+        """Publish a version whose tensors come one at a time, as a sharded trainer gathers
+        them; returns seconds spent.
+
+        ``layout`` names every tensor with its shape and dtype (meta tensors will do);
+        each of ``tensors`` is copied into the staging buffer here, on the caller's thread,
+        as it comes, so the caller needs to hold only one full tensor at a time beside the
+        buffer. The hand-over to relay 0 then goes on in the background, as after
+        ``publish``. A tensor the layout lacks, or one missing at the end, is a
+        ParameterError; the rest of ``tensors`` is still read first (each may be a
+        collective that the other ranks are in too).
+        """
+        start = time.perf_counter()
+        slot = self._slot_for(version, layout)
+        snapshot = slot.snapshot
+        assert snapshot is not None
+        copied: Future[None] = Future()
+        coming = iter(tensors)
+        try:
+            snapshot.fill_from(version, coming)
+        finally:
+            for _ in coming:  # drained after an error: the other ranks' gathers end too
+                pass
+        copied.set_result(None)
+        self._hand_over_later(slot, version, copied)
+        return time.perf_counter() - start
+
+    def _slot_for(self, version: int, layout: Mapping[str, torch.Tensor]) -> _Slot:
+        """A free staging buffer laid out for ``layout``, once the checks before a publish
+        pass: an earlier failure raised, the version newer, the last snapshot done."""
         if version <= self._published:
             raise ParameterError(
                 f"published version {version} is not newer than version {self._published}, "
@@ -589,19 +657,23 @@ class ParameterService:
                 self._settle(slot)
         self.wait_snapshot()
         slot = self._free_slot()
-        if slot.snapshot is None or slot.snapshot.key != _layout_key(state, self.dtype):
-            slot.snapshot = _Snapshot(state, self.bucket_bytes, self.dtype)
-        if self._snapshot_thread is None or self._handover_thread is None:
-            self._snapshot_thread = ThreadPoolExecutor(1, thread_name_prefix="param-snapshot")
+        if slot.snapshot is None or slot.snapshot.key != _layout_key(layout, self.dtype):
+            slot.snapshot = _Snapshot(layout, self.bucket_bytes, self.dtype)
+        return slot
+
+    def _hand_over_later(self, slot: _Slot, version: int, copied: Future[None]) -> None:
+        """Record ``version`` in ``slot`` and queue its hand-over behind its copy."""
+        snapshot = slot.snapshot
+        assert snapshot is not None
+        if self._handover_thread is None:
             self._handover_thread = ThreadPoolExecutor(1, thread_name_prefix="param-handover")
         slot.version = version
-        slot.copied = self._snapshot_thread.submit(_copy, version, slot.snapshot, dict(state))
+        slot.copied = copied
         slot.handover = self._handover_thread.submit(
-            self._hand_over, version, slot.copied, slot.snapshot.parts()
+            self._hand_over, version, copied, snapshot.parts()
         )
         self._copying = slot
         self._published = version
-        return time.perf_counter() - start
 
     def wait_snapshot(self, timeout: float = SNAPSHOT_TIMEOUT_S) -> float:
         """Wait until the newest published version has been copied; returns seconds waited.

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from sluice.engines.cluster import child_env
+from sluice.engines.lora import is_adapter, read_adapter
 from sluice.engines.rollout_worker import launch_rollout_workers
 from sluice.rl.config import RunConfig
 from sluice.tasks.environment import (
@@ -24,13 +27,17 @@ from sluice.tasks.rollouts import evaluate
 
 @task(name="evaluate-policy", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def evaluate_policy(cfg: RunConfig, policy_dir: str) -> dict[str, float]:
-    """Held-out metrics of ``policy_dir`` with one vLLM rollout worker: greedy accuracy, and
-    mean@k / pass@k with ``eval.k > 1``."""
+    """Held-out metrics of ``policy_dir`` (a model folder, or a LoRA adapter folder over its
+    base) with one vLLM rollout worker: greedy accuracy, and mean@k / pass@k with
+    ``eval.k > 1``."""
     env, _ = make_environment(cfg.env, cfg.policy)
     heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
+    model, lora, adapter = policy_dir, None, None
+    if is_adapter(Path(policy_dir)):
+        (model, lora), adapter = read_adapter(Path(policy_dir)), policy_dir
     (worker,) = launch_rollout_workers(
         cfg.rollout,
-        policy_dir,
+        model,
         max_model_len(cfg.policy),
         cfg.seed,
         env,
@@ -41,6 +48,8 @@ def evaluate_policy(cfg: RunConfig, policy_dir: str) -> dict[str, float]:
         limits=episode_limits(cfg.env),
         agent=agent_spec(cfg),
         steps=step_spec(cfg),
+        lora=lora,
+        adapter=adapter,
     )
     scorer = scorer_factory(env, cfg.reward, cfg.env)()  # here: the worker only generates
     try:

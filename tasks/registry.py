@@ -3,9 +3,12 @@ champion/challenger decision the retrain flow makes.
 
 A finished run logs its policy folder (safetensors + tokenizer + config) as the artifact
 ``policy`` of its MLflow run and registers it as a new version of ``tracking.model_name``
-with the alias ``challenger``. The retrain flow compares the challenger's held-out
-accuracy with the champion's, measured on the same held-out set in the same run, and moves
-the ``champion`` alias only when the challenger is better by at least ``min_gain``.
+with the alias ``challenger``. A LoRA run's policy folder is its adapter
+(``adapter_config.json`` names the base model folder; ``merged/`` holds the merged model
+when ``train.lora.merged_export`` asked for it); its version is tagged ``base_model``.
+The retrain flow compares the challenger's held-out accuracy with the champion's,
+measured on the same held-out set in the same run, and moves the ``champion`` alias only
+when the challenger is better by at least ``min_gain``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+
+from sluice.engines.lora import is_adapter, read_adapter
 
 log = logging.getLogger("sluice")
 
@@ -55,9 +60,10 @@ def register_policy(
             model_name, description="Policies trained by Sluice (safetensors model folders)."
         )
     source = f"{client.get_run(run_id).info.artifact_uri}/{POLICY_ARTIFACT}"
-    version = client.create_model_version(
-        model_name, source, run_id, tags={"heldout_accuracy": f"{accuracy:.6f}"}
-    ).version
+    tags = {"heldout_accuracy": f"{accuracy:.6f}"}
+    if is_adapter(folder):
+        tags["base_model"] = read_adapter(folder)[0]
+    version = client.create_model_version(model_name, source, run_id, tags=tags).version
     client.set_registered_model_alias(model_name, CHALLENGER, version)
     return str(version)
 

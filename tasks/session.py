@@ -29,12 +29,13 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from sluice.engines.cluster import child_env, gpus_each, on_driver_node, pool_dtype
 from sluice.engines.dispatcher import launch_dispatcher
+from sluice.engines.lora import ADAPTER_FILE
 from sluice.engines.placement import wait_placed
 from sluice.engines.rollout_worker import RolloutWorkerClient, launch_rollout_workers
 from sluice.engines.trainer_actor import TrainerPool, launch_trainer
 from sluice.engines.trainer_core import MODEL_FILE
 from sluice.envs.prompts import training_prompts
-from sluice.rl.config import RunConfig
+from sluice.rl.config import ConfigError, LoraConfig, RunConfig
 from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
 from sluice.storage.ledger import Ledger
 from sluice.storage.params import ParameterService
@@ -291,6 +292,9 @@ class Session:
             "start_accuracy": self.start_accuracy,
             "end_accuracy": self.end_accuracy,
             "mlflow_run_id": self.tracker.run_id,
+            # A LoRA checkpoint holds the adapter alone: what it adapts, and how.
+            "lora": adapter_meta(self.cfg.train.lora),
+            "base_model": self.policy_dir,
         }
         url: str = ray.get(
             self.trainer.save_checkpoint(
@@ -386,8 +390,40 @@ def _ask(cpus: float, gpus: float, resources: dict[str, float]) -> dict[str, flo
 
 
 def latest_checkpoint(cfg: RunConfig) -> Checkpoint | None:
-    """The newest valid checkpoint of this run (older ones if the newest is broken)."""
-    return CheckpointStore(cfg.storage_url, cfg.checkpoint.keep).load_latest(check_meta)
+    """The newest valid checkpoint of this run (older ones if the newest is broken), once
+    it is known to fit the config's ``train.lora``."""
+    found = CheckpointStore(cfg.storage_url, cfg.checkpoint.keep).load_latest(check_meta)
+    if found is not None:
+        check_lora(found, cfg)
+    return found
+
+
+def adapter_meta(lora: LoraConfig | None) -> dict[str, Any] | None:
+    """What fixes an adapter's shape, as a checkpoint records it (None: full weights)."""
+    return None if lora is None else {"rank": lora.rank, "target_modules": lora.target_modules}
+
+
+def check_lora(found: Checkpoint, cfg: RunConfig) -> None:
+    """Raise a ConfigError when the checkpoint's kind (adapter or full weights, and the
+    adapter's shape) is not the one ``cfg.train.lora`` trains: before any pool starts."""
+    want = adapter_meta(cfg.train.lora)
+    has = found.meta.get("lora") if ADAPTER_FILE in found.files else None
+    where = f"checkpoint step-{found.step} of run {cfg.name!r}"
+    if want is None and ADAPTER_FILE in found.files:
+        raise ConfigError(
+            f"{where} holds a LoRA adapter ({has}) over {found.meta.get('base_model')}: resume "
+            f"it with train.lora set as that run had it"
+        )
+    if want is not None and has is None:
+        raise ConfigError(
+            f"{where} holds full weights (a run without train.lora): resume it without "
+            "train.lora, or start a LoRA run under a new name"
+        )
+    if want is not None and has != want:
+        raise ConfigError(
+            f"{where} holds an adapter of {has}, but train.lora asks for {want}: set "
+            "train.lora.rank and train.lora.target_modules as that run had them"
+        )
 
 
 def check_meta(found: Checkpoint) -> None:
@@ -408,5 +444,5 @@ def check_meta(found: Checkpoint) -> None:
         raise bad("has no data cursor")
     if not isinstance(meta.get("scheduler"), dict):
         raise bad("has no learning-rate schedule state")
-    if MODEL_FILE not in found.files:
-        raise bad(f"lists no {MODEL_FILE}")
+    if MODEL_FILE not in found.files and ADAPTER_FILE not in found.files:
+        raise bad(f"lists no {MODEL_FILE} (nor a LoRA {ADAPTER_FILE})")

@@ -630,3 +630,64 @@ def test_a_pull_from_an_unresponsive_relay_times_out(fake_service):
     assert not asked.answered()
     with pytest.raises(ParameterError, match=r"relay 0 timed out after 0.5 s; is the relay alive"):
         service.collect(asked, timeout=0.5)
+
+
+# -- a version gathered from shards --------------------------------------------------------
+
+
+def _one_at_a_time(state: dict[str, torch.Tensor], alive: list[int]):
+    """``state``'s tensors as a sharded trainer gathers them: each a fresh full tensor,
+    made when asked for. ``alive`` records, as each is made, how many made before are still
+    referenced somewhere (weakly watched)."""
+    import weakref
+
+    made: list[weakref.ref] = []
+    for name, tensor in state.items():
+        alive.append(sum(ref() is not None for ref in made))
+        full = tensor.clone()  # the gather
+        made.append(weakref.ref(full))
+        yield name, full
+        del full
+
+
+def test_a_version_gathered_one_tensor_at_a_time_holds_one_at_a_time(service, worker):
+    state = _state(5)
+    layout = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in state.items()}
+    alive: list[int] = []
+    service.publish_from(1, layout, _one_at_a_time(state, alive))
+    assert len(alive) == len(state) and max(alive) == 0  # each copied, then let go
+    service.flush(timeout=30)
+    pulled = ray.get(worker.pull.remote(service, 0, 30.0), timeout=60)
+    assert pulled is not None and pulled[0] == 1
+    _assert_same(pulled[1], state)
+    service.publish(2, _state(6))  # the same staging buffers serve a plain publish after
+    service.flush(timeout=30)
+    assert service.latest_version() == 2
+
+
+@pytest.mark.parametrize(
+    ("tensors", "why"),
+    [
+        (lambda s: [*s.items(), ("extra", torch.zeros(1))], "'extra' came but is not in"),
+        (lambda s: list(s.items())[1:], r"1 tensor\(s\) of the layout never came"),
+        (lambda s: [*s.items(), next(iter(s.items()))], "came twice"),
+    ],
+    ids=["unknown", "missing", "twice"],
+)
+def test_a_gathered_version_that_does_not_fit_its_layout_is_refused(service, tensors, why):
+    state = _state(1)
+    layout = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in state.items()}
+    given = tensors(state)
+    read = []
+
+    def reading():
+        for pair in given:
+            read.append(pair[0])
+            yield pair
+
+    with pytest.raises(ParameterError, match=why):
+        service.publish_from(1, layout, reading())
+    assert len(read) == len(given)  # read to the end: the other ranks' gathers end too
+    service.publish_from(1, layout, iter(state.items()))  # nothing was published
+    service.flush(timeout=30)
+    assert service.latest_version() == 1

@@ -1,4 +1,5 @@
-"""Two ranks under torchrun take one torch process's steps: DDP, FSDP2, ZeRO-2 and ZeRO-3.
+"""Two ranks under torchrun take one torch process's steps: DDP, FSDP2, ZeRO-2, ZeRO-3,
+and LoRA adapters under DDP.
 
 Each rank trains on its token-balanced share of the batch and the ranks average their
 gradients over gloo; the gathered checkpoint they write then resumes in one process, on the
@@ -20,6 +21,7 @@ import torch
 
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.rl.batching import Sample
+from sluice.rl.config import LoraConfig
 from sluice.storage.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.integration
@@ -56,10 +58,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _torchrun(policy: Path, tmp_path: Path, engine: str, stage: int) -> dict:
+def _torchrun(
+    policy: Path, tmp_path: Path, engine: str, stage: int, lora: LoraConfig | None = None
+) -> dict:
     samples, settings = tmp_path / "samples.json", tmp_path / "settings.json"
     samples.write_text(json.dumps([asdict(s) for s in _samples()]))
-    settings.write_text(json.dumps(SETTINGS))
+    settings.write_text(json.dumps({**SETTINGS, "lora": lora and lora.model_dump()}))
     out = tmp_path / "out"
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"),
@@ -114,5 +118,21 @@ def test_two_ranks_take_one_processs_steps(tiny_policy, tmp_path, engine, stage,
     resumed.load_checkpoint(saved.files, saved.meta)
     resumed.step(_samples())
     reference.step(_samples())
+    for name, tensor in reference.state().items():
+        torch.testing.assert_close(resumed.state()[name], tensor, atol=ATOL, rtol=RTOL)
+
+
+def test_two_ranks_train_lora_adapters_as_one_process(tiny_policy, tmp_path):
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "up_proj"])
+    ranks = _torchrun(tiny_policy, tmp_path, "torch", 0, lora)
+    reference = TorchTrainer(str(tiny_policy), **SETTINGS, lora=lora)
+    for got in ranks["steps"]:
+        want = reference.step(_samples())
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=RTOL, abs=ATOL), key
+    saved = CheckpointStore((tmp_path / "out").as_uri()).load_latest()
+    assert saved is not None and "adapter_model.safetensors" in saved.files
+    resumed = TorchTrainer(str(tiny_policy), **SETTINGS, lora=lora)
+    resumed.load_checkpoint(saved.files, saved.meta)
     for name, tensor in reference.state().items():
         torch.testing.assert_close(resumed.state()[name], tensor, atol=ATOL, rtol=RTOL)

@@ -1,10 +1,12 @@
 """`sluice run` with `train.ranks=2`: a training pool of two ranks under a real async job.
 
-The two torch ranks (DDP over gloo, packed rows) train on token-balanced shares of each
-leased batch; one lease, one acknowledgement and one version per step, as with one rank.
-Mid-run one rank's process is killed: the other's collective fails with it, the segment
-fails, and the retry resumes from the checkpoint the two ranks wrote, with a fresh group.
-The last checkpoint, gathered from two ranks, then resumes in one process on either engine.
+The two FSDP2 ranks (weights sharded over gloo, packed rows) train on token-balanced shares
+of each leased batch; one lease, one acknowledgement and one version per step, as with one
+rank, each version gathered one tensor at a time into the parameter service. Mid-run one
+rank's process is killed: the other's collective fails with it, the segment fails, and the
+retry resumes from the checkpoint the two ranks wrote, with a fresh group. The last
+checkpoint, gathered from two ranks, then resumes in one process on the other engines.
+A second, shorter run trains LoRA adapters on two torch DDP ranks.
 """
 
 from __future__ import annotations
@@ -22,16 +24,17 @@ import torch
 from safetensors.torch import load_file
 
 from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
+from sluice.engines.lora import ADAPTER_CONFIG, ADAPTER_FILE
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 
-# A smoke run with one restart (~1.5 min here): out of the default suite, run by
-# `make test-ranks` (and CI).
+# A smoke run with one restart (~1.5 min here) and a LoRA run (~1 min): out of the default
+# suite, run by `make test-ranks` (and CI).
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).parents[2]
-STARTED = re.compile(r"and 2 trainer ranks \(pids (\d+), (\d+)\) on torch DDP;")
+STARTED = re.compile(r"and 2 trainer ranks \(pids (\d+), (\d+)\) on torch FSDP2;")
 
 
 def test_a_two_rank_async_run_survives_losing_a_rank(tmp_path, shared_cache):
@@ -44,6 +47,7 @@ def test_a_two_rank_async_run_survives_losing_a_rank(tmp_path, shared_cache):
         f"train.steps={steps}",
         f"checkpoint.every={every}",
         "train.ranks=2",
+        "train.engine=fsdp",
         "train.packing=true",
         "train.collective_timeout_s=60",
     ):
@@ -89,7 +93,7 @@ def test_a_two_rank_async_run_survives_losing_a_rank(tmp_path, shared_cache):
     assert check_exactly_once(table, finished=True) == []
     assert check_versions(table) == []  # trained versions 1..6, each once, across the restart
 
-    # The checkpoint two ranks wrote resumes in one process, on either engine: the policy
+    # The checkpoint two ranks wrote resumes in one process, on the other engines: the policy
     # the run saved.
     latest = CheckpointStore(run_dir.as_uri()).load_latest()
     assert latest is not None and latest.meta["version"] == steps
@@ -102,3 +106,35 @@ def test_a_two_rank_async_run_survives_losing_a_rank(tmp_path, shared_cache):
         assert set(final) == set(restored.state())
         for name, tensor in restored.state().items():
             torch.testing.assert_close(tensor, final[name], atol=0, rtol=0, msg=name)
+
+
+def test_a_two_rank_lora_run_publishes_adapters_to_the_workers(tmp_path, shared_cache):
+    """Two torch DDP ranks train LoRA adapters and publish only them; the rollout workers,
+    whose vLLM serves adapters (a full-weight version would not load into it), load each;
+    the ledger holds, and the saved policy is the adapter over its base."""
+    steps = 4
+    args = [sys.executable, "-m", "sluice.flows.cli", "run", "configs/smoke.yaml"]
+    for setting in (
+        f"root={tmp_path / 'runs'}",
+        f"cache={shared_cache}",
+        "mode=async",
+        f"train.steps={steps}",
+        "train.ranks=2",
+        "train.lora={rank: 8, target_modules: [q_proj, v_proj, down_proj]}",
+    ):
+        args += ["--set", setting]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_HOME")}
+    done = subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "2 trainer ranks" in out and "on torch DDP;" in out, out[-4000:]
+    run_dir = tmp_path / "runs" / "smoke"
+    table = Ledger(run_dir.as_uri()).read()
+    assert check_exactly_once(table, finished=True) == []
+    assert check_versions(table) == []
+    policy = run_dir / "policy"
+    assert (policy / ADAPTER_CONFIG).is_file() and (policy / ADAPTER_FILE).is_file()
+    adapter = load_file(policy / ADAPTER_FILE)
+    assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)

@@ -216,3 +216,32 @@ def test_engine_serves_the_train_engine_protocol(policy_dir, tmp_path):
     _assert_same_weights(engine, saved, atol=0, rtol=0)
     assert (tmp_path / "saved" / "tokenizer.json").is_file()
     assert engine.logprobs(_samples()[:1]) == saved.logprobs(_samples()[:1])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: FSDPTrainer(str(p), **SETTINGS),
+        lambda p: DeepSpeedTrainer(str(p), zero_stage=3, **SETTINGS),
+    ],
+    ids=["fsdp", "zero3"],
+)
+def test_a_sharded_engine_gathers_for_publishing_one_tensor_at_a_time(policy_dir, make):
+    """What the trainer publishes from a sharded engine (``layout``, then ``gathered``) is
+    the full weights ``state`` gathers, each tensor handed over alone."""
+    engine = make(policy_dir)
+    engine.step(_samples())
+    assert engine.sharded
+    want = engine.state()
+    layout = engine.layout()
+    assert {k: (v.shape, v.dtype) for k, v in layout.items()} == {
+        k: (v.shape, v.dtype) for k, v in want.items()
+    }
+    got = {name: tensor.clone() for name, tensor in engine.gathered()}
+    _assert_same_weights_dicts(got, want)
+
+
+def _assert_same_weights_dicts(got, want):
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name].cpu(), want[name], atol=0, rtol=0, msg=name)

