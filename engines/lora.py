@@ -49,10 +49,8 @@ def linear_names(model: torch.nn.Module) -> list[str]:
     )
 
 
-def attach(model: torch.nn.Module, lora: LoraConfig, base: str) -> PeftModel:
-    """``model`` with adapters on ``lora.target_modules`` and every base weight frozen.
-    Adapters start as peft makes them (B = 0), so the wrapped model computes the base's
-    outputs exactly until the first step."""
+def check_targets(model: torch.nn.Module, lora: LoraConfig) -> None:
+    """Raise a ValueError naming the model's linear modules unless it has every target."""
     have = linear_names(model)
     missing = [t for t in lora.target_modules if t not in have]
     if missing:
@@ -60,7 +58,34 @@ def attach(model: torch.nn.Module, lora: LoraConfig, base: str) -> PeftModel:
             f"train.lora.target_modules {missing} are not linear modules of "
             f"{type(model).__name__}; its linear modules are: {', '.join(have)}"
         )
+
+
+def attach(model: torch.nn.Module, lora: LoraConfig, base: str) -> PeftModel:
+    """``model`` with adapters on ``lora.target_modules`` and every base weight frozen.
+    Adapters start as peft makes them (B = 0), so the wrapped model computes the base's
+    outputs exactly until the first step."""
+    check_targets(model, lora)
     return get_peft_model(model, peft_config(lora, base))
+
+
+def check_base(folder: Path, lora: LoraConfig) -> None:
+    """Raise a ValueError unless the model folder ``folder`` can carry ``lora``'s adapters:
+    vLLM serves adapters for its architecture, and it has every target module. Reads the
+    config only (the model is laid out on the meta device, no weights loaded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_lora
+
+    config = AutoConfig.from_pretrained(folder)
+    for arch in config.architectures or []:
+        served = ModelRegistry._try_load_model_cls(arch)  # vLLM 0.32: its class, or None
+        if served is not None and not supports_lora(served):
+            raise ValueError(
+                f"vLLM cannot load LoRA adapters into {arch} (the architecture of {folder}): "
+                "unset train.lora to train the full weights"
+            )
+    with torch.device("meta"):
+        check_targets(AutoModelForCausalLM.from_config(config), lora)
 
 
 def adapter_state(model: PeftModel) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import tempfile
 import weakref
@@ -104,7 +105,13 @@ class VLLMRolloutEngine:
             from sluice.engines.lora import vllm_max_rank
 
             args.update(enable_lora=True, max_lora_rank=vllm_max_rank(lora.rank), max_loras=1)
-            self._adapter_dir = Path(tempfile.mkdtemp(prefix="sluice-adapter-"))
+            # Under the run's vLLM cache when the launch set one (an actor that is killed
+            # leaves its folder there, not in /tmp).
+            root = os.environ.get("VLLM_CACHE_ROOT")
+            if root:
+                Path(root, "adapters").mkdir(parents=True, exist_ok=True)
+            where = str(Path(root, "adapters")) if root else None
+            self._adapter_dir = Path(tempfile.mkdtemp(prefix="sluice-adapter-", dir=where))
             weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
         self._llm = LLM(
             model=model_dir,

@@ -19,6 +19,7 @@ from sluice.tasks.environment import (
     check_agent,
     check_context,
     check_environment,
+    check_lora,
     check_model_folder,
     check_rewards,
 )
@@ -58,9 +59,9 @@ def run(
 
 def check_run(cfg: RunConfig) -> None:
     """What a run needs that the config tree alone cannot say, checked before anything
-    starts: its folders can be made, its model folder holds safetensors weights, its prompts
-    and responses fit the context, and its reward functions import and take what the run
-    passes them."""
+    starts: its folders can be made, its model folder holds safetensors weights (and can
+    carry ``train.lora``'s adapters), its prompts and responses fit the context, and its
+    reward functions import and take what the run passes them."""
     for what, folder in (("root", cfg.run_dir), ("cache", cfg.cache_dir)):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -70,6 +71,7 @@ def check_run(cfg: RunConfig) -> None:
                 "folder you can write"
             ) from None
     check_model_folder(cfg)
+    check_lora(cfg)
     check_environment(cfg)
     check_context(cfg)
     check_rewards(cfg)

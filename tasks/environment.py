@@ -16,6 +16,7 @@ from typing import Any
 from sluice.engines.agent_episodes import AgentSpec
 from sluice.engines.dispatcher import LedgerSink
 from sluice.engines.episodes import StepSpec
+from sluice.engines.lora import check_base
 from sluice.envs import ENV_NAMES, Environment, Problem, make_env
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Renderer
 from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
@@ -243,6 +244,19 @@ def check_model_folder(cfg: RunConfig) -> None:
         raise ConfigError(f"{where} has no *.safetensors weights{hint}")
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         raise ConfigError(f"{where} has no tokenizer (tokenizer.json or tokenizer_config.json)")
+
+
+def check_lora(cfg: RunConfig) -> None:
+    """With ``train.lora``, the model folder (``policy.path``) can carry the adapters: vLLM
+    serves LoRA for its architecture and it has the target modules; a ConfigError naming
+    what is wrong if not. The built-in policy is a llama with every module the defaults
+    name."""
+    if cfg.train.lora is None or cfg.policy.path is None:
+        return
+    try:
+        check_base(Path(cfg.policy.path), cfg.train.lora)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def check_context(cfg: RunConfig) -> None:

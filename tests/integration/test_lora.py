@@ -5,10 +5,12 @@ adapter changed (partial rollout: its later tokens come from the new adapter).""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
-from sluice.engines.lora import ADAPTER_FILE, load_adapter_state
+from sluice.engines.lora import ADAPTER_FILE, load_adapter_state, read_adapter
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.engines.vllm_rollout import VLLMRolloutEngine
 from sluice.rl.batching import Sample
@@ -150,3 +152,29 @@ def test_a_running_request_goes_on_under_the_new_adapter(tiny_policy, engine):
     # Had the request kept the first adapter, its later tokens would differ: the check sees it.
     kept = _switched_logprobs(model, prompt, tokens, switch, first, first)
     assert (got[switch:] - kept[switch:]).abs().max() > 10 * TOLERANCE
+
+
+def test_a_saved_adapter_folder_serves_as_the_trainer_left_it(
+    tiny_policy, tmp_path, in_process_vllm
+):
+    """What ``sluice eval --policy <adapter folder>`` starts: vLLM on the base the folder
+    names, serving the folder's adapter."""
+    trainer = _trainer(tiny_policy)
+    probe = VLLMRolloutEngine(str(tiny_policy), seed=0, kv_cache_gib=0.1, max_model_len=128)
+    groups = probe.generate(PROMPTS, 2, 8, 1.0, seed=0)
+    _move(trainer, _samples(probe, groups, [(-1.0) ** i for i in range(len(PROMPTS))]))
+    del probe
+    gc.collect()
+    trainer.save(str(tmp_path / "policy"))
+    base, lora = read_adapter(tmp_path / "policy")
+    assert base == str(tiny_policy) and lora.rank == LORA.rank
+    engine = VLLMRolloutEngine(
+        base,
+        seed=0,
+        kv_cache_gib=0.1,
+        max_model_len=128,
+        lora=lora,
+        adapter=str(tmp_path / "policy"),
+    )
+    groups = engine.generate(PROMPTS, 2, 8, 1.0, seed=1)
+    assert _gap(_samples(engine, groups, [0.0] * len(PROMPTS)), trainer) < TOLERANCE

@@ -88,3 +88,24 @@ def test_an_agent_that_wants_what_a_run_does_not_pass_is_refused(bpe_policy: Pat
         check_agent(
             load_config(None, ["env.agent=tests.support.agents:plain", "env.name=guessing"])
         )
+
+
+def test_lora_is_checked_against_the_model_folder_before_anything_starts(
+    tmp_path: Path, bpe_policy: Path
+) -> None:
+    """Target modules the model lacks are named with its own; an architecture vLLM serves
+    no adapters for (GPT-2 in vLLM 0.32) is refused; a llama with the defaults passes."""
+    from transformers import GPT2Config
+
+    from sluice.tasks.environment import check_lora
+
+    lora = "train.lora={target_modules: [q_proj, c_attn]}"
+    with pytest.raises(ConfigError, match=r"\['c_attn'\] are not linear modules of .*q_proj"):
+        check_lora(load_config(None, [f"policy.path={bpe_policy}", lora]))
+    check_lora(load_config(None, [f"policy.path={bpe_policy}", "train.lora={}"]))
+    gpt2 = tmp_path / "gpt2"
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(
+        gpt2
+    )
+    with pytest.raises(ConfigError, match="vLLM cannot load LoRA adapters into GPT2LMHeadModel"):
+        check_lora(load_config(None, [f"policy.path={gpt2}", "train.lora={}"]))
