@@ -12,7 +12,9 @@ version, so both see the same machine state:
 - **the whole sync on the tiny default policy**, with the real engines: a torch trainer
   (full) and a torch trainer with LoRA publish their state, vLLM in this process pulls it
   and loads it (``VLLMRolloutEngine.load_weights``: full weights reloaded, or the adapter
-  written to its folder and reloaded in place).
+  written to its folder and reloaded in place); then vLLM generates the default config's
+  batch (16 addition prompts x 8 samples, up to 32 tokens) with what it loaded, which
+  shows what serving an adapter costs per batch.
 
 Prints a markdown table with the median and the range over the versions after the first
 (whose page faults are apart); ``--write`` also puts it in BENCHMARKS.md (section
@@ -115,9 +117,12 @@ def sync_at_scale(repeats: int) -> dict[str, list[dict[str, float]]]:
     return runs
 
 
-def sync_on_the_tiny_policy(policy: Path, repeats: int) -> dict[str, list[dict[str, float]]]:
+def sync_on_the_tiny_policy(
+    policy: Path, prompts: list[str], repeats: int
+) -> dict[str, list[dict[str, float]]]:
     """The real trainer -> parameter service -> vLLM sync of the default policy, full
-    weights and adapter, each engine built in turn (vLLM holds one engine a process)."""
+    weights and adapter, and a batch generated after each; each engine built in turn (vLLM
+    holds one engine a process)."""
     from sluice.engines.torch_trainer import TorchTrainer
     from sluice.engines.vllm_rollout import VLLMRolloutEngine
 
@@ -142,11 +147,13 @@ def sync_on_the_tiny_policy(policy: Path, repeats: int) -> dict[str, list[dict[s
             pulled_at = time.perf_counter()
             engine.load_weights(pulled, version)
             done = time.perf_counter()
+            engine.generate(prompts, 8, 32, 1.0, seed=version)
             runs[kind].append(
                 {
                     "publish_s": published - start,
                     "pull_s": pulled_at - published,
                     "load_s": done - pulled_at,
+                    "generate_s": time.perf_counter() - done,
                     "bytes": float(_nbytes(state)),
                 }
             )
@@ -172,11 +179,21 @@ def table(scale: dict[str, list[dict[str, float]]], tiny: dict[str, list[dict[st
             r = runs[kind]
             cells = [_ms(r, k) for k in keys] + ["-"] * (3 - len(keys))
             total = _ms(r, lambda x, keys=keys: sum(x[k] for k in keys))
-            rows.append([where, kind, f"{r[0]['bytes'] / MIB:,.2f}", *cells, total])
+            generate = _ms(r, "generate_s") if "generate_s" in r[0] else "-"
+            rows.append([where, kind, f"{r[0]['bytes'] / MIB:,.2f}", *cells, total, generate])
         full = statistics.median(sum(x[k] for k in keys) for x in runs["full"][1:])
         lora = statistics.median(sum(x[k] for k in keys) for x in runs["adapter"][1:])
-        rows.append([where, "full / adapter", "", "", "", "", f"{full / lora:.1f}x"])
-    header = ["model", "weights", "MiB", "publish ms", "pull ms", "vLLM load ms", "sync ms"]
+        rows.append([where, "full / adapter", "", "", "", "", f"{full / lora:.1f}x", ""])
+    header = [
+        "model",
+        "weights",
+        "MiB",
+        "publish ms",
+        "pull ms",
+        "vLLM load ms",
+        "sync ms",
+        "generate a batch ms",
+    ]
     return "\n".join(markdown_table(header, rows))
 
 
@@ -190,7 +207,8 @@ def main() -> None:
     from sluice.rl.config import EnvConfig, PolicyConfig
     from sluice.tasks.environment import make_environment
 
-    env, signature = make_environment(EnvConfig())
+    env, signature = make_environment(EnvConfig(digits=2, scratch=True))  # the default run's
+    prompts = [p.prompt for p in env.problems("train", 16, 0)]
     cache = Path(tempfile.mkdtemp(prefix="sluice-bench-adapters-"))
     policy = prepare_policy(PolicyConfig(warmstart_max_steps=0), env, signature, 0, cache)
     load_before = os.getloadavg()[0]
@@ -205,7 +223,7 @@ def main() -> None:
     )
     try:
         scale = sync_at_scale(args.repeats)
-        tiny = sync_on_the_tiny_policy(policy, args.repeats)
+        tiny = sync_on_the_tiny_policy(policy, prompts, args.repeats)
     finally:
         ray.shutdown()
     section = (

@@ -34,7 +34,9 @@ class TorchTrainer(PolicyTrainer):
 
     def _attach_optimizer(self) -> None:
         if self._world > 1:
-            self._ddp = DistributedDataParallel(self.model)
+            # A causal LM's buffers (rotary frequencies) never change; DDP's default would
+            # broadcast them from rank 0 before every forward pass, a collective per pass.
+            self._ddp = DistributedDataParallel(self.model, broadcast_buffers=False)
             self._network = self._ddp
         opt = self.optimisation
         self._optimizer = torch.optim.AdamW(

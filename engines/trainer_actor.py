@@ -159,7 +159,7 @@ class Trainer:
     def _publish(self) -> float:
         """Publish the engine's version (rank 0); returns the seconds publish took. A sharded
         engine's weights are gathered one tensor at a time, every rank taking part, and rank
-        0 copies each into the parameter service's staging buffer as it comes: no process
+        0 hands them to the parameter service bucket by bucket as they come: no process
         holds the gathered model. Otherwise the background snapshot copies the live tensors
         while the trainer goes on."""
         engine = self.engine

@@ -29,34 +29,47 @@ def gathered_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {key: out[key] for key in model.state_dict()}
 
 
-def gather_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The full weights by ``state_dict`` name, module by module: each module's are
-    gathered, yielded (on the device: copy them before asking for the next) and released
-    before the next module's are gathered."""
-    keys = set(model.state_dict())
+def _by_module(
+    model: torch.nn.Module,
+) -> Iterator[tuple[list[torch.nn.Parameter], list[tuple[str, torch.Tensor]]]]:
+    """Each module's own parameters, with its ``state_dict`` entries not met before (a tied
+    weight comes once), module by module in ``named_modules`` order."""
+    keys = set(model.state_dict(keep_vars=True))
     seen: set[str] = set()
     for prefix, module in model.named_modules():
-        own = list(module.parameters(recurse=False))
+        pairs = []
+        for name, tensor in [
+            *module.named_parameters(recurse=False, remove_duplicate=False),
+            *module.named_buffers(recurse=False, remove_duplicate=False),
+        ]:
+            key = f"{prefix}.{name}" if prefix else name
+            if key in keys and key not in seen:
+                seen.add(key)
+                pairs.append((key, tensor))
+        yield list(module.parameters(recurse=False)), pairs
+
+
+def gather_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The full weights by ``state_dict`` name, in ``weights_layout``'s order, module by
+    module: each module's are gathered, yielded (on the device: copy them before asking for
+    the next) and released before the next module's are gathered."""
+    for own, pairs in _by_module(model):
         with GatheredParameters(own):  # no-op below stage 3, or for a module without any
-            tensors = [
-                *module.named_parameters(recurse=False, remove_duplicate=False),
-                *module.named_buffers(recurse=False, remove_duplicate=False),
-            ]
-            for name, tensor in tensors:
-                key = f"{prefix}.{name}" if prefix else name
-                if key in keys and key not in seen:
-                    seen.add(key)
-                    yield key, tensor.detach()
+            for key, tensor in pairs:
+                yield key, tensor.detach()
 
 
 def weights_layout(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full weights' names, shapes and dtypes as meta tensors, without gathering
-    (ZeRO-3 keeps a partitioned parameter's whole shape as ``ds_shape``)."""
-    out = {}
-    for key, tensor in model.state_dict(keep_vars=True).items():
-        shape = getattr(tensor, "ds_shape", tensor.shape)
-        out[key] = torch.empty(shape, dtype=tensor.dtype, device="meta")
-    return out
+    """The full weights' names, shapes and dtypes as meta tensors, in the order
+    ``gather_weights`` yields them, without gathering (ZeRO-3 keeps a partitioned
+    parameter's whole shape as ``ds_shape``)."""
+    return {
+        key: torch.empty(
+            getattr(tensor, "ds_shape", tensor.shape), dtype=tensor.dtype, device="meta"
+        )
+        for _, pairs in _by_module(model)
+        for key, tensor in pairs
+    }
 
 
 def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:

@@ -8,7 +8,11 @@ safetensors-format parts, allocated on the first publish and reused after), cast
 floating-point tensors to the rollout engines' dtype on the way (``dtype``: the weights
 travel in it); then the hand-over thread puts the buckets into the Ray object store (a
 second copy) one at a time, each handed to relay 0 and dropped once relay 0 has copied it,
-and finally asks relay 0 to commit the version.
+and finally asks relay 0 to commit the version. A sharded trainer (FSDP2, ZeRO-3), whose
+ranks gather the weights one tensor at a time, calls :meth:`ParameterService.publish_from`
+instead: each tensor goes into the bucket being filled as it is gathered, and each full
+bucket straight to relay 0, so no process holds the whole version; that publish returns
+once relay 0 has committed.
 
 **The trainer must not change the published tensors until**
 :meth:`ParameterService.wait_snapshot` **returns.** Its weights change only in the
@@ -173,6 +177,20 @@ def _layout_key(
     )
 
 
+def _cut(names: list[str], size: Mapping[str, int], bucket_bytes: int) -> list[list[str]]:
+    """``names`` in their order, cut into buckets of at most ~``bucket_bytes`` (a tensor
+    larger than that gets a bucket of its own)."""
+    groups: list[list[str]] = []
+    filled = 0
+    for name in names:
+        if not groups or (filled + size[name] > bucket_bytes and filled > 0):
+            groups.append([])
+            filled = 0
+        groups[-1].append(name)
+        filled += size[name]
+    return groups
+
+
 class _Snapshot:
     """A state dict's bytes in buckets: one flat uint8 buffer per bucket, filled in place.
 
@@ -214,44 +232,13 @@ class _Snapshot:
 
     @staticmethod
     def _groups(size: Mapping[str, int], bucket_bytes: int) -> list[list[str]]:
-        groups: list[list[str]] = []
-        filled = 0
-        for name in sorted(size):
-            if not groups or (filled + size[name] > bucket_bytes and filled > 0):
-                groups.append([])
-                filled = 0
-            groups[-1].append(name)
-            filled += size[name]
-        return groups
+        return _cut(sorted(size), size, bucket_bytes)
 
     def fill(self, state: Mapping[str, torch.Tensor]) -> None:
         """Copy ``state`` (of this snapshot's layout) into the buffers."""
         with torch.no_grad():
             for name, view in self.views.items():
                 view.copy_(state[name])
-
-    def fill_from(self, version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy each of ``tensors`` into its place as it comes; every name of this
-        snapshot's layout must come, once."""
-        missing = set(self.views)
-        with torch.no_grad():
-            for name, tensor in tensors:
-                if name not in missing:
-                    why = "twice" if name in self.views else "but is not in the layout"
-                    raise ParameterError(f"version {version}: tensor {name!r} came {why}")
-                try:
-                    self.views[name].copy_(tensor)
-                except RuntimeError as err:
-                    raise ParameterError(
-                        f"copying {name!r} of version {version} into a staging buffer: {err}"
-                    ) from err
-                missing.discard(name)
-                del tensor  # let it go before the next is gathered
-        if missing:
-            raise ParameterError(
-                f"version {version}: {len(missing)} tensor(s) of the layout never came, "
-                f"e.g. {sorted(missing)[:3]}"
-            )
 
     def parts(self) -> list[Parts]:
         """The buckets as they travel; the arrays are views of the buffers, not copies."""
@@ -602,51 +589,6 @@ class ParameterService:
         ``MAX_IN_FLIGHT`` versions are still being handed over, for the oldest of them.
         """
         start = time.perf_counter()
-        slot = self._slot_for(version, state)
-        if self._snapshot_thread is None:
-            self._snapshot_thread = ThreadPoolExecutor(1, thread_name_prefix="param-snapshot")
-        snapshot = slot.snapshot
-        assert snapshot is not None
-        self._hand_over_later(
-            slot, version, self._snapshot_thread.submit(_copy, version, snapshot, dict(state))
-        )
-        return time.perf_counter() - start
-
-    def publish_from(
-        self,
-        version: int,
-        layout: Mapping[str, torch.Tensor],
-        tensors: Iterable[tuple[str, torch.Tensor]],
-    ) -> float:
-        """Publish a version whose tensors come one at a time, as a sharded trainer gathers
-        them; returns seconds spent.
-
-        ``layout`` names every tensor with its shape and dtype (meta tensors will do);
-        each of ``tensors`` is copied into the staging buffer here, on the caller's thread,
-        as it comes, so the caller needs to hold only one full tensor at a time beside the
-        buffer. The hand-over to relay 0 then goes on in the background, as after
-        ``publish``. A tensor the layout lacks, or one missing at the end, is a
-        ParameterError; the rest of ``tensors`` is still read first (each may be a
-        collective that the other ranks are in too).
-        """
-        start = time.perf_counter()
-        slot = self._slot_for(version, layout)
-        snapshot = slot.snapshot
-        assert snapshot is not None
-        copied: Future[None] = Future()
-        coming = iter(tensors)
-        try:
-            snapshot.fill_from(version, coming)
-        finally:
-            for _ in coming:  # drained after an error: the other ranks' gathers end too
-                pass
-        copied.set_result(None)
-        self._hand_over_later(slot, version, copied)
-        return time.perf_counter() - start
-
-    def _slot_for(self, version: int, layout: Mapping[str, torch.Tensor]) -> _Slot:
-        """A free staging buffer laid out for ``layout``, once the checks before a publish
-        pass: an earlier failure raised, the version newer, the last snapshot done."""
         if version <= self._published:
             raise ParameterError(
                 f"published version {version} is not newer than version {self._published}, "
@@ -657,23 +599,116 @@ class ParameterService:
                 self._settle(slot)
         self.wait_snapshot()
         slot = self._free_slot()
-        if slot.snapshot is None or slot.snapshot.key != _layout_key(layout, self.dtype):
-            slot.snapshot = _Snapshot(layout, self.bucket_bytes, self.dtype)
-        return slot
-
-    def _hand_over_later(self, slot: _Slot, version: int, copied: Future[None]) -> None:
-        """Record ``version`` in ``slot`` and queue its hand-over behind its copy."""
-        snapshot = slot.snapshot
-        assert snapshot is not None
-        if self._handover_thread is None:
+        if slot.snapshot is None or slot.snapshot.key != _layout_key(state, self.dtype):
+            slot.snapshot = _Snapshot(state, self.bucket_bytes, self.dtype)
+        if self._snapshot_thread is None or self._handover_thread is None:
+            self._snapshot_thread = ThreadPoolExecutor(1, thread_name_prefix="param-snapshot")
             self._handover_thread = ThreadPoolExecutor(1, thread_name_prefix="param-handover")
         slot.version = version
-        slot.copied = copied
+        slot.copied = self._snapshot_thread.submit(_copy, version, slot.snapshot, dict(state))
         slot.handover = self._handover_thread.submit(
-            self._hand_over, version, copied, snapshot.parts()
+            self._hand_over, version, slot.copied, slot.snapshot.parts()
         )
         self._copying = slot
         self._published = version
+        return time.perf_counter() - start
+
+    def publish_from(
+        self,
+        version: int,
+        layout: Mapping[str, torch.Tensor],
+        tensors: Iterable[tuple[str, torch.Tensor]],
+    ) -> float:
+        """Publish a version whose tensors come one at a time, as a sharded trainer gathers
+        them, handing each bucket to relay 0 as soon as it is full; returns the seconds
+        spent, and relay 0 holds the version when it returns.
+
+        ``layout`` names every tensor with its shape and dtype (meta tensors will do), in
+        the order the tensors come; buckets are cut in that order. Each tensor is copied
+        into the current bucket's buffer here, on the caller's thread; a full bucket goes
+        into the object store (a copy) and to relay 0, which copies it while the next one
+        fills. So this process holds one bucket and one full tensor at a time, never the
+        version; unlike ``publish``, the caller waits for the hand-over. A tensor out of
+        the layout's order, one it lacks, one twice, or one missing at the end is a
+        ParameterError, raised after the rest of ``tensors`` is read (each may be a
+        collective the other ranks are in too); relay 0 then keeps the version before.
+        """
+        start = time.perf_counter()
+        if version <= self._published:
+            raise ParameterError(
+                f"published version {version} is not newer than version {self._published}, "
+                "published before"
+            )
+        self.flush()  # relay 0 takes the versions in order
+        coming = iter(tensors)
+        try:
+            self._stream(version, layout, coming)
+        finally:
+            for _ in coming:  # read to the end: the other ranks' gathers end too
+                pass
+        self._published = version
+        return time.perf_counter() - start
+
+    def _stream(
+        self,
+        version: int,
+        layout: Mapping[str, torch.Tensor],
+        coming: Iterator[tuple[str, torch.Tensor]],
+    ) -> None:
+        """Fill, put and hand over ``layout``'s buckets one at a time, then commit."""
+        wire = {name: _on_wire(tensor, self.dtype) for name, tensor in layout.items()}
+        size = {name: layout[name].numel() * wire[name].itemsize for name in layout}
+        seen: set[str] = set()
+
+        def wrong(name: str, due: str) -> ParameterError:
+            why = (
+                "came twice"
+                if name in seen
+                else f"came where {due} was due"
+                if name in layout
+                else "came but is not in the layout"
+            )
+            return ParameterError(f"version {version}: tensor {name!r} {why}")
+
+        relay, pending = self.relays[0], None
+        groups = _cut(list(layout), size, self.bucket_bytes)
+        for index, names in enumerate(groups):
+            # Widest dtypes first within a bucket: every tensor aligned to its element size.
+            order = sorted(names, key=lambda n: (-wire[n].itemsize, n))
+            buffer = torch.empty(sum(size[n] for n in names), dtype=torch.uint8)
+            views, offset = {}, 0
+            for name in order:
+                window = buffer[offset : offset + size[name]].view(wire[name])
+                views[name] = window.view(layout[name].shape)
+                offset += size[name]
+            entries = [(n, _DTYPES[wire[n]], list(layout[n].shape), size[n]) for n in order]
+            with torch.no_grad():
+                for due in names:
+                    got = next(coming, None)
+                    if got is None:
+                        missing = len(layout) - len(seen)
+                        raise ParameterError(
+                            f"version {version}: {missing} tensor(s) of the layout never "
+                            f"came, from {due!r} on"
+                        )
+                    name, tensor = got
+                    if name != due:
+                        raise wrong(name, repr(due))
+                    views[name].copy_(tensor)
+                    seen.add(name)
+                    del got, tensor  # let it go before the next is gathered
+            ref = ray.put([_header(entries), buffer.numpy()])  # a copy: the buffer is free
+            del views, buffer
+            if pending is not None and not self._relay_answer(version, pending):
+                return  # relay 0 already holds a version as new
+            pending = relay.take.remote(version, index, ref)
+            del ref
+        extra = next(coming, None)
+        if extra is not None:
+            raise wrong(extra[0], "the end")
+        if pending is not None and not self._relay_answer(version, pending):
+            return
+        self._relay_answer(version, relay.commit.remote(version, len(groups)))
 
     def wait_snapshot(self, timeout: float = SNAPSHOT_TIMEOUT_S) -> float:
         """Wait until the newest published version has been copied; returns seconds waited.

@@ -651,12 +651,14 @@ def _one_at_a_time(state: dict[str, torch.Tensor], alive: list[int]):
 
 
 def test_a_version_gathered_one_tensor_at_a_time_holds_one_at_a_time(service, worker):
+    """``publish_from`` copies each tensor into the bucket being filled and lets it go before
+    the next is gathered; relay 0 holds the version when it returns."""
     state = _state(5)
     layout = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in state.items()}
     alive: list[int] = []
     service.publish_from(1, layout, _one_at_a_time(state, alive))
     assert len(alive) == len(state) and max(alive) == 0  # each copied, then let go
-    service.flush(timeout=30)
+    assert service.latest_version() == 1
     pulled = ray.get(worker.pull.remote(service, 0, 30.0), timeout=60)
     assert pulled is not None and pulled[0] == 1
     _assert_same(pulled[1], state)
@@ -669,10 +671,11 @@ def test_a_version_gathered_one_tensor_at_a_time_holds_one_at_a_time(service, wo
     ("tensors", "why"),
     [
         (lambda s: [*s.items(), ("extra", torch.zeros(1))], "'extra' came but is not in"),
-        (lambda s: list(s.items())[1:], r"1 tensor\(s\) of the layout never came"),
+        (lambda s: list(s.items())[:-1], r"1 tensor\(s\) of the layout never came"),
+        (lambda s: list(s.items())[1:], r"'layers\.1\.w' came where 'layers\.0\.w' was due"),
         (lambda s: [*s.items(), next(iter(s.items()))], "came twice"),
     ],
-    ids=["unknown", "missing", "twice"],
+    ids=["unknown", "missing", "out-of-order", "twice"],
 )
 def test_a_gathered_version_that_does_not_fit_its_layout_is_refused(service, tensors, why):
     state = _state(1)
@@ -688,6 +691,6 @@ def test_a_gathered_version_that_does_not_fit_its_layout_is_refused(service, ten
     with pytest.raises(ParameterError, match=why):
         service.publish_from(1, layout, reading())
     assert len(read) == len(given)  # read to the end: the other ranks' gathers end too
-    service.publish_from(1, layout, iter(state.items()))  # nothing was published
-    service.flush(timeout=30)
+    assert service.latest_version() == -1  # relay 0 committed nothing
+    service.publish_from(1, layout, iter(state.items()))
     assert service.latest_version() == 1

@@ -238,6 +238,7 @@ def test_a_sharded_engine_gathers_for_publishing_one_tensor_at_a_time(policy_dir
         k: (v.shape, v.dtype) for k, v in want.items()
     }
     got = {name: tensor.clone() for name, tensor in engine.gathered()}
+    assert list(got) == list(layout)  # in the layout's order: publish_from cuts buckets by it
     _assert_same_weights_dicts(got, want)
 
 
