@@ -26,8 +26,9 @@ test: setup
 test-multinode: setup
 	$(PYTEST) tests/integration/test_multinode.py
 
-# A two-rank training pool under a real async job (marker `slow`): DDP over gloo, one rank
-# killed mid-run, the segment retried with a fresh group (~1.5 minutes). CI runs it.
+# Two-rank training pools under real async jobs (marker `slow`): FSDP2 over gloo with one rank
+# killed mid-run and the segment retried with a fresh group, and LoRA adapters on two DDP
+# ranks (~4 minutes). CI runs it.
 test-ranks: setup
 	$(PYTEST) tests/integration/test_trainer_ranks.py
 
@@ -52,7 +53,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	bash scripts/typecheck.sh sluice/__init__.py sluice/rl sluice/envs sluice/storage sluice/sim \
-	  sluice/engines/protocols.py sluice/engines/messages.py sluice/engines/rollout_worker.py \
+	  sluice/engines/protocols.py sluice/engines/messages.py sluice/engines/lora.py sluice/engines/rollout_worker.py \
 	  sluice/engines/trainer_actor.py sluice/engines/dispatcher.py sluice/tasks \
 	  sluice/flows/rl_job.py sluice/flows/api.py
 

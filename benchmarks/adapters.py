@@ -49,7 +49,7 @@ from sluice.storage.params import ParameterService
 MIB = 1 << 20
 LORA = LoraConfig(
     rank=16,
-    alpha=32.0,
+    alpha=32,
     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
 )
 

@@ -418,8 +418,8 @@ class LoraConfig(_Section):
         le=VLLM_LORA_RANKS[-1],
         description="Rank r of each adapter's A (r x in) and B (out x r) matrices.",
     )
-    alpha: float = Field(
-        16.0, gt=0.0, description="LoRA's alpha: the adapter's update is scaled by alpha / rank."
+    alpha: int = Field(
+        16, ge=1, description="LoRA's alpha: the adapter's update is scaled by alpha / rank."
     )
     dropout: float = Field(
         0.0,

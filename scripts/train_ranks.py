@@ -26,6 +26,7 @@ import os
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from sluice.engines.ranks import Rendezvous, join, shares
@@ -48,6 +49,8 @@ def main() -> None:
     args = parser.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if torch.cuda.is_available():  # one device a rank, as Ray gives each trainer actor
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     place = Rendezvous(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world)
     join(place, timeout_s=120)
     samples = [Sample(**row) for row in json.loads(args.samples.read_text())]

@@ -670,7 +670,8 @@ class ParameterService:
             )
             return ParameterError(f"version {version}: tensor {name!r} {why}")
 
-        relay, pending = self.relays[0], None
+        relay = self.relays[0]
+        pending: ray.ObjectRef | None = None
         groups = _cut(list(layout), size, self.bucket_bytes)
         for index, names in enumerate(groups):
             # Widest dtypes first within a bucket: every tensor aligned to its element size.

@@ -123,7 +123,7 @@ def test_two_ranks_take_one_processs_steps(tiny_policy, tmp_path, engine, stage,
 
 
 def test_two_ranks_train_lora_adapters_as_one_process(tiny_policy, tmp_path):
-    lora = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "up_proj"])
+    lora = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj"])
     ranks = _torchrun(tiny_policy, tmp_path, "torch", 0, lora)
     reference = TorchTrainer(str(tiny_policy), **SETTINGS, lora=lora)
     for got in ranks["steps"]:

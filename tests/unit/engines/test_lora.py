@@ -19,7 +19,7 @@ from sluice.rl.config import LoraConfig
 from sluice.storage.checkpoints import CheckpointStore
 
 SETTINGS = {"lr": 5e-2, "clip_eps": 0.2, "grad_clip": 1.0, "micro_batch": 4, "threads": 1}
-LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "gate_proj"])
+LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"])
 
 
 def _trainer(policy, seed=0, lora=LORA) -> TorchTrainer:

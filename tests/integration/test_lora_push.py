@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 PROMPTS = ["12+34=", "7+85=", "3 5 7>22:", "99+1="]
 LORA = LoraConfig(
     rank=16,
-    alpha=32.0,
+    alpha=32,
     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
 )
 # float32 on both sides: a weight push matched the trainer within 1e-6 (ENVIRONMENT.md).
