@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from sluice.engines.ranks import Rendezvous, free_port, join, rank_and_world
+from sluice.engines.ranks import backend, free_port, rank_and_world
 from sluice.engines.trainer_core import MODEL_FILE, PolicyTrainer
 from sluice.rl.batching import TrainBatch
 from sluice.storage.torch_state import (
@@ -58,8 +58,11 @@ class FSDPTrainer(PolicyTrainer):
     """A :class:`engines.protocols.TrainEngine` on torch FSDP2 (``fully_shard``)."""
 
     def _attach_optimizer(self) -> None:
-        if not dist.is_initialized():  # a pool of one: a world of one rank
-            join(Rendezvous("127.0.0.1", free_port(), 0, 1), timeout_s=300)
+        if not dist.is_initialized():  # a pool of one: a world of one rank (no env vars set,
+            # so no other library in this process takes it for a launcher's group)
+            dist.init_process_group(
+                backend(), init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+            )
         self._rank, self._world = rank_and_world()
         mesh = init_device_mesh(self.device.type, (self._world,))
         layers = getattr(getattr(self.model, "model", None), "layers", None)

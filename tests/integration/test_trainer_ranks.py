@@ -28,6 +28,7 @@ from sluice.engines.lora import ADAPTER_CONFIG, ADAPTER_FILE
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
+from tests.support.cli import sluice, smoke_run
 
 # A smoke run with one restart (~1.5 min here) and a LoRA run (~1 min): out of the default
 # suite, run by `make test-ranks` (and CI).
@@ -113,20 +114,11 @@ def test_a_two_rank_lora_run_publishes_adapters_to_the_workers(tmp_path, shared_
     whose vLLM serves adapters (a full-weight version would not load into it), load each;
     the ledger holds, and the saved policy is the adapter over its base."""
     steps = 4
-    args = [sys.executable, "-m", "sluice.flows.cli", "run", "configs/smoke.yaml"]
-    for setting in (
-        f"root={tmp_path / 'runs'}",
-        f"cache={shared_cache}",
-        "mode=async",
-        f"train.steps={steps}",
-        "train.ranks=2",
-        "train.lora={rank: 8, target_modules: [q_proj, v_proj, down_proj]}",
-    ):
-        args += ["--set", setting]
+    lora = "train.lora={rank: 8, target_modules: [q_proj, v_proj, down_proj]}"
+    args = smoke_run(tmp_path / "runs", shared_cache, "mode=async", f"train.steps={steps}",
+                     "train.ranks=2", lora)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_HOME")}
-    done = subprocess.run(
-        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
-    )
+    done = sluice(*args, env=env)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "2 trainer ranks" in out and "on torch DDP;" in out, out[-4000:]
