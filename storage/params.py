@@ -589,11 +589,7 @@ class ParameterService:
         ``MAX_IN_FLIGHT`` versions are still being handed over, for the oldest of them.
         """
         start = time.perf_counter()
-        if version <= self._published:
-            raise ParameterError(
-                f"published version {version} is not newer than version {self._published}, "
-                "published before"
-            )
+        self._check_newer(version)
         for slot, handover in self._busy():
             if handover.done():
                 self._settle(slot)
@@ -634,11 +630,7 @@ class ParameterService:
         collective the other ranks are in too); relay 0 then keeps the version before.
         """
         start = time.perf_counter()
-        if version <= self._published:
-            raise ParameterError(
-                f"published version {version} is not newer than version {self._published}, "
-                "published before"
-            )
+        self._check_newer(version)
         self.flush()  # relay 0 takes the versions in order
         coming = iter(tensors)
         try:
@@ -648,6 +640,13 @@ class ParameterService:
                 pass
         self._published = version
         return time.perf_counter() - start
+
+    def _check_newer(self, version: int) -> None:
+        if version <= self._published:
+            raise ParameterError(
+                f"published version {version} is not newer than version {self._published}, "
+                "published before"
+            )
 
     def _stream(
         self,
