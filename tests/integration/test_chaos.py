@@ -39,18 +39,37 @@ def plan(seed: int) -> list[tuple[int, str]]:
 
 
 def _pids(out: str) -> tuple[dict[int, int], int]:
-    """The latest pid of each rollout worker and of the trainer, from the job's output."""
+    """The latest pid of each rollout worker and of the trainer, from the job's output.
+
+    ``async`` starts without a worker Ray has not placed yet (a loaded machine is slow to
+    start its process): the start-up line lists the others' pids, and the late one's pid
+    comes with "rollout worker N is up"."""
     workers: dict[int, int] = {}
+    waiting: set[int] = set()
     trainer = 0
     for line in out.splitlines():
+        if ": not placed yet" in line:
+            names = line.split(": not placed yet")[0]
+            waiting |= {int(n) for n in re.findall(r"rollout worker (\d+)", names)}
         started = re.search(r"\(pids ([\d, ]+)\) and the trainer \(pid (\d+)\)", line)
         if started:
-            workers.update(enumerate(int(p) for p in started[1].split(", ")))
-            trainer = int(started[2])
-        streaming = re.search(r"rollout worker (\d+) streams in process (\d+)", line)
-        if streaming:
-            workers[int(streaming[1])] = int(streaming[2])
+            placed = [i for i in range(WORKERS) if i not in waiting]
+            pids = [int(p) for p in started[1].split(", ")]
+            workers.update(zip(placed, pids, strict=True))
+            trainer, waiting = int(started[2]), set()
+        back = re.search(r"rollout worker (\d+) (?:is up \(pid|streams in process) (\d+)", line)
+        if back:
+            workers[int(back[1])] = int(back[2])
     return workers, trainer
+
+
+def _worker_pid(job: Job, worker: int) -> int:
+    """Worker ``worker``'s pid; one not placed yet is waited for."""
+    workers, _ = _pids(job.output())
+    if worker in workers:
+        return workers[worker]
+    up = job.expect(rf"rollout worker {worker} (?:is up \(pid|streams in process) (\d+)")
+    return int(up[1])
 
 
 def _kill(pid: int) -> None:
@@ -79,15 +98,14 @@ def test_the_ledger_holds_whatever_dies_when(tmp_path: Path, shared_cache: Path,
                 job.expect(r"rollout worker\(s\) \(pids")
             else:
                 job.expect(rf"step\s+{step}/{STEPS}")
-            workers, trainer = _pids(job.output())
             if what == "job":
                 job.kill_everything()
                 job.stop()
                 job = Job(["resume", "smoke", "--root", str(tmp_path / "runs")], log)
             elif what == "trainer":
-                _kill(trainer)
+                _kill(_pids(job.output())[1])
             else:
-                _kill(workers[int(what.split()[1])])
+                _kill(_worker_pid(job, int(what.split()[1])))
         assert job.finish(timeout=900) == 0, f"seed {seed}: " + job.output()[-4000:]
     finally:
         job.stop()
