@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from sluice.rl.staleness import StaleBy
+
 
 class _Section(BaseModel):
     # Unknown keys are errors; so are inf and nan in any float field (an `lr: inf` would
@@ -700,15 +702,25 @@ class RunConfig(_Section):
         "async",
         description="sync: generate a batch, train on it, load the new weights, repeat. "
         "one_step: generate the next batch while training on this one (one version stale). "
-        "async: rollout workers stream continuously; every sample is trained at most "
-        "max_staleness versions after the policy that generated it.",
+        "async: rollout workers stream continuously; every group is trained at most "
+        "max_staleness versions after the policy that finished it (stale_by).",
     )
     max_staleness: int = Field(
         2,
         ge=0,
         le=64,
-        description="async: how many versions a trained sample may lag the trainer; "
-        "generation never runs further ahead, staler samples are dropped and counted.",
+        description="async: how many versions a trained group may lag the trainer (dated as "
+        "stale_by says); admission never starts generation further ahead, staler groups are "
+        "dropped and counted.",
+    )
+    stale_by: StaleBy = Field(
+        "last_token",
+        description="async with rollout.partial_rollout: which token's policy version "
+        "max_staleness bounds. last_token: the policy that finished the sample; its earlier "
+        "tokens may be older, and the loss's per-token ratio against the log-probs they were "
+        "sampled with corrects for them (long samples are kept). first_token: every token; "
+        "a sample whose generation spans more than max_staleness versions is dropped "
+        "(rl/staleness.py).",
     )
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Starting policy.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")

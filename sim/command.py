@@ -26,8 +26,9 @@ DEFAULT_POLICIES = [
 ]
 POLICY_HELP = (
     "sync | one_step | async, then options: k=<max staleness>, dispatch (longest first + "
-    "balance), repack (both off unless named), no-partial, credit (give dropped groups' "
-    "admission back)"
+    "balance), repack (both off unless named), no-partial, first-token (max_staleness "
+    "counts a sample's first token, not its last: stale_by=first_token), no-credit (dropped "
+    "groups keep their admission slot)"
 )
 
 
@@ -57,12 +58,21 @@ def parse_policy(text: str) -> dict[str, Any]:
             fields["repack"] = True
         elif option == "no-partial":
             fields["partial_rollout"] = False
-        elif option == "credit":
-            fields["credit_drops"] = True
+        elif option == "first-token":
+            fields["stale_by"] = "first_token"
+        elif option == "no-credit":
+            fields["credit_drops"] = False
         else:
             raise ScenarioError(f"policy {text!r}: unknown option {option!r}; {POLICY_HELP}")
-    if parts[0] != "async" and {"max_staleness", "partial_rollout", "credit_drops"} & set(fields):
-        raise ScenarioError(f"policy {text!r}: k, no-partial and credit apply to async only")
+    if parts[0] != "async" and {
+        "max_staleness",
+        "partial_rollout",
+        "credit_drops",
+        "stale_by",
+    } & set(fields):
+        raise ScenarioError(
+            f"policy {text!r}: k, no-partial, first-token and no-credit apply to async only"
+        )
     return fields
 
 

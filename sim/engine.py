@@ -17,7 +17,8 @@ one heap (time, sequence) and hands each to the part it concerns:
   share of that batch is done (Ray runs an actor's calls in order); ``async`` is the
   dispatcher of ``engines/dispatcher.py`` (AReaL admission: an engine at version v may start
   group g only while g < (v + k + 1) * B; the trainer leases B ready groups, oldest
-  first, after dropping groups staler than k, as ``storage/trajectory_index.py`` does)
+  first, after dropping groups staler than k by the rule of ``rl/staleness.py``, as
+  ``storage/trajectory_index.py`` does)
   with the worker of ``engines/rollout_worker.py`` (refill, weight polling, partial
   rollout).
 - skew-aware dispatch (``rl/dispatch.plan``: longest predicted first, least predicted
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sluice.rl.staleness import group_version, too_stale
 from sluice.sim.lengths import draw_lengths
 from sluice.sim.results import SimResult
 from sluice.sim.scenario import Scenario
@@ -156,7 +158,8 @@ class _Run:
         # Sample arrays, grown a chunk of groups at a time; sample s is in group s // G.
         self.length: list[int] = []
         self.pred: list[float] = []
-        self.startver: list[int] = []
+        self.startver: list[int] = []  # the version of a sample's first token
+        self.endver: list[int] = []  # and of its last (partial rollout: newer weights)
         self.started_at: list[float] = []
         self.done_in_group: list[int] = []
         self._len_rng = np.random.default_rng([sc.seed, 0])
@@ -175,7 +178,8 @@ class _Run:
         # Counters.
         self.trained = self.trained_tokens = self.generated = self.dropped = 0
         self.requeued = self.failures = self.repacked = self.issued_samples = 0
-        self.staleness: Counter[int] = Counter()
+        self.staleness: Counter[int] = Counter()  # by the rule (policy.stale_by)
+        self.first_token_lag: Counter[int] = Counter()
         # Async dispatcher state.
         self.issued = 0  # groups handed out (the admission count)
         self.credit = 0  # dropped groups given back (policy.credit_drops)
@@ -213,6 +217,7 @@ class _Run:
             self.pred.extend(np.repeat(predicted, self.G).tolist())
             n = _CHUNK_GROUPS * self.G
             self.startver.extend([0] * n)
+            self.endver.extend([0] * n)
             self.started_at.extend([0.0] * n)
             self.done_in_group.extend([0] * _CHUNK_GROUPS)
 
@@ -264,7 +269,7 @@ class _Run:
             f"{len(self.ready)}; {in_flight} samples in flight; dispatcher issued "
             f"{self.issued} groups, admission allows {limit}; {self.dropped // self.G} groups "
             "were dropped as stale and never re-admitted (policy.credit_drops is off; "
-            "Sluice's dispatcher gives their slots back: set policy.credit_drops=true)"
+            "Sluice's dispatcher gives their slots back: leave policy.credit_drops on)"
         )
 
     def _start(self) -> None:
@@ -355,6 +360,7 @@ class _Run:
 
     def _sample_done(self, e: _Engine, s: int) -> None:
         self.generated += 1
+        self.endver[s] = e.version
         g = s // self.G
         self.done_in_group[g] += 1
         if self.streaming:
@@ -613,7 +619,7 @@ class _Run:
             self._put(e)
 
     def _on_ready(self, g: int) -> None:
-        version = min(self.startver[g * self.G : (g + 1) * self.G])
+        version = self._group_version(g)
         self.ready[g] = None
         heapq.heappush(self.ready_by_version, (version, g))
         self._try_train()
@@ -622,7 +628,7 @@ class _Run:
         tr = self.trainer
         if tr.busy or tr.version >= self.steps:
             return
-        while self.ready_by_version and self.ready_by_version[0][0] < tr.version - self.k:
+        while self.ready_by_version and too_stale(tr.version, self.ready_by_version[0][0], self.k):
             _, g = heapq.heappop(self.ready_by_version)
             if g in self.ready:
                 del self.ready[g]
@@ -644,12 +650,19 @@ class _Run:
             del self.ready[g]
         self._train([s for g in groups for s in range(g * self.G, (g + 1) * self.G)])
 
+    def _group_version(self, g: int) -> int:
+        first, last = g * self.G, (g + 1) * self.G
+        spans = zip(self.startver[first:last], self.endver[first:last], strict=True)
+        return group_version(spans, self.sc.policy.stale_by)
+
     def _train(self, samples: list[int]) -> None:
         tr = self.trainer
         tokens = 0
         for s in samples:
             tokens += self.length[s]
-            self.staleness[tr.version - self.startver[s]] += 1
+            self.first_token_lag[tr.version - self.startver[s]] += 1
+        for g in dict.fromkeys(s // self.G for s in samples):  # whole groups, in order
+            self.staleness[tr.version - self._group_version(g)] += self.G
         self.trained += len(samples)
         self.trained_tokens += tokens
         seconds = self.train_fixed + self.train_token_s * (tokens + self.prompt * len(samples))
@@ -859,6 +872,7 @@ class _Run:
             rollout_idle=idle / (busy + idle) if busy + idle > 0 else 0.0,
             trainer_idle=max(0.0, 1.0 - self.trainer.busy_s / end) if end > 0 else 0.0,
             staleness=dict(sorted(self.staleness.items())),
+            first_token_lag=dict(sorted(self.first_token_lag.items())),
             warmup_steps=self.sc.workload.warmup_steps,
             events=self.events,
         )

@@ -29,7 +29,9 @@ class SimResult:
     repacked_requests: int
     rollout_idle: float  # share of live engine time with nothing to run
     trainer_idle: float  # share of wall time the trainer waited for data
-    staleness: dict[int, int] = field(default_factory=dict)  # versions behind -> samples
+    # versions behind -> trained samples, counted as policy.stale_by counts them
+    staleness: dict[int, int] = field(default_factory=dict)
+    first_token_lag: dict[int, int] = field(default_factory=dict)  # by each first token
     warmup_steps: int = 0
     events: int = 0
 

@@ -86,6 +86,7 @@ WORKLOADS = {
 
 # (label, policy fields), each over SKEW_HANDLING_OFF: a row names what it switches on.
 # "sync (colocated)" is the papers' baseline and comes first.
+DISPATCH = {"long_first": True, "balance": True}
 POLICIES: list[tuple[str, dict[str, Any]]] = [
     ("sync (colocated)", {"mode": "sync"}),
     ("sync", {"mode": "sync"}),
@@ -93,43 +94,23 @@ POLICIES: list[tuple[str, dict[str, Any]]] = [
     ("async k=1", {"mode": "async", "max_staleness": 1}),
     ("async k=2", {"mode": "async", "max_staleness": 2}),
     ("async k=4", {"mode": "async", "max_staleness": 4}),
-    (
-        "async k=2 +dispatch",
-        {"mode": "async", "max_staleness": 2, "long_first": True, "balance": True},
-    ),
+    ("async k=2 +dispatch", {"mode": "async", "max_staleness": 2, **DISPATCH}),
     (
         "async k=2 +dispatch +repack",
-        {"mode": "async", "max_staleness": 2, "long_first": True, "balance": True, "repack": True},
+        {"mode": "async", "max_staleness": 2, **DISPATCH, "repack": True},
+    ),
+    # The rule that dates a group by its first token (rl/staleness.py), for comparison.
+    (
+        "async k=2 +dispatch +first-token",
+        {"mode": "async", "max_staleness": 2, **DISPATCH, "stale_by": "first_token"},
     ),
     (
-        "async k=2 +dispatch +credit",
-        {
-            "mode": "async",
-            "max_staleness": 2,
-            "long_first": True,
-            "balance": True,
-            "credit_drops": True,
-        },
+        "async k=4 +dispatch +first-token",
+        {"mode": "async", "max_staleness": 4, **DISPATCH, "stale_by": "first_token"},
     ),
     (
-        "async k=4 +dispatch +credit",
-        {
-            "mode": "async",
-            "max_staleness": 4,
-            "long_first": True,
-            "balance": True,
-            "credit_drops": True,
-        },
-    ),
-    (
-        "async k=16 +dispatch +credit",
-        {
-            "mode": "async",
-            "max_staleness": 16,
-            "long_first": True,
-            "balance": True,
-            "credit_drops": True,
-        },
+        "async k=16 +dispatch +first-token",
+        {"mode": "async", "max_staleness": 16, **DISPATCH, "stale_by": "first_token"},
     ),
 ]
 
@@ -261,6 +242,24 @@ def report(grid: dict[str, dict[int, dict[str, Cell]]], steps: int, elapsed: flo
             r = grid[n][s][label].result
             shares.append(f"{100 * r.dropped_samples / max(r.generated_samples, 1):.0f}%")
         lines.append(f"| {label} | " + " | ".join(shares) + " |")
+    lines += [
+        "",
+        "What the last-token rule lets through (`rl/staleness.py`): trained samples whose first "
+        "token is more than k versions old, and the oldest first token (versions):",
+        "",
+        header,
+        rule,
+    ]
+    for label, policy in POLICIES:
+        if policy["mode"] != "async":
+            continue
+        k = policy["max_staleness"]
+        cells_text = []
+        for n, s in cells:
+            lag = grid[n][s][label].result.first_token_lag
+            over = sum(v for lagged, v in lag.items() if lagged > k) / max(sum(lag.values()), 1)
+            cells_text.append(f"{100 * over:.0f}%, {max(lag, default=0)}")
+        lines.append(f"| {label} | " + " | ".join(cells_text) + " |")
     lines += [
         "",
         "| cell | baseline samples/s | baseline step s | disaggregated split (rollout + train) "

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sluice.rl.config import RolloutConfig, RunConfig, apply_override
+from sluice.rl.staleness import StaleBy
 
 # Calibration profiles shipped with the package (written by benchmarks/sim_profile.py).
 PROFILES = Path(__file__).parent / "profiles"
@@ -265,6 +266,7 @@ class PolicySpec(_Section):
 
     mode: Literal["sync", "one_step", "async"] = _run_setting(RunConfig, "mode")
     max_staleness: int = _run_setting(RunConfig, "max_staleness")
+    stale_by: StaleBy = _run_setting(RunConfig, "stale_by")
     partial_rollout: bool = _run_setting(RolloutConfig, "partial_rollout")
     long_first: bool = _run_setting(RolloutConfig, "long_first")
     balance: bool = _run_setting(RolloutConfig, "balance")
@@ -311,7 +313,7 @@ class PolicySpec(_Section):
     # Simulator only: Sluice's dispatcher always gives the slot back (engines/dispatcher.py,
     # ``credit``); the switch shows what the rule without it costs.
     credit_drops: bool = Field(
-        False,
+        True,
         description="async: a dropped group gives its admission slot back, as Sluice's "
         "dispatcher does. Off: every group handed out counts against admission, which can "
         "stall training once more than max_staleness batches were dropped.",
@@ -328,6 +330,10 @@ class PolicySpec(_Section):
             extra.append("repack")
         if not self.partial_rollout:
             extra.append("no partial")
+        if self.stale_by == "first_token":
+            extra.append("first-token")
+        if not self.credit_drops:
+            extra.append("no credit")
         return f"async k={self.max_staleness}" + "".join(f" +{e}" for e in extra)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sluice.rl.staleness import StaleBy, group_version, too_stale
 from sluice.storage.ledger import LedgerEvent
 
 TERMINAL = frozenset({"trained", "dropped"})
@@ -38,7 +39,8 @@ class LeaseError(RuntimeError):
 
 @dataclass
 class SampleMeta:
-    """What the index keeps per sample; ``version`` is the oldest policy version of its tokens."""
+    """What the index keeps per sample; ``version`` is the oldest policy version of its
+    tokens, ``last_version`` the newest (``None``: the same, one version wrote them all)."""
 
     sample_id: str
     prompt_id: str
@@ -47,6 +49,12 @@ class SampleMeta:
     reward: float | None = None
     advantage: float | None = None
     reason: str | None = None  # a verifier error: the sample still trains, with its reward
+    last_version: int | None = None
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """The versions of its first and last token."""
+        return self.version, self.version if self.last_version is None else self.last_version
 
     @property
     def is_scored(self) -> bool:
@@ -81,8 +89,9 @@ class LeaseGrant:
     sample_ids: list[str]
     rewards: list[float]
     advantages: list[float]
-    staleness: list[int]
+    staleness: list[int]  # versions behind, by the run's rule (rl/staleness.py)
     current_version: int
+    first_token_lag: list[int] = field(default_factory=list)  # by each sample's first token
 
 
 @dataclass
@@ -96,9 +105,13 @@ class TrajectoryIndex:
     """Per-sample metadata and the ready pool of one trajectory store."""
 
     def __init__(
-        self, ledger: EventSink | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        ledger: EventSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        stale_by: StaleBy = "last_token",
     ) -> None:
         self._ledger = ledger
+        self._stale_by = stale_by
         self._clock = clock
         self._entries: dict[str, _Entry] = {}  # live (non-terminal) samples only
         self._seen: set[str] = set()  # every sample id ever added, to refuse duplicates
@@ -211,6 +224,10 @@ class TrajectoryIndex:
         self._leases[lease_id] = _Lease(chosen, self._clock() + lease_s, current_version)
         return self._grant(lease_id, chosen, current_version)
 
+    def _version(self, group_id: str) -> int:
+        """The version the staleness rule dates the group's live samples at."""
+        return group_version((e.meta.span for e in self._live(group_id)), self._stale_by)
+
     def _live(self, group_id: str) -> list[_Entry]:
         return [self._entries[s] for s in self._groups[group_id].samples if s in self._entries]
 
@@ -232,18 +249,20 @@ class TrajectoryIndex:
             sample_ids=[e.meta.sample_id for e in entries],
             rewards=[float(e.meta.reward or 0.0) for e in entries],
             advantages=[float(e.meta.advantage or 0.0) for e in entries],
-            staleness=[current_version - e.meta.version for e in entries],
+            staleness=[current_version - self._version(e.meta.group_id) for e in entries],
             current_version=current_version,
+            first_token_lag=[current_version - e.meta.version for e in entries],
         )
 
     def _drop_stale(self, current_version: int, max_staleness: int) -> None:
         for group_id in list(self._ready):
             live = self._live(group_id)
-            oldest = min(e.meta.version for e in live)
-            if current_version - oldest > max_staleness:
+            version = self._version(group_id)
+            if too_stale(current_version, version, max_staleness):
                 del self._ready[group_id]
                 reason = (
-                    f"stale: generated at version {oldest}, trainer at {current_version}, "
+                    f"stale: {'finished' if self._stale_by == 'last_token' else 'started'} "
+                    f"at version {version}, trainer at {current_version}, "
                     f"max_staleness {max_staleness}"
                 )
                 self._finish([e.meta.sample_id for e in live], "dropped", reason=reason)
@@ -258,7 +277,9 @@ class TrajectoryIndex:
                 "went back to the ready pool); raise the lease timeout if training is slow"
             )
         ids = [e.meta.sample_id for g in lease.groups for e in self._live(g)]
-        staleness = {s: lease.current_version - self._entries[s].meta.version for s in ids}
+        staleness = {
+            s: lease.current_version - self._version(self._entries[s].meta.group_id) for s in ids
+        }
         self._finish(ids, "trained", version=version, staleness=staleness)
         return len(ids)
 

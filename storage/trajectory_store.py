@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import ray
 from ray import ObjectRef
 
+from sluice.rl.staleness import StaleBy
 from sluice.storage import fsio
 from sluice.storage.block_builder import decode_block, encode_block
 from sluice.storage.ledger import Ledger, LedgerEvent, latest_events
@@ -61,8 +62,8 @@ __all__ = ["Lease", "LeaseError", "StoreClient", "TrajectoryStore", "create_stor
 
 
 def _metas(batch: pa.RecordBatch) -> list[SampleMeta]:
-    """Index metadata of each row (validated: each has response tokens); the version is the
-    oldest policy version of its tokens."""
+    """Index metadata of each row (validated: each has response tokens), with the oldest and
+    the newest policy version of its tokens."""
     status = batch.column("status")
     bad = pc.index(pc.equal(status, "scored"), False).as_py()
     if bad >= 0:
@@ -77,18 +78,21 @@ def _metas(batch: pa.RecordBatch) -> list[SampleMeta]:
             f"row {bad} (sample_id={batch.column('sample_id')[bad].as_py()!r}) is 'scored' "
             "but lacks its reward or advantage"
         )
-    # Each row's oldest token version, vectorised (a Python loop over tokens cost more
-    # than the rest of a put for long responses).
+    # Each row's oldest and newest token version, vectorised (a Python loop over tokens
+    # cost more than the rest of a put for long responses).
     versions = batch.column("token_versions")
     lengths = pc.list_value_length(versions).to_numpy()
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    minimum = np.minimum.reduceat(pc.list_flatten(versions).to_numpy(), starts).tolist()
+    flat = pc.list_flatten(versions).to_numpy()
+    minimum = np.minimum.reduceat(flat, starts).tolist()
+    maximum = np.maximum.reduceat(flat, starts).tolist()
     return [
         SampleMeta(
             sample_id=row["sample_id"],
             prompt_id=row["prompt_id"],
             group_id=row["group_id"],
             version=int(minimum[i]),
+            last_version=int(maximum[i]),
             reward=row["reward"],
             advantage=row["advantage"],
             reason=row["reason"],
@@ -112,13 +116,14 @@ class TrajectoryStore:
         lease_s: float = 300.0,
         restore: bool | str = False,
         credentials: Credentials | None = None,
+        stale_by: StaleBy = "last_token",
     ) -> None:
         if credentials:
             credentials.apply()  # the ledger under an s3:// url needs them
         if capacity < 1:
             raise ValueError(f"store capacity must be >= 1 sample, got {capacity}")
         self._ledger = Ledger(url) if url else None
-        self._index = TrajectoryIndex(self._ledger)
+        self._index = TrajectoryIndex(self._ledger, stale_by=stale_by)
         self._capacity = capacity
         self._draining = False
         self._gone: set[str] = set()  # samples recorded dropped before their rows came
@@ -375,18 +380,20 @@ def create_store(
     lease_s: float = 300.0,
     restore: bool | str = False,
     scheduling_strategy: Any = None,
+    stale_by: StaleBy = "last_token",
 ) -> Any:
     """Start the controller actor (no CPU slot: it only does bookkeeping).
 
     ``restore``: False (a new run), True (a restarted store) or "checkpoint" (a run resumed
     from a checkpoint, its ledger rolled back to the checkpoint's watermark).
     ``scheduling_strategy``: where Ray places it (the flow pins it to its own node).
+    ``stale_by``: which token's version the staleness bound counts (``rl/staleness.py``).
 
     It gets this process's storage credentials, since it writes the ledger under ``url``.
     """
     return TrajectoryStore.options(  # type: ignore[attr-defined]
         scheduling_strategy=scheduling_strategy
-    ).remote(url, capacity, lease_s, restore, Credentials.here())
+    ).remote(url, capacity, lease_s, restore, Credentials.here(), stale_by)
 
 
 @dataclass(frozen=True)

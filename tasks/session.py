@@ -330,6 +330,7 @@ class Session:
             cfg.store.lease_timeout_s,
             restore=restore,
             scheduling_strategy=here,
+            stale_by=cfg.stale_by,
         )
         self.store = StoreClient(
             handle,

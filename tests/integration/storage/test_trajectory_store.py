@@ -178,7 +178,7 @@ def test_stale_samples_are_dropped_with_a_reason(client):
     client.ack(lease, 7)
     dropped = [e for e in Ledger(client.url).read().to_pylist() if e["event"] == "dropped"]
     assert len(dropped) == GROUP
-    assert dropped[0]["reason"] == "stale: generated at version 0, trainer at 6, max_staleness 2"
+    assert dropped[0]["reason"] == "stale: finished at version 0, trainer at 6, max_staleness 2"
 
 
 def test_bad_rows_are_refused_and_nothing_stored_is_lost(client):

@@ -185,16 +185,19 @@ def test_colocated_sync_adds_the_switch_and_divides_training():
     assert result.label == "sync (colocated)"
 
 
-def test_one_long_group_is_dropped_once_it_is_two_versions_stale():
+@pytest.mark.parametrize("stale_by", ["first_token", "last_token"])
+def test_one_long_group_started_two_versions_back(stale_by):
     # B = 2 groups of one sample, k = 1, one engine, 1 s per decode step, 0.5 s per train
     # step. Group 0 is 50 tokens, every other group 1. At t=0 the engine admits groups 0-3
     # ((0 + 1 + 1) * 2); 1, 2, 3 finish at t=1 and the trainer takes 1, 2. From then on
     # each version admits two more one-token groups and the trainer steps every 1.5 s.
-    # Group 0 (version 0) finishes at t=50, when the trainer is far past version 1: dropped.
+    # Group 0 (version 0) finishes at t=50 under the weights of version 33 (33 steps of
+    # 1.5 s have ended by then): first_token drops it, last_token trains it at version 33
+    # with its first token 33 versions old.
     groups = [[50]] + [[1]] * 500
     sc = scenario(
         lengths={"kind": "groups", "groups": groups},
-        policy={"mode": "async", "max_staleness": 1},
+        policy={"mode": "async", "max_staleness": 1, "stale_by": stale_by},
         steps=40,
         groups=2,
         group_size=1,
@@ -203,10 +206,15 @@ def test_one_long_group_is_dropped_once_it_is_two_versions_stale():
         costs={"decode_step_s": 1.0, "decode_per_request_s": 0.0, "train_step_s": 0.5},
     )
     result = simulate(sc)
-    assert result.dropped_samples == 1
     assert result.step_end_s[:4] == pytest.approx([1.5, 3.0, 4.5, 6.0])
     assert result.max_staleness <= 1
     assert result.trained_samples == 80
+    if stale_by == "first_token":
+        assert result.dropped_samples == 1
+        assert max(result.first_token_lag) <= 1
+    else:
+        assert result.dropped_samples == 0
+        assert max(result.first_token_lag) == 33 and result.first_token_lag[33] == 1
 
 
 def test_repack_moves_the_stragglers_onto_one_engine():

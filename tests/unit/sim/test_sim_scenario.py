@@ -128,7 +128,7 @@ def test_profile_costs_fill_in_and_explicit_costs_win():
             },
         ),
         (
-            "async,k=4,dispatch,repack,no-partial,credit",
+            "async,k=4,dispatch,repack,no-partial,first-token,no-credit",
             {
                 "mode": "async",
                 "max_staleness": 4,
@@ -136,7 +136,8 @@ def test_profile_costs_fill_in_and_explicit_costs_win():
                 "balance": True,
                 "repack": True,
                 "partial_rollout": False,
-                "credit_drops": True,
+                "stale_by": "first_token",
+                "credit_drops": False,
             },
         ),
     ],
@@ -160,6 +161,7 @@ def test_policy_settings_a_run_has_are_the_run_configs_own_fields():
     assert shared == {
         "mode",
         "max_staleness",
+        "stale_by",
         "partial_rollout",
         "long_first",
         "balance",

@@ -7,6 +7,7 @@ import pytest
 
 from sluice.storage.block_builder import decode_block, encode_block, trajectory_block
 from sluice.storage.schema import SchemaError, batch_from_rows, validate_batch
+from sluice.storage.trajectory_store import _metas
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -180,3 +181,10 @@ def test_encoded_blocks_read_back_equal_and_in_place(start, length):
 def test_a_buffer_that_is_not_a_block_fails_to_decode():
     with pytest.raises(pa.ArrowInvalid):
         decode_block(pa.py_buffer(b"not an arrow stream"))
+
+
+def test_the_store_reads_each_rows_first_and_last_token_version():
+    """What the staleness rule counts: sample 1 started under version 7 and its last token
+    came from version 8 (partial rollout)."""
+    metas = _metas(trajectory_block(**samples()))
+    assert [(m.version, m.last_version) for m in metas] == [(7, 7), (7, 8)]

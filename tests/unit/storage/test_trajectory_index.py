@@ -94,8 +94,47 @@ def test_stale_groups_are_dropped_with_the_reason(parts):
     assert grant.sample_ids[0] == "new/0"
     dropped = sink.of("dropped")
     assert len(dropped) == 4
-    assert dropped[0].reason == "stale: generated at version 0, trainer at 3, max_staleness 1"
+    assert dropped[0].reason == "stale: finished at version 0, trainer at 3, max_staleness 1"
     assert index.stats()["blocks"] == 1  # the stale block was freed
+
+
+def spanning(name: str, spans: list[tuple[int, int]]) -> list[SampleMeta]:
+    """A group whose sample j has tokens of versions spans[j][0] to spans[j][1]."""
+    return [
+        SampleMeta(f"{name}/{j}", f"p-{name}", name, first, 0.5, 0.0, last_version=last)
+        for j, (first, last) in enumerate(spans)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stale_by", "kept", "staleness"),
+    [("last_token", ["long"], [0, 0]), ("first_token", [], None)],
+)
+def test_a_group_is_as_old_as_the_token_the_rule_names(stale_by, kept, staleness):
+    """Partial rollout: a group started under version 0; its short sample finished under
+    1, its long one under 3. With the trainer at 3 and max_staleness 1, last_token dates
+    the group at 3 and trains it, first_token dates it at 0 and drops it."""
+    sink = Sink()
+    index = TrajectoryIndex(sink, Clock(), stale_by=stale_by)
+    index.add("b", spanning("long", [(0, 1), (0, 3)]))
+    grant = index.take(2, current_version=3, max_staleness=1, lease_s=60)
+    assert ([grant.sample_ids[0].split("/")[0]] if grant else []) == kept
+    if grant:
+        assert grant.staleness == staleness
+        index.ack(grant.lease_id, 4)
+        assert [e.staleness for e in sink.of("trained")] == staleness
+    else:
+        reasons = {e.reason for e in sink.of("dropped")}
+        assert reasons == {"stale: started at version 0, trainer at 3, max_staleness 1"}
+
+
+def test_a_group_finished_long_ago_is_stale_by_its_last_token_too():
+    sink = Sink()
+    index = TrajectoryIndex(sink, Clock())
+    index.add("b", spanning("g", [(0, 1), (1, 1)]))
+    assert index.take(2, current_version=3, max_staleness=1, lease_s=60) is None
+    reasons = {e.reason for e in sink.of("dropped")}
+    assert reasons == {"stale: finished at version 1, trainer at 3, max_staleness 1"}
 
 
 def test_expired_lease_goes_back_to_the_front(parts):
