@@ -9,7 +9,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-engines bench-staleness bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -122,6 +122,11 @@ bench-rewards: setup
 # A 1M-row Parquet data set: time to the first prompts and the driver's memory (~2 minutes).
 bench-datasets: setup
 	$(PY) -m sluice.benchmarks.datasets --write
+
+# async with the staleness bound dating groups by their first token against their last, seeds
+# 0-2 (~20 minutes).
+bench-staleness: setup
+	$(PY) -m sluice.benchmarks.staleness --steps 60 --seeds 0 1 2 --write
 
 # Trainer step time at 1 and 2 ranks (torchrun) for torch DDP, FSDP2 and ZeRO-1/2/3 (~8 minutes).
 bench-ranks: setup

