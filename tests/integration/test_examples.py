@@ -124,6 +124,8 @@ def test_the_chat_example_trains_a_model_folder_with_a_bpe_tokenizer_and_templat
     assert digits[0] is not None and 1.0 <= digits[0] <= digits[1] <= 2.0
 
 
+# Slow tier (make test-slow): the dataset and environment examples cover a task of yours.
+@pytest.mark.slow
 def test_a_reasoning_gym_task_trains_for_a_few_steps(
     tmp_path: Path, shared_cache: Path, bpe_policy: Path
 ) -> None:

@@ -119,6 +119,8 @@ def test_killed_rollout_workers_a_killed_trainer_and_a_broken_checkpoint_write(
     assert leftovers == []  # the half-written step-0 checkpoint was cleaned up
 
 
+# Slow tier (make test-slow): CI's chaos seed kills and resumes the whole job every day.
+@pytest.mark.slow
 def test_a_killed_job_resumes_from_its_checkpoint(tmp_path, shared_cache):
     steps = 24
     args = smoke_args(
@@ -150,6 +152,8 @@ def test_a_killed_job_resumes_from_its_checkpoint(tmp_path, shared_cache):
     assert refused.returncode == 2 and "sluice resume smoke" in refused.stderr
 
 
+# Slow tier (make test-slow), to keep make test within its time.
+@pytest.mark.slow
 def test_a_failure_before_the_step_0_checkpoint_starts_the_run_again(tmp_path, shared_cache):
     """Nothing has been trained yet: the segment's retry starts from the beginning."""
     steps = 4
