@@ -9,7 +9,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines bench-staleness bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -127,6 +127,11 @@ bench-datasets: setup
 # 0-2 (~20 minutes).
 bench-staleness: setup
 	$(PY) -m sluice.benchmarks.staleness --steps 60 --seeds 0 1 2 --write
+
+# The trajectory store, dispatcher and a parameter relay under hundreds of simulated rollout
+# workers (threads, no vLLM), beside what the simulator says 64-1024 accelerators need (~2 min).
+bench-control: setup
+	$(PY) -m sluice.benchmarks.control_plane --write
 
 # Trainer step time at 1 and 2 ranks (torchrun) for torch DDP, FSDP2 and ZeRO-1/2/3 (~8 minutes).
 bench-ranks: setup

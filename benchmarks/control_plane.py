@@ -1,0 +1,1354 @@
+"""The control plane under load: the real trajectory store, dispatcher and parameter relay,
+driven by hundreds of simulated rollout workers, beside what the simulator says 64, 256 and
+1024 accelerators need at 7B and 32B scale.
+
+Components, in one local Ray session (127.0.0.1), fresh controllers for every load level:
+
+- Under test, the real actors: ``storage.trajectory_store.TrajectoryStore`` (its ledger in a
+  local folder, flushed at every ack), ``engines.dispatcher.Dispatcher`` (admission, skew-aware
+  dispatch over every worker's reported load, a ``dispatched`` ledger event per sample sent to
+  the store) and a ``storage.params.ParameterService`` relay.
+- ``WorkerHost`` actors (``HOSTS``), each running its share of the simulated rollout workers
+  as threads. A simulated worker makes the calls ``engines/rollout_worker.py: _Stream`` makes
+  around its engine, the engine replaced by a clock: it takes groups from the dispatcher when
+  a slot is free, "generates" each for a log-normal time, puts finished groups as one block
+  through ``StoreClient`` within ``PUT_EVERY_S`` (rows of realistic size: 512 prompt tokens,
+  response lengths drawn from the simulator's 7B workload, about 4k tokens on average, 12
+  bytes a token), reports done groups and its load to the dispatcher every
+  ``report_every_s``, and asks the relay for newer weights every ``WEIGHT_CHECK_S``, pulling
+  a new version when there is one.
+- ``Trainer``, the trainer's stand-in (``flows/rl_job.py: rl_step``) on a thread of the
+  driver: each step it reads the store's counters, leases a batch of whole groups, reads the
+  rows, waits ``--step-s``, publishes the next weight version (4 MB), acknowledges the lease,
+  gives the admission of groups dropped as stale back to the dispatcher and drains the
+  dispatcher's totals.
+- The driver (``main``) runs the levels, reads each process's CPU time (psutil) over a window
+  after the warm-up, stops a level cleanly and checks that the ledger has every dispatched
+  sample trained or dropped exactly once, runs the call-rate probes, profiles the store and
+  the dispatcher with py-spy during each level, and derives from ``sim.scale`` what the
+  control plane must serve at scale (``Demand``).
+
+A level's sustained rate is acknowledged samples per second; it is saturated when it falls
+short of the offered rate. On 2 cores the simulated workers, the trainer and Ray's own
+processes share the machine with the controllers, so the report also projects each
+controller's load at scale: the simulator's demand times the CPU each unit of work cost here
+(a sample through the store, a dispatcher call, a take at the cell's shape measured in
+process, a relay check). A controller runs its calls one at a time and also waits (the
+dispatcher, for the store to take each take's ledger events), which CPU time leaves out:
+the projected load is a lower bound.
+
+    .venv/bin/python -m sluice.benchmarks.control_plane            # about 105 s
+    .venv/bin/python -m sluice.benchmarks.control_plane --quick    # about 50 s, smoke use
+    .venv/bin/python -m sluice.benchmarks.control_plane --write    # also into BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import ray
+import torch
+
+from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.engines.dispatcher import LOOKAHEAD_STEPS, Dispatcher, GroupDispatcher
+from sluice.engines.messages import Assignment, GroupDone, StreamSettings
+from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT, RELAY_POLL_S
+from sluice.envs import Problem
+from sluice.sim.engine import simulate
+from sluice.sim.lengths import draw_lengths
+from sluice.sim.report import write_section
+from sluice.sim.results import SimResult
+from sluice.sim.scale import GROUP, GROUPS_PER_STEP, PROMPT_TOKENS, SIZES, WORKLOADS
+from sluice.sim.scale import scenario as scale_scenario
+from sluice.sim.scenario import ClusterSpec
+from sluice.storage.batches import TRAIN_FIELDS
+from sluice.storage.block_builder import trajectory_block, version_lists
+from sluice.storage.ledger import Ledger, LedgerEvent, check_exactly_once, dispatch_accounting
+from sluice.storage.params import ParameterService
+from sluice.storage.trajectory_store import StoreClient, create_store, materialize
+
+ROOT = Path(__file__).parents[1]
+ENV = "control-plane"
+# Processes the simulated workers are spread over: two keep one host's GIL from being the
+# limit (a worker needs a few ms of Python a group) and leave the cores to the controllers.
+HOSTS = 2
+# Groups a simulated worker runs at once. A 7B engine holds 16 groups and asks for 4 at a
+# time, a 32B one holds 5 and asks for 2 (REFILL_AT); 2 slots ask for one group a take, the
+# most control-plane calls per sample.
+SLOTS = 2
+# The trainer leases what the offered rate makes in this long, so a short measurement window
+# holds several steps (the sim's recipe, 512 groups of 16, would be 2-16 s a step here); the
+# store's work per sample does not depend on it.
+STEP_EVERY_S = 1.0
+# A weight version is one 4 MB bucket: a relay's work per check does not depend on the size,
+# and pulling a large version is the data plane (benchmarks/params.py).
+WEIGHTS_MB = 4
+# The real worker asks its relay every StreamSettings.weight_check_s (0.1 s). With 512
+# simulated workers on 2 cores that alone is 5k relay calls/s, which would starve the store
+# under test; the relay probe measures what a relay can answer, against the 0.1 s demand.
+WEIGHT_CHECK_S = 1.0
+# The real worker's timing, as the flow leaves it (tasks/rollouts.py: stream_settings).
+_REAL = StreamSettings(worker=0, samples_per_prompt=GROUP, max_new_tokens=1, temperature=1.0,
+                       scale_by_std=False, concurrency=1)  # fmt: skip
+REAL_WEIGHT_CHECK_S = _REAL.weight_check_s
+REPORT_EVERY_S = _REAL.report_every_s
+# A worker that admission holds back while groups still run asks again after an engine step
+# (a 7B decode step of a full H100 engine takes tens of milliseconds).
+ENGINE_STEP_S = 0.03
+GENERATION_SIGMA = 0.5  # log-normal spread of one group's generation time around its mean
+MAX_NAP_S = 0.05  # longest a simulated worker sleeps between looks at its clock
+STAGGER_S = 1.0  # the workers' first takes are spread over this long
+# Longest the warm-up waits for the dispatcher to load the fleet; a level whose fleet is not
+# loaded by then is measured as it is.
+WARMUP_TIMEOUT_S = 20.0
+TEMPLATES = 16  # response-length templates a host draws once and relabels for every group
+BYTES_PER_TOKEN = 12  # of a response token in a row: id, behaviour log-prob, policy version
+LEASE_WAIT_S = 0.25  # the trainer looks at its stop flag this often while waiting for data
+STOP_TIMEOUT_S = 60.0
+NEVER = 2**62  # a version no relay holds: "anything newer?" is answered "no"
+UNBOUNDED = 10**9  # a staleness bound admission never reaches (the take probe)
+OBJECT_STORE_BYTES = 6 << 30
+PROFILE_RATE = 50  # py-spy samples per second: about 1% of a core, without pausing the target
+# The policies whose demand is derived (fields of sim.scenario's policy, over sim.scale's
+# defaults): Sluice's defaults (rl/config.py), and the loosest bound sim.scale tries, for
+# which it predicts the most samples per second.
+DEMAND_POLICIES: dict[str, dict[str, Any]] = {
+    "async k=2 +dispatch +repack": {
+        "mode": "async", "max_staleness": 2, "long_first": True, "balance": True, "repack": True
+    },
+    "async k=16 +dispatch": {
+        "mode": "async", "max_staleness": 16, "long_first": True, "balance": True
+    },
+}  # fmt: skip
+# A level is saturated when it carries less than this share of its offered rate, or when it
+# grows less than SATURATION_GROWTH times over the level before.
+SATURATION_SHARE = 0.9
+SATURATION_GROWTH = 1.1
+# Headroom below this many times the 1024-accelerator demand: time to shard the controller.
+SAFE_HEADROOM = 3.0
+FULL_LEVELS = "64:1000 256:1500 512:1500"
+QUICK_LEVELS = "32:500 128:1500"
+
+
+# -- pure parts: latencies, demand, ceilings -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Nearest-rank percentiles of a set of latencies, in seconds."""
+
+    count: int
+    p50: float
+    p99: float
+
+    def ms(self) -> str:
+        return f"{self.p50 * 1e3:.1f} / {self.p99 * 1e3:.1f}" if self.count else "-"
+
+
+def percentile(values: Sequence[float] | np.ndarray, p: float) -> float:
+    """The nearest-rank ``p``-th percentile: the smallest value with at least p% of the values
+    at or below it; nan for no values."""
+    if not 0 < p <= 100:
+        raise ValueError(f"percentile must be in (0, 100], got {p}")
+    if not len(values):
+        return math.nan
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    return float(ordered[math.ceil(p / 100 * len(ordered)) - 1])
+
+
+def summarise(values: Sequence[float] | np.ndarray) -> Latency:
+    return Latency(len(values), percentile(values, 50), percentile(values, 99))
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What the control plane must serve for one simulated cell (model x accelerators x
+    policy): the simulator's rates, turned into calls by the real worker's call pattern."""
+
+    model: str
+    accelerators: int
+    policy: str
+    engines: int
+    concurrency: int  # requests per engine
+    samples_s: float  # samples trained or dropped a second: each was put into the store
+    trained_s: float
+    rollout_idle: float  # share of engine time with nothing to run
+    group: int = GROUP
+    groups_per_step: int = GROUPS_PER_STEP
+
+    @property
+    def groups_s(self) -> float:
+        return self.samples_s / self.group
+
+    @property
+    def puts_s(self) -> float:
+        """A worker puts its finished groups at least every PUT_EVERY_S, at most PUT_GROUPS a
+        block: at well under one group per engine per PUT_EVERY_S, one put per group."""
+        per_engine = self.groups_s / self.engines
+        return self.groups_s / min(PUT_GROUPS, max(1.0, per_engine * PUT_EVERY_S))
+
+    @property
+    def groups_per_take(self) -> int:
+        """A worker asks once REFILL_AT of its requests are free, for that many groups."""
+        return max(1, math.ceil(REFILL_AT * self.concurrency / self.group))
+
+    @property
+    def takes_s(self) -> float:
+        """Takes that bring work."""
+        return self.groups_s / self.groups_per_take
+
+    @property
+    def leases_s(self) -> float:
+        """One lease, one ack and one weight version per training step."""
+        return self.trained_s / (self.groups_per_step * self.group)
+
+    @property
+    def reports_s(self) -> float:
+        return self.engines / REPORT_EVERY_S
+
+    @property
+    def checks_s(self) -> float:
+        """Every engine asks its relay for newer weights every weight_check_s."""
+        return self.engines / REAL_WEIGHT_CHECK_S
+
+    @property
+    def pulls_s(self) -> float:
+        """Every engine pulls every version once."""
+        return self.engines * self.leases_s
+
+    @property
+    def idle_polls_s(self) -> float:
+        """Takes admission answers empty, at most: an engine with nothing to run asks again
+        every RELAY_POLL_S (each ask also waits for its answer, so fewer in fact)."""
+        return self.engines * self.rollout_idle / RELAY_POLL_S
+
+
+def demand_of(
+    model: str, accelerators: int, policy: str, result: SimResult, cluster: ClusterSpec
+) -> Demand:
+    """The control-plane demand of one simulated run in its steady state (the warm-up
+    steps, where a pipelined policy is still filling, left out): a batch per steady step
+    trained, and the samples dropped on top in the run's proportion."""
+    trained_s = GROUPS_PER_STEP * GROUP / result.steady_step_s
+    ended = (result.trained_samples + result.dropped_samples) / max(result.trained_samples, 1)
+    return Demand(
+        model=model,
+        accelerators=accelerators,
+        policy=policy,
+        engines=cluster.instances,
+        concurrency=cluster.max_concurrency,
+        samples_s=trained_s * ended,
+        trained_s=trained_s,
+        rollout_idle=result.rollout_idle,
+    )
+
+
+def simulated_demand(steps: int, sizes: Sequence[int] = SIZES) -> list[Demand]:
+    """The demand of every model x size under each of ``DEMAND_POLICIES``."""
+    out = []
+    for name in WORKLOADS:
+        for size in sizes:
+            for label, policy in DEMAND_POLICIES.items():
+                sc = scale_scenario(name, size, label, policy, steps)
+                out.append(demand_of(name, size, label, simulate(sc), sc.cluster))
+    return out
+
+
+def headroom(ceiling: float, demand: float) -> float:
+    """How many times the demand a ceiling carries (inf when nothing is demanded)."""
+    if ceiling < 0 or demand < 0:
+        raise ValueError(f"rates must be >= 0, got ceiling {ceiling} and demand {demand}")
+    return math.inf if demand == 0 else ceiling / demand
+
+
+def projected(rate: float, cpu_shares: Sequence[float]) -> float:
+    """``rate`` scaled to a whole core for the busiest controller: ``rate / max(shares)``."""
+    busiest = max(cpu_shares, default=0.0)
+    return math.inf if busiest <= 0 else rate / busiest
+
+
+@dataclass(frozen=True)
+class Costs:
+    """CPU seconds the controllers spend per unit of work, as measured here."""
+
+    store_per_sample: float  # all of the store's work, over the samples it carried
+    call: float  # the dispatcher's cost of one call that does nothing (a held-back take)
+    relay_per_check: float
+    take: dict[tuple[int, int], float]  # (engines, groups a take) -> a take's own work
+
+    def store(self, d: Demand) -> float:
+        """Cores the store is busy at ``d``."""
+        return d.samples_s * self.store_per_sample
+
+    def dispatcher(self, d: Demand) -> float:
+        """Cores the dispatcher is busy at ``d`` with takes that bring work and reports."""
+        take = self.take[d.engines, d.groups_per_take] + self.call
+        return d.takes_s * take + d.reports_s * self.call
+
+    def polls(self, d: Demand) -> float:
+        """Cores the dispatcher is busy at ``d`` answering idle workers' polls, at most."""
+        return d.idle_polls_s * self.call
+
+    def relay(self, d: Demand) -> float:
+        """Cores one relay is busy at ``d`` answering every engine's weight checks."""
+        return d.checks_s * self.relay_per_check
+
+
+class _NoLedger:
+    """A ``LedgerSink`` that keeps nothing: the in-process take costs the dispatcher alone."""
+
+    def record(self, events: list[LedgerEvent]) -> None:
+        pass
+
+
+def take_cost(
+    engines: int, want: int, groups_per_step: int = GROUPS_PER_STEP, takes: int = 10
+) -> float:
+    """Seconds one ``take`` of ``want`` groups costs the real dispatcher (``GroupDispatcher``,
+    in this process, no Ray) once ``engines`` workers have reported their loads and its
+    look-ahead pool is full, as at scale: building a request per pooled group, planning them
+    over every worker (``rl.dispatch.plan``) and the ``dispatched`` ledger events."""
+    dispatcher = GroupDispatcher(
+        _NoLedger(), _Prompts(), ENV, groups_per_step, GROUP, UNBOUNDED, 0, long_first=True,
+        balance=True, prior_length=float(WORKLOADS["7B"].lengths.median),
+    )  # fmt: skip
+    for w in range(engines):
+        counters = {"in_flight_tokens": 1e3 * w, "free_groups": float(want), "version": 0.0}
+        dispatcher.report(w, [], counters)
+    dispatcher.take(0, want, 0)  # fills the pool
+    clock = time.perf_counter()
+    for i in range(takes):
+        dispatcher.take(i % engines, want, 0)
+    return (time.perf_counter() - clock) / takes
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    samples_s: float  # the best acknowledged rate of any level
+    saturated: list[str]  # why the load stopped growing (empty: it never did)
+
+
+def find_ceiling(levels: Sequence[LevelResult]) -> Ceiling:
+    """The best level, and the signs of saturation: a level carrying less than
+    SATURATION_SHARE of its offered rate, growing less than SATURATION_GROWTH times over the
+    level before, or with a controller at SATURATION_SHARE of a core."""
+    if not levels:
+        raise ValueError("no levels measured")
+    best = max(levels, key=lambda r: r.acked_s)
+    signs = []
+    for before, level in zip([None, *levels], levels, strict=False):
+        name = f"{level.workers} workers"
+        if level.acked_s < SATURATION_SHARE * level.offered:
+            signs.append(f"{name} carried {level.acked_s / level.offered:.0%} of the offered rate")
+        if before is not None and 0 < level.acked_s < SATURATION_GROWTH * before.acked_s:
+            signs.append(f"{name} carried {level.acked_s / before.acked_s:.2f}x the level before")
+        busiest = max(level.cpu, key=lambda k: level.cpu[k])
+        if level.cpu[busiest] >= SATURATION_SHARE:
+            signs.append(f"{name}: the {busiest} used {level.cpu[busiest]:.0%} of a core")
+    return Ceiling(best.acked_s, signs)
+
+
+def top_frames(lines: Sequence[str], root: Path = ROOT, count: int = 6) -> list[tuple[str, float]]:
+    """The functions of this repository that a thread of a py-spy ``raw --threads --idle``
+    profile spends the most of its wall time in, inclusive, as shares of that thread's
+    samples (the busiest thread's share for a function several threads run)."""
+    per_thread: Counter[str] = Counter()
+    hits: Counter[tuple[str, str]] = Counter()
+    for line in lines:
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        thread, *frames = stack.split(";")
+        per_thread[thread] += int(count_text)
+        for frame in {_ours(f, root) for f in frames} - {None}:
+            hits[thread, frame] += int(count_text)  # type: ignore[index]
+    shares: dict[str, float] = {}
+    for (thread, frame), n in hits.items():
+        shares[frame] = max(shares.get(frame, 0.0), n / per_thread[thread])
+    return sorted(shares.items(), key=lambda item: -item[1])[:count]
+
+
+def _ours(frame: str, root: Path) -> str | None:
+    """``TrajectoryStore.put (storage/trajectory_store.py)`` from py-spy's
+    ``put (/repo/storage/trajectory_store.py:210)``; None for code outside ``root``."""
+    name, _, where = frame.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    prefix = f"{root}/"
+    if not path.startswith(prefix) or "/.venv/" in path:
+        return None
+    return f"{name} ({path.removeprefix(prefix)})"
+
+
+# -- simulated rollout workers -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the simulated workers of one level do."""
+
+    workers: int
+    offered: float  # samples/s they generate together when nothing holds them back
+    group: int = GROUP
+    slots: int = SLOTS
+    weight_check_s: float = WEIGHT_CHECK_S
+
+    @property
+    def generation_s(self) -> float:
+        """Mean seconds a group generates (Little's law: samples in flight over the rate)."""
+        return self.workers * self.slots * self.group / self.offered
+
+    @property
+    def groups_per_step(self) -> int:
+        """The trainer's lease: the groups the offered rate makes in STEP_EVERY_S, in 8s, and
+        enough that the dispatcher's look-ahead pool (LOOKAHEAD_STEPS steps) holds a group per
+        worker, as the sim's recipe does at scale (1024 pooled groups, at most 418 engines).
+        The dispatcher plans its whole pool over every worker that reported room and hands an
+        asker only its share: with more such workers than pooled groups, an asker that ties
+        with them (no load) is handed nothing."""
+        by_rate = round(self.offered * STEP_EVERY_S / self.group / 8) * 8
+        by_pool = math.ceil(self.workers / LOOKAHEAD_STEPS / 8) * 8
+        return max(8, by_rate, by_pool)
+
+    @property
+    def max_staleness(self) -> int:
+        """Admission wide enough never to hold a worker back, and a bound that neither a long
+        generation (a log-normal tail of about 4x the mean) nor the weight-check interval
+        reaches: what is measured is the controllers, not the bound."""
+        admitted = math.ceil(self.workers * self.slots / self.groups_per_step)
+        versions = math.ceil((4 * self.generation_s + self.weight_check_s) / STEP_EVERY_S)
+        return max(2, admitted, versions) + 1
+
+
+class _Blocks:
+    """One-group trajectory blocks of realistic size: templates drawn once (response lengths
+    from the simulator's 7B workload), relabelled for each group (ids, token versions)."""
+
+    def __init__(self, group: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.lengths = draw_lengths(WORKLOADS["7B"].lengths, TEMPLATES, group, rng).astype(int)
+        prompt = list(range(3, PROMPT_TOKENS + 3))
+        self.templates = [
+            trajectory_block(
+                sample_ids=[f"t{g}/{j}" for j in range(group)],
+                prompt_ids=["t"] * group,
+                group_ids=[f"t{g}"] * group,
+                env=ENV,
+                prompts=[prompt] * group,
+                responses=[(np.arange(n) % 30000 + 3).tolist() for n in lengths],
+                logprobs=[[-0.5] * n for n in lengths],
+                version_runs=[[(0, 0)]] * group,
+                rewards=[float(j % 2) for j in range(group)],
+                advantages=[1.0 if j % 2 else -1.0 for j in range(group)],
+                status="scored",
+            )
+            for g, lengths in enumerate(self.lengths)
+        ]
+
+    def group(self, index: int, a: Assignment, first: int, last: int) -> pa.RecordBatch:
+        """Template ``index`` as group ``a``: tokens of version ``first``, from half-way of
+        version ``last`` (weights loaded mid-sample, with partial rollout)."""
+        template, lengths = self.templates[index], self.lengths[index]
+        n = template.num_rows
+        runs = [[(0, first)] if last == first else [(0, first), (k // 2, last)] for k in lengths]
+        fresh = {
+            "sample_id": pa.array([f"{a.group_id}/{j}" for j in range(n)], pa.string()),
+            "prompt_id": pa.array([a.problem.prompt_id] * n, pa.string()),
+            "group_id": pa.array([a.group_id] * n, pa.string()),
+            "token_versions": version_lists(runs, lengths),
+        }
+        columns = [fresh.get(name, template.column(name)) for name in template.schema.names]
+        return pa.RecordBatch.from_arrays(columns, schema=template.schema)
+
+
+# (wall time when the call started, seconds it took, a count: groups, samples or pulls)
+Call = tuple[float, float, int]
+
+
+@dataclass
+class _Calls:
+    takes: list[Call] = field(default_factory=list)  # count: groups given
+    puts: list[Call] = field(default_factory=list)  # count: samples
+    checks: list[Call] = field(default_factory=list)  # count: 1 if a version was pulled
+    reports: list[Call] = field(default_factory=list)  # count: groups reported
+
+
+class _SimWorker:
+    """One simulated rollout worker: ``_Stream``'s calls around its engine, the engine a clock."""
+
+    def __init__(
+        self,
+        worker: int,
+        load: Load,
+        blocks: _Blocks,
+        store: StoreClient,
+        dispatcher: Any,
+        params: ParameterService,
+    ) -> None:
+        self.worker, self.load, self.blocks = worker, load, blocks
+        self.store, self.dispatcher, self.params = store, dispatcher, params
+        self.rng = np.random.default_rng(worker)
+        self.calls = _Calls()
+        self.version = 0
+        self.running: list[tuple[float, int, Assignment, int]] = []  # (due, n, group, version)
+        self.started = 0
+        self.unsent: list[pa.RecordBatch] = []
+        self.unsent_done: list[GroupDone] = []
+        self.unsent_since = 0.0
+        self.reports: list[GroupDone] = []
+        self.last_report: ray.ObjectRef | None = None
+        self.stopping = False
+        self.refill_at = max(1, math.ceil(REFILL_AT * load.slots))
+        now = time.monotonic()
+        self.next_take = now + self.rng.uniform(0, STAGGER_S)
+        # The first groups are part-way through (the rest of a drawn time), so that groups
+        # finish at the steady rate as soon as the fleet is loaded.
+        self.first = load.slots
+        self.next_check = now + self.rng.uniform(0, load.weight_check_s)
+        self.next_report = now + REPORT_EVERY_S
+
+    def run(self, stop: threading.Event) -> _Calls:
+        """Until ``stop``; then the groups still running finish at once and everything
+        finished goes into the store, so every group handed out reaches it."""
+        while not stop.is_set() and not self.stopping:
+            now = time.monotonic()
+            if now >= self.next_check:
+                self.check_weights()
+            room = self.load.slots - len(self.running)
+            if now >= self.next_take and room >= self.refill_at:
+                self.refill(room)
+            self.finish(now)
+            due = now > self.unsent_since + PUT_EVERY_S or len(self.unsent) >= PUT_GROUPS
+            if self.unsent and due:
+                self.send()
+            if now >= self.next_report:
+                self.report()
+            self.nap()
+        self.finish(math.inf)
+        if self.unsent:
+            self.send()
+        return self.calls
+
+    def check_weights(self) -> None:
+        started, clock = time.time(), time.perf_counter()
+        found = self.params.pull(after=self.version)
+        if found is not None:
+            for _ in found:  # the engine copies each tensor in here
+                pass
+            self.version = found.version
+        self.calls.checks.append((started, time.perf_counter() - clock, int(found is not None)))
+        self.next_check = time.monotonic() + self.load.weight_check_s
+
+    def refill(self, room: int) -> None:
+        started, clock = time.time(), time.perf_counter()
+        work = ray.get(self.dispatcher.take.remote(self.worker, room, self.version, None))
+        given = work.assignments if work is not None else []
+        self.calls.takes.append((started, time.perf_counter() - clock, len(given)))
+        self.stopping = work is None
+        now = time.monotonic()
+        if not given:  # admission holds it back: ask again after an engine step, or a poll
+            self.next_take = now + (ENGINE_STEP_S if self.running else RELAY_POLL_S)
+        for a in given:
+            sigma = GENERATION_SIGMA
+            took = self.load.generation_s * self.rng.lognormal(-(sigma**2) / 2, sigma)
+            if self.first:
+                took, self.first = took * self.rng.uniform(), self.first - 1
+            heapq.heappush(self.running, (now + took, self.started, a, self.version))
+            self.started += 1
+
+    def finish(self, until: float) -> None:
+        while self.running and self.running[0][0] <= until:
+            _, _, a, first = heapq.heappop(self.running)
+            if not self.unsent:
+                self.unsent_since = time.monotonic()
+            index = int(self.rng.integers(TEMPLATES))
+            self.unsent.append(self.blocks.group(index, a, first, self.version))
+            lengths = [int(k) for k in self.blocks.lengths[index]]
+            rewarded = len(lengths) // 2  # the templates reward every other sample
+            self.unsent_done.append(
+                GroupDone(
+                    a.group_id, a.problem.prompt_id, len(a.problem.prompt), lengths,
+                    float(rewarded), rewarded, 0, 0,
+                )
+            )  # fmt: skip
+
+    def send(self) -> None:
+        """The finished groups into the store as one block; reported once the store has them."""
+        batch = pa.concat_batches(self.unsent)
+        started, clock = time.time(), time.perf_counter()
+        self.store.put(batch)
+        self.calls.puts.append((started, time.perf_counter() - clock, batch.num_rows))
+        self.reports += self.unsent_done
+        self.unsent, self.unsent_done = [], []
+
+    def report(self) -> None:
+        """Finished groups and counters to the dispatcher, unanswered as the real worker's,
+        but only once the dispatcher has taken the last one: the real worker sends them
+        regardless, and against a saturated dispatcher they would queue without bound."""
+        self.next_report = time.monotonic() + REPORT_EVERY_S
+        if self.last_report is not None and not ray.wait([self.last_report], timeout=0)[0]:
+            return
+        counters = {
+            "version": float(self.version),
+            "pid": float(os.getpid()),
+            "in_flight_tokens": sum(a.predicted * self.load.group for _, _, a, _ in self.running),
+            "free_groups": float(self.load.slots - len(self.running)),
+        }
+        self.last_report = self.dispatcher.report.remote(self.worker, self.reports, counters)
+        self.calls.reports.append((time.time(), 0.0, len(self.reports)))
+        self.reports = []
+
+    def nap(self) -> None:
+        due = [self.next_check, self.next_report]
+        if self.running:
+            due.append(self.running[0][0])
+        if self.unsent:
+            due.append(self.unsent_since + PUT_EVERY_S)
+        if self.load.slots - len(self.running) >= self.refill_at:
+            due.append(self.next_take)
+        time.sleep(min(max(min(due) - time.monotonic(), 0.0), MAX_NAP_S))
+
+
+def _as_arrays(calls: Sequence[_Calls]) -> dict[str, np.ndarray]:
+    """Every worker's calls by kind, as (n, 3) arrays of ``Call`` rows."""
+    return {
+        kind: np.asarray([row for c in calls for row in getattr(c, kind)], np.float64).reshape(
+            -1, 3
+        )
+        for kind in ("takes", "puts", "checks", "reports")
+    }
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)  # type: ignore[call-overload]  # Ray's stubs lack it
+class WorkerHost:
+    """A process running simulated rollout workers as threads; ``stop`` ends a level."""
+
+    def __init__(self, group: int, seed: int) -> None:
+        self.blocks = _Blocks(group, seed)
+        self.halt = threading.Event()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def stream(
+        self,
+        workers: list[int],
+        load: Load,
+        store: StoreClient,
+        dispatcher: Any,
+        params: ParameterService,
+    ) -> dict[str, np.ndarray]:
+        """Run ``workers`` until ``stop``: their calls. A worker's error is raised here."""
+        self.halt.clear()
+        sims = [_SimWorker(w, load, self.blocks, store, dispatcher, params) for w in workers]
+        with ThreadPoolExecutor(len(sims), thread_name_prefix="sim-worker") as pool:
+            return _as_arrays(list(pool.map(lambda sim: sim.run(self.halt), sims)))
+
+    def probe(
+        self, call: Callable[[int], object], callers: list[int], seconds: float
+    ) -> np.ndarray:
+        """``call(caller)`` back to back, a thread per caller, for ``seconds``: (wall time,
+        seconds) of every call."""
+
+        def loop(caller: int) -> list[tuple[float, float]]:
+            out, end = [], time.monotonic() + seconds
+            while time.monotonic() < end:
+                started, clock = time.time(), time.perf_counter()
+                call(caller)
+                out.append((started, time.perf_counter() - clock))
+            return out
+
+        with ThreadPoolExecutor(len(callers), thread_name_prefix="probe") as pool:
+            rows = [row for rows in pool.map(loop, callers) for row in rows]
+        return np.asarray(rows, dtype=np.float64).reshape(-1, 2)
+
+    def stop(self) -> None:
+        self.halt.set()
+
+
+# -- the trainer's stand-in ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    at: float  # wall time when the ack returned
+    samples: int
+    lease_s: float  # from the ask to the grant, the wait for a full batch included
+    ready: bool  # the batch was in the store when asked: lease_s is the controller's alone
+    ack_s: float
+    stale: int  # samples the store has dropped as too stale so far
+
+
+class _Prompts:
+    """Distinct synthetic prompts of PROMPT_TOKENS tokens (4 characters each)."""
+
+    def __init__(self) -> None:
+        self.issued = 0
+
+    def take(self, count: int) -> list[Problem]:
+        first, self.issued = self.issued, self.issued + count
+        text = "x" * (4 * PROMPT_TOKENS)
+        return [Problem(f"p{i}", ENV, text, "", "train") for i in range(first, self.issued)]
+
+    def cursor(self) -> dict[str, Any]:
+        return {"issued": self.issued}
+
+    def restore(self, cursor: dict[str, Any]) -> None:
+        self.issued = int(cursor["issued"])
+
+
+class Trainer:
+    """Leases, reads, publishes and acknowledges as ``rl_step`` does, on a thread of the
+    driver, until ``stop``."""
+
+    def __init__(
+        self,
+        store: StoreClient,
+        dispatcher: Any,
+        params: ParameterService,
+        batch: int,
+        max_staleness: int,
+        step_s: float,
+        group: int,
+    ) -> None:
+        self.store, self.dispatcher, self.params = store, dispatcher, params
+        self.batch, self.max_staleness, self.step_s, self.group = (
+            batch,
+            max_staleness,
+            step_s,
+            group,
+        )
+        self.weights = {"w": torch.zeros((WEIGHTS_MB << 20) // 4)}
+        self.halt = threading.Event()
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self.steps = self.thread.submit(self.train)
+
+    def train(self) -> list[Step]:
+        steps: list[Step] = []
+        version = stale = 0
+        while not self.halt.is_set():
+            stats = self.store.stats()  # the flow reads the store's counters every step
+            if stats["dropped"] > stale:  # their admission places go back
+                self.dispatcher.credit.remote((stats["dropped"] - stale) // self.group)
+                stale = stats["dropped"]
+            clock = time.perf_counter()
+            ask = self.store.request(self.batch, version, self.max_staleness, LEASE_WAIT_S)
+            grant = ray.get(ask)
+            if grant is None:
+                continue
+            lease_s = time.perf_counter() - clock
+            materialize(grant, list(TRAIN_FIELDS))  # the trainer reads the rows
+            time.sleep(self.step_s)
+            version += 1
+            self.params.publish(version, self.weights)
+            self.params.wait_snapshot()
+            clock = time.perf_counter()
+            self.store.ack(grant, version)
+            ack_s = time.perf_counter() - clock
+            ray.get(self.dispatcher.drain.remote())
+            ready = stats["ready"] >= self.batch
+            steps.append(Step(time.time(), len(grant.sample_ids), lease_s, ready, ack_s, stale))
+        self.params.flush()
+        return steps
+
+    def stop(self) -> list[Step]:
+        """The steps it took; its error, if it failed."""
+        self.halt.set()
+        try:
+            return self.steps.result(timeout=STOP_TIMEOUT_S)
+        finally:
+            self.thread.shutdown()
+
+
+# -- one level --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    workers: int
+    offered: float
+    window_s: float
+    acked_s: float
+    rates: dict[str, float]  # per second: groups, takes, empty takes, puts, reports, checks
+    latency: dict[str, Latency]  # take, put, lease, ack, check
+    lease_waited: bool  # no batch was waiting when asked: the lease latency holds the waits
+    cpu: dict[str, float]  # CPU seconds per wall second of each controller
+    others_cpu: dict[str, float]  # of the worker hosts, the trainer, the whole machine
+    groups_per_step: int
+    max_staleness: int
+    stale: int
+    stop_s: float  # the clean stop: the workers' groups all put, the store closed
+    loaded: tuple[float, int]  # seconds the dispatcher took to load the fleet, groups it did
+    ledger: dict[str, int]  # dispatch_accounting of the ledger after the level
+    violations: list[str]  # check_exactly_once, with the run finished
+    profile: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+
+
+def _pid(handle: Any) -> int:
+    return int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid())))
+
+
+def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each process, and of the whole machine ("machine")."""
+    out = {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
+    total = psutil.cpu_times()
+    out["machine"] = sum(total) - total.idle - getattr(total, "iowait", 0.0)
+    return out
+
+
+def _wait_loaded(dispatcher: Any, groups: int) -> tuple[float, int]:
+    """The warm-up: until the dispatcher has handed out ``groups`` (every worker full), at
+    most WARMUP_TIMEOUT_S. At a level's start every worker asks at once, so this is how long
+    the dispatcher needs to load the fleet. Returns the seconds and the groups handed out."""
+    started = time.monotonic()
+    while (issued := ray.get(dispatcher.cursor.remote())["issued"]) < groups:
+        if time.monotonic() - started > WARMUP_TIMEOUT_S:
+            break
+        time.sleep(0.25)
+    return time.monotonic() - started, issued
+
+
+def _inside(rows: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    return rows[(rows[:, 0] >= t0) & (rows[:, 0] < t1)]
+
+
+def _acked_rate(steps: Sequence[Step], t0: float, t1: float) -> float:
+    """Samples per second from the first to the last ack inside the window."""
+    inside = [s for s in steps if t0 <= s.at < t1]
+    if len(inside) < 2:
+        return sum(s.samples for s in inside) / (t1 - t0)
+    return sum(s.samples for s in inside[1:]) / (inside[-1].at - inside[0].at)
+
+
+def run_level(
+    load: Load,
+    hosts: list[Any],
+    folder: Path,
+    window_s: float,
+    step_s: float,
+    profile: bool,
+) -> LevelResult:
+    """Fresh controllers, the simulated workers and the trainer for a warm-up and
+    ``window_s``; then a clean stop (the workers put every group they hold, the store drops
+    what is not trained) and the ledger's check."""
+    groups, k = load.groups_per_step, load.max_staleness
+    batch = groups * load.group
+    folder.mkdir(parents=True)
+    url = f"file://{folder}"
+    store_handle = create_store(url, capacity=(k + 1) * batch)
+    store = StoreClient(store_handle)  # no Parquet copy of the rows: that is the data plane
+    dispatcher: Any = Dispatcher.remote(
+        store, _Prompts(), ENV, groups, load.group, k, 0, long_first=True, balance=True,
+        prior_length=float(WORKLOADS["7B"].lengths.median),
+    )  # fmt: skip
+    params = ParameterService.create()
+    controllers = {"store": store_handle, "dispatcher": dispatcher, "relay": params.relays[0]}
+    pids = {name: _pid(handle) for name, handle in controllers.items()}
+    others = {f"host {i}": ray.get(h.pid.remote()) for i, h in enumerate(hosts)}
+    others["driver"] = os.getpid()  # the trainer runs here
+    trainer = Trainer(store, dispatcher, params, batch, k, step_s, load.group)
+    ids = list(range(load.workers))
+    streams = [
+        h.stream.remote(ids[i :: len(hosts)], load, store, dispatcher, params)
+        for i, h in enumerate(hosts)
+    ]
+    loading = _wait_loaded(dispatcher, load.workers * load.slots)
+    time.sleep(2 * STEP_EVERY_S)  # and the trainer's first steps
+    before, t0 = _cpu_seconds({**pids, **others}), time.time()
+    spies = _profile(pids, window_s, folder) if profile else {}
+    time.sleep(window_s)
+    after, t1 = _cpu_seconds({**pids, **others}), time.time()
+    profiles = {name: _read_profile(spy, path) for name, (spy, path) in spies.items()}
+    stopping = time.monotonic()
+    store.drain(True)  # the workers' last puts must not wait for room
+    for h in hosts:
+        h.stop.remote()
+    logs = ray.get(streams, timeout=STOP_TIMEOUT_S)
+    steps = trainer.stop()
+    ray.get(store_handle.close.remote("the benchmark level ended"), timeout=STOP_TIMEOUT_S)
+    stop_s = time.monotonic() - stopping
+    table = Ledger(url).read()
+    for handle in (store_handle, dispatcher):
+        ray.kill(handle)
+    params.shutdown()
+
+    calls = {kind: _inside(np.concatenate([log[kind] for log in logs]), t0, t1) for kind in logs[0]}
+    takes, seconds = calls["takes"], t1 - t0
+    inside = [s for s in steps if t0 <= s.at < t1]
+    ready = [s.lease_s for s in inside if s.ready]
+    used = {name: (after[name] - before[name]) / seconds for name in after}
+    return LevelResult(
+        workers=load.workers,
+        offered=load.offered,
+        window_s=seconds,
+        acked_s=_acked_rate(steps, t0, t1),
+        rates={
+            "groups": takes[:, 2].sum() / seconds,
+            "takes": (takes[:, 2] > 0).sum() / seconds,
+            "empty takes": (takes[:, 2] == 0).sum() / seconds,
+            "puts": len(calls["puts"]) / seconds,
+            "reports": len(calls["reports"]) / seconds,
+            "checks": len(calls["checks"]) / seconds,
+        },
+        latency={
+            "take": summarise(takes[:, 1]),
+            "put": summarise(calls["puts"][:, 1]),
+            "lease": summarise(ready or [s.lease_s for s in inside]),
+            "ack": summarise([s.ack_s for s in inside]),
+            "check": summarise(calls["checks"][:, 1]),
+        },
+        lease_waited=not ready,
+        cpu={name: used[name] for name in pids},
+        others_cpu={
+            "workers": sum(used[name] for name in others if name.startswith("host")),
+            "driver (trainer)": used["driver"],
+            "machine": used["machine"],
+        },
+        groups_per_step=groups,
+        max_staleness=k,
+        stale=steps[-1].stale if steps else 0,
+        stop_s=stop_s,
+        loaded=loading,
+        ledger=dispatch_accounting(table),
+        violations=check_exactly_once(table, finished=True),
+        profile=profiles,
+    )
+
+
+def _profile(
+    pids: dict[str, int], seconds: float, folder: Path
+) -> dict[str, tuple[subprocess.Popen[bytes], Path]]:
+    """py-spy on the store and the dispatcher for ``seconds``, every thread's wall time."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        print("py-spy is not installed: no profile", flush=True)
+        return {}
+    out = {}
+    for name in ("store", "dispatcher"):
+        path = folder / f"profile-{name}.txt"
+        command = [
+            spy, "record", "--pid", str(pids[name]), "--duration", str(max(1, int(seconds))),
+            "--rate", str(PROFILE_RATE), "--nonblocking", "--idle", "--threads",
+            "--full-filenames", "--format", "raw", "--output", str(path),
+        ]  # fmt: skip
+        out[name] = (
+            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
+            path,
+        )
+    return out
+
+
+def _read_profile(spy: subprocess.Popen[bytes], path: Path) -> list[tuple[str, float]]:
+    _, err = spy.communicate(timeout=STOP_TIMEOUT_S)
+    if spy.returncode != 0 or not path.exists():
+        print(f"py-spy failed: {err.decode(errors='replace')[-500:]}", flush=True)
+        return []
+    return top_frames(path.read_text().splitlines())
+
+
+# -- probes: the call rates the workers' polling asks for ---------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    name: str
+    callers: int
+    calls_s: float
+    latency: Latency
+    cpu: float  # the controller's CPU seconds per wall second
+
+    @property
+    def projected_s(self) -> float:
+        return projected(self.calls_s, [self.cpu])
+
+
+def _relay_check(params: ParameterService, caller: int) -> None:
+    params.pull(after=NEVER)  # "anything newer?": no
+
+
+def _take(dispatcher: Any, want: int, caller: int) -> None:
+    ray.get(dispatcher.take.remote(caller, want, 0, None))
+
+
+def probe(
+    name: str, call: Callable[[int], object], target: Any, hosts: list[Any], callers: int,
+    seconds: float,
+) -> ProbeResult:  # fmt: skip
+    """``callers`` threads over the hosts call ``call`` back to back; the middle half of the
+    run is measured."""
+    pid = _pid(target)
+    ids = list(range(callers))
+    refs = [h.probe.remote(call, ids[i :: len(hosts)], seconds) for i, h in enumerate(hosts)]
+    time.sleep(seconds / 4)
+    before, t0 = _cpu_seconds({name: pid}), time.time()
+    time.sleep(seconds / 2)
+    after, t1 = _cpu_seconds({name: pid}), time.time()
+    inside = _inside(np.concatenate(ray.get(refs, timeout=seconds + STOP_TIMEOUT_S)), t0, t1)
+    cpu = (after[name] - before[name]) / (t1 - t0)
+    return ProbeResult(name, callers, len(inside) / (t1 - t0), summarise(inside[:, 1]), cpu)
+
+
+def run_probes(hosts: list[Any], callers: int, seconds: float) -> list[ProbeResult]:
+    """A relay's "anything newer?"; the dispatcher's take when admission holds a worker back
+    (an idle worker's poll); and a take that brings one group, with its ledger events."""
+    params = ParameterService.create()
+    store = StoreClient(create_store(None, capacity=GROUP))
+    held: Any = Dispatcher.remote(store, _Prompts(), ENV, 64, GROUP, 2, 0)
+    given: Any = Dispatcher.remote(store, _Prompts(), ENV, 64, GROUP, UNBOUNDED, 0)
+    try:
+        return [
+            probe("relay: anything newer?", partial(_relay_check, params), params.relays[0],
+                  hosts, callers, seconds),
+            probe("dispatcher: take, admission holds it back", partial(_take, held, 0), held,
+                  hosts, callers, seconds),
+            probe("dispatcher: take of one group", partial(_take, given, 1), given, hosts,
+                  callers, seconds),
+        ]  # fmt: skip
+    finally:
+        for handle in (held, given, store.handle):
+            ray.kill(handle)
+        params.shutdown()
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+def _table(columns: Sequence[tuple[str, Callable[[Any], str]]], rows: Sequence[Any]) -> str:
+    return "\n".join(
+        markdown_table([h for h, _ in columns], [[f(r) for _, f in columns] for r in rows])
+    )
+
+
+def _ledger(r: LevelResult) -> str:
+    n = r.ledger
+    verdict = f"{len(r.violations)} violations" if r.violations else "exactly once"
+    return (
+        f"{verdict}: {n['dispatched']:,} dispatched, {n['trained']:,} trained, "
+        f"{n['dropped']:,} dropped ({r.stale:,} as stale, the rest when the level ended)"
+    )
+
+
+def _loaded(r: LevelResult) -> str:
+    seconds, issued = r.loaded
+    wanted = r.workers * SLOTS
+    return f"in {seconds:.1f} s" if issued >= wanted else f"no: {issued:,} of {wanted:,} groups"
+
+
+LEVEL_COLUMNS: list[tuple[str, Callable[[LevelResult], str]]] = [
+    ("workers", lambda r: str(r.workers)),
+    ("offered samples/s", lambda r: f"{r.offered:,.0f}"),
+    ("acked samples/s", lambda r: f"{r.acked_s:,.0f}"),
+    ("groups/s", lambda r: f"{r.rates['groups']:,.0f}"),
+    ("takes/s (empty)", lambda r: f"{r.rates['takes']:,.0f} ({r.rates['empty takes']:,.0f})"),
+    ("puts/s", lambda r: f"{r.rates['puts']:,.0f}"),
+    ("reports/s", lambda r: f"{r.rates['reports']:,.0f}"),
+    ("take ms p50 / p99", lambda r: r.latency["take"].ms()),
+    ("put ms", lambda r: r.latency["put"].ms()),
+    ("lease ms", lambda r: r.latency["lease"].ms() + (" (waits incl.)" if r.lease_waited else "")),
+    ("ack ms", lambda r: r.latency["ack"].ms()),
+    ("weight check ms", lambda r: r.latency["check"].ms()),
+    ("CPU store / dispatcher / relay", lambda r: " / ".join(f"{v:.2f}" for v in r.cpu.values())),
+    ("CPU workers / driver (trainer) / machine",
+     lambda r: " / ".join(f"{v:.2f}" for v in r.others_cpu.values())),
+    ("groups a step, k", lambda r: f"{r.groups_per_step}, {r.max_staleness}"),
+    ("fleet loaded", _loaded),
+    ("ledger", _ledger),
+]  # fmt: skip
+
+PROBE_COLUMNS: list[tuple[str, Callable[[ProbeResult], str]]] = [
+    ("call", lambda p: p.name),
+    ("callers", lambda p: str(p.callers)),
+    ("calls/s", lambda p: f"{p.calls_s:,.0f}"),
+    ("ms p50 / p99", lambda p: p.latency.ms()),
+    ("controller CPU", lambda p: f"{p.cpu:.2f}"),
+    ("projected calls/s", lambda p: f"{p.projected_s:,.0f}"),
+]
+
+DEMAND_COLUMNS: list[tuple[str, Callable[[Demand], str]]] = [
+    ("cell", lambda d: f"{d.model} x{d.accelerators}"),
+    ("policy", lambda d: d.policy),
+    ("engines", lambda d: str(d.engines)),
+    ("samples/s", lambda d: f"{d.samples_s:,.0f}"),
+    ("trained/s", lambda d: f"{d.trained_s:,.0f}"),
+    ("groups/s", lambda d: f"{d.groups_s:,.1f}"),
+    ("takes/s", lambda d: f"{d.takes_s:,.1f}"),
+    ("puts/s", lambda d: f"{d.puts_s:,.1f}"),
+    ("leases/s", lambda d: f"{d.leases_s:.3f}"),
+    ("reports/s", lambda d: f"{d.reports_s:,.0f}"),
+    ("weight checks/s", lambda d: f"{d.checks_s:,.0f}"),
+    ("weight pulls/s", lambda d: f"{d.pulls_s:,.1f}"),
+    ("idle polls/s (at most)", lambda d: f"{d.idle_polls_s:,.0f}"),
+]
+
+
+def _times(x: float) -> str:
+    return "no demand" if math.isinf(x) else f"{x:,.1f}x"
+
+
+def costs_of(
+    results: Sequence[LevelResult], probes: Sequence[ProbeResult], demands: Sequence[Demand]
+) -> Costs:
+    """The CPU cost of each unit of work: the store's from the level that carried the most,
+    the dispatcher's per call and the relay's per check from the probes, a take's own work
+    in process at each cell's shape."""
+    best = max(results, key=lambda r: r.acked_s)
+    relay, held = probes[0], probes[1]
+    for what, rate in (
+        ("every level", best.acked_s),
+        (relay.name, relay.calls_s),
+        (held.name, held.calls_s),
+    ):
+        if rate <= 0:
+            raise RuntimeError(f"{what}: nothing got through, so no cost can be derived")
+    shapes = {(d.engines, d.groups_per_take) for d in demands}
+    return Costs(
+        store_per_sample=best.cpu["store"] / best.acked_s,
+        call=held.cpu / held.calls_s,
+        relay_per_check=relay.cpu / relay.calls_s,
+        take={shape: take_cost(*shape) for shape in sorted(shapes)},
+    )
+
+
+def scale_table(demands: Sequence[Demand], costs: Costs, ceiling: Ceiling) -> str:
+    """Per cell (the larger demand of the two policies for each kind of work): the cores
+    each controller would be busy, and the headroom, 1 / busy (the store's also measured)."""
+    cells: dict[str, list[Demand]] = {}
+    for d in demands:
+        cells.setdefault(f"{d.model} x{d.accelerators}", []).append(d)
+    Cell = tuple[str, list[Demand]]
+
+    def most(what: Callable[[Demand], float]) -> Callable[[Cell], float]:
+        return lambda cell: max(what(d) for d in cell[1])
+
+    def busy(what: Callable[[Demand], float]) -> Callable[[Cell], str]:
+        worst = most(what)
+        return lambda cell: f"{worst(cell):.2f} ({_times(headroom(1.0, worst(cell)))})"
+
+    samples = most(lambda d: d.samples_s)
+    columns: list[tuple[str, Callable[[Cell], str]]] = [
+        ("cell", lambda c: c[0]),
+        ("samples/s", lambda c: f"{samples(c):,.0f}"),
+        ("end to end here", lambda c: _times(headroom(ceiling.samples_s, samples(c)))),
+        ("store busy (headroom)", busy(costs.store)),
+        ("take ms (in process)",
+         lambda c: f"{1e3 * costs.take[c[1][0].engines, c[1][0].groups_per_take]:.1f}"),
+        ("takes/s, reports/s", lambda c: f"{most(lambda d: d.takes_s)(c):,.1f}, "
+                                        f"{most(lambda d: d.reports_s)(c):,.0f}"),
+        ("dispatcher busy (headroom)", busy(costs.dispatcher)),
+        ("idle polls/s, at most", lambda c: f"{most(lambda d: d.idle_polls_s)(c):,.0f}"),
+        ("dispatcher busy with them", busy(lambda d: costs.dispatcher(d) + costs.polls(d))),
+        ("weight checks/s", lambda c: f"{most(lambda d: d.checks_s)(c):,.0f}"),
+        ("one relay busy (headroom)", busy(costs.relay)),
+    ]  # fmt: skip
+    return _table(columns, list(cells.items()))
+
+
+def verdict(ceiling: Ceiling, demands: Sequence[Demand], costs: Costs) -> str:
+    """The headroom of each controller at the largest size, against the largest demand of
+    any model and policy there, and the ones below SAFE_HEADROOM."""
+    top = [d for d in demands if d.accelerators == max(SIZES)]
+
+    def worst(busy: Callable[[Demand], float]) -> float:
+        return headroom(1.0, max(busy(d) for d in top))
+
+    found = {
+        "end to end on these 2 cores": headroom(ceiling.samples_s, max(d.samples_s for d in top)),
+        "the store, projected": worst(costs.store),
+        "the dispatcher (takes and reports)": worst(costs.dispatcher),
+        "the dispatcher with idle workers' polls": worst(
+            lambda d: costs.dispatcher(d) + costs.polls(d)
+        ),
+        "one relay (every engine's weight checks)": worst(costs.relay),
+    }
+    text = (
+        f"At {max(SIZES)} accelerators the headroom is: "
+        + "; ".join(f"{name} {_times(h)}" for name, h in found.items())
+        + f". The best level carried {ceiling.samples_s:,.0f} samples/s. "
+    )
+    text += (
+        f"Saturation: {'; '.join(ceiling.saturated)}."
+        if ceiling.saturated
+        else "No level saturated."
+    )
+    short = [name for name, h in found.items() if h < SAFE_HEADROOM]
+    if short:
+        text += f" Below {SAFE_HEADROOM:g}x: {', '.join(short)}."
+    return text
+
+
+def report(
+    results: list[LevelResult],
+    probes: list[ProbeResult],
+    demands: list[Demand],
+    costs: Costs,
+    args: argparse.Namespace,
+    elapsed: float,
+    load_before: float,
+) -> str:
+    ceiling = find_ceiling(results)
+    command = " ".join(["python -m sluice.benchmarks.control_plane", *sys.argv[1:]])
+    lines = [
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"ray {package_version('ray')}, pyarrow {package_version('pyarrow')}; load average "
+        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {elapsed:.0f} s in all.",
+        f"Command: `.venv/bin/{command}`.",
+        "",
+        f"Simulated rollout workers in {HOSTS} processes, {SLOTS} groups of {GROUP} each at "
+        f"once, weight checks every {WEIGHT_CHECK_S:g} s (the real worker's "
+        f"{REAL_WEIGHT_CHECK_S:g} s is the relay probe's demand), reports every "
+        f"{REPORT_EVERY_S:g} s; rows of {PROMPT_TOKENS} prompt tokens and the 7B workload's "
+        f"responses ({BYTES_PER_TOKEN} bytes a token). The trainer leases the groups the "
+        f"offered rate makes in {STEP_EVERY_S:g} s, trains {args.step_s:g} s a step; k is the "
+        f"staleness bound, loose enough that admission never holds a worker back. Each level "
+        f"is measured for {results[0].window_s:.0f} s after a warm-up. Latencies are the "
+        "caller's (a put's includes validating, encoding and its object-store put); CPU is "
+        "seconds per wall second.",
+        "",
+        _table(LEVEL_COLUMNS, results),
+        "",
+        f"Call rates, {probes[0].callers} callers back to back (projected: over the "
+        "controller's CPU share):",
+        "",
+        _table(PROBE_COLUMNS, probes),
+        "",
+        f"What the simulator says the control plane must serve (`sim.scale`, {args.sim_steps} "
+        "steps a cell, steady state): samples/s are samples trained or dropped, each put "
+        "into the store; "
+        "takes/s are takes that bring work; idle polls are takes admission answers empty.",
+        "",
+        _table(DEMAND_COLUMNS, demands),
+        "",
+        "At scale: the cores each controller would be busy (demand times the CPU each unit "
+        f"of work cost here: {costs.store_per_sample * 1e3:.2f} ms a sample in the store, "
+        f"{costs.call * 1e3:.2f} ms a dispatcher call, {costs.relay_per_check * 1e3:.2f} ms "
+        "a relay check, plus a take's own work, measured in process at the cell's shape: "
+        f"{GROUPS_PER_STEP} groups a step, every engine reporting), and the headroom, 1 / "
+        "busy; for each kind of work the larger demand of the two policies:",
+        "",
+        scale_table(demands, costs, ceiling),
+        "",
+        verdict(ceiling, demands, costs),
+    ]
+    for r in results:
+        for name, frames in r.profile.items():
+            shown = "; ".join(f"{frame} {share:.0%}" for frame, share in frames)
+            lines += [
+                "",
+                f"{name}, {r.workers} workers (py-spy, share of a thread's wall time): {shown}",
+            ]
+    return "\n".join(lines)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def parse_levels(text: str) -> list[tuple[int, float]]:
+    """``"64:1000 256:2000"`` -> [(64, 1000.0), (256, 2000.0)]: workers, offered samples/s."""
+    out = []
+    for item in text.split():
+        workers, sep, rate = item.partition(":")
+        try:
+            level = (int(workers), float(rate))
+        except ValueError:
+            level = (0, 0.0)
+        if not sep or level[0] < 1 or level[1] <= 0:
+            raise argparse.ArgumentTypeError(
+                f"level {item!r}: write workers:samples_per_s, both positive"
+            )
+        out.append(level)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--levels",
+        type=parse_levels,
+        default=None,
+        help=f"workers:offered samples/s ... (default {FULL_LEVELS!r})",
+    )
+    parser.add_argument("--window", type=float, default=6.0, help="measured seconds a level")
+    parser.add_argument("--step-s", type=float, default=0.0, help="trainer step time (0: none)")
+    parser.add_argument("--probe-callers", type=int, default=64)
+    parser.add_argument("--probe-s", type=float, default=2.5, help="seconds a call-rate probe")
+    parser.add_argument("--sim-steps", type=int, default=12, help="steps a simulated cell")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"levels {QUICK_LEVELS!r}, shorter windows, no profile"
+    )
+    parser.add_argument("--no-profile", action="store_true", help="no py-spy on the controllers")
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = parser.parse_args()  # fmt: skip
+    if args.quick:
+        args.window, args.probe_s, args.sim_steps, args.no_profile = 4.0, 2.0, 6, True
+    levels = args.levels or parse_levels(QUICK_LEVELS if args.quick else FULL_LEVELS)
+    load_before, started = os.getloadavg()[0], time.monotonic()
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - started:3.0f} s] {text}", flush=True)
+
+    folder = Path(tempfile.mkdtemp(prefix="sluice-bench-control-"))
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=OBJECT_STORE_BYTES,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=tempfile.mkdtemp(prefix="ray-", dir="/tmp"),
+        configure_logging=False,
+        log_to_driver=False,
+    )
+    try:
+        hosts = [WorkerHost.remote(GROUP, seed) for seed in range(HOSTS)]  # type: ignore[attr-defined]
+        ray.get([h.pid.remote() for h in hosts])
+        say(f"{HOSTS} worker hosts are up")
+        results = []
+        for i, (workers, offered) in enumerate(levels):
+            r = run_level(Load(workers, offered), hosts, folder / f"level-{i}",
+                          args.window, args.step_s, not args.no_profile)  # fmt: skip
+            results.append(r)
+            say(
+                f"{workers} workers, {offered:,.0f} offered: {r.acked_s:,.0f} acked samples/s, "
+                f"take {r.latency['take'].ms()} ms, put {r.latency['put'].ms()} ms; CPU "
+                + ", ".join(f"{k} {v:.2f}" for k, v in {**r.cpu, **r.others_cpu}.items())
+                + f"; fleet loaded {_loaded(r)}; {_ledger(r)}; stopped in {r.stop_s:.1f} s"
+            )
+        probes = run_probes(hosts, args.probe_callers, args.probe_s)
+        for p in probes:
+            say(f"{p.name}: {p.calls_s:,.0f} calls/s, controller CPU {p.cpu:.2f}")
+    finally:
+        ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+    demands = simulated_demand(args.sim_steps)
+    say(f"the demand of {len(demands)} simulated cells")
+    costs = costs_of(results, probes, demands)
+    say("a take's cost at each cell's shape")
+    text = report(results, probes, demands, costs, args, time.monotonic() - started, load_before)
+    print(text)
+    if args.write:
+        write_section("control-plane", "Control plane under load", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""benchmarks/control_plane.py: the demand it derives from the simulator, the headroom and
+cost arithmetic, the percentiles and profiles it summarises, the rows its simulated workers
+put, and one small real level (Ray) whose ledger comes out exactly once."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from sluice.benchmarks.control_plane import (
+    GROUP,
+    HOSTS,
+    Ceiling,
+    Costs,
+    Demand,
+    LevelResult,
+    Load,
+    WorkerHost,
+    _Blocks,
+    demand_of,
+    find_ceiling,
+    headroom,
+    parse_levels,
+    percentile,
+    projected,
+    run_level,
+    simulated_demand,
+    summarise,
+    take_cost,
+    top_frames,
+    verdict,
+)
+from sluice.engines.messages import Assignment
+from sluice.envs import Problem
+from sluice.storage.schema import validate_batch
+
+# A 7B-like cell at 1024 accelerators: 418 engines of 256 requests, 640 generated samples/s
+# (40 groups of 16), 512 trained, engines idle 10% of the time.
+SEVEN_B = Demand("7B", 1024, "p", engines=418, concurrency=256, samples_s=640.0,
+                 trained_s=512.0, rollout_idle=0.1, group=16, groups_per_step=512)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("values", "p", "expected"),
+    [
+        (list(range(1, 101)), 50, 50),  # the 50th of 100 values
+        (list(range(1, 101)), 99, 99),
+        (list(range(100, 0, -1)), 99, 99),  # order does not matter
+        ([7.0], 50, 7.0),
+        ([1, 2, 3, 4], 50, 2),  # nearest rank: ceil(0.5 * 4) = 2nd value
+        ([1, 2, 3, 4], 100, 4),
+    ],
+    ids=["p50-of-100", "p99-of-100", "unsorted", "one-value", "even-count", "p100"],
+)
+def test_nearest_rank_percentiles(values, p, expected):
+    assert percentile(values, p) == expected
+
+
+def test_no_latencies_summarise_to_a_dash_and_a_bad_percentile_is_refused():
+    empty = summarise([])
+    assert empty.count == 0 and math.isnan(empty.p50) and empty.ms() == "-"
+    assert summarise([0.001, 0.002, 0.1]).ms() == "2.0 / 100.0"
+    with pytest.raises(ValueError, match="percentile"):
+        percentile([1.0], 0)
+
+
+def test_demand_turns_sample_rates_into_the_real_workers_calls():
+    d = SEVEN_B
+    assert d.groups_s == 40.0
+    # 40 groups/s over 418 engines: under one group per engine per PUT_EVERY_S, a put a group.
+    assert d.puts_s == 40.0
+    # A take brings REFILL_AT (0.25) x 256 requests / 16 = 4 groups.
+    assert (d.groups_per_take, d.takes_s) == (4, 10.0)
+    assert d.leases_s == 512.0 / (512 * 16)
+    assert d.reports_s == 418 / 0.5  # every engine every report_every_s
+    assert d.checks_s == pytest.approx(418 / 0.1)  # every engine every weight_check_s
+    assert d.pulls_s == pytest.approx(418 * d.leases_s)  # every engine, every version
+    assert d.idle_polls_s == pytest.approx(418 * 0.1 / 0.005)  # a poll every RELAY_POLL_S
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "groups_per_take"),
+    [(256, 4), (79, 2), (16, 1), (8, 1)],
+    ids=["7B-engine", "32B-engine", "one-group", "less-than-a-group"],
+)
+def test_a_take_brings_a_quarter_of_the_engine_in_whole_groups(concurrency, groups_per_take):
+    d = Demand("m", 64, "p", 10, concurrency, 160.0, 160.0, 0.0, group=16)
+    assert d.groups_per_take == groups_per_take
+
+
+def test_a_busy_engine_puts_up_to_put_groups_groups_a_block():
+    # One engine finishing 100 groups/s: 25 in a PUT_EVERY_S, capped at PUT_GROUPS (8).
+    d = Demand("m", 1, "p", 1, 256, 1600.0, 1600.0, 0.0, group=16)
+    assert d.puts_s == 100 / 8
+
+
+def test_demand_of_a_simulated_run_is_its_steady_state():
+    # A batch of 512 x 16 every 32 s in the steady state: 256 trained a second; over the
+    # whole run 300 dropped for 2400 trained, so 256 x 2700 / 2400 = 288 samples/s end.
+    result = SimpleNamespace(
+        steady_step_s=32.0, trained_samples=2400, dropped_samples=300, rollout_idle=0.25
+    )
+    cluster = SimpleNamespace(instances=26, max_concurrency=256)
+    d = demand_of("7B", 64, "async", result, cluster)  # type: ignore[arg-type]
+    assert (d.samples_s, d.trained_s, d.rollout_idle) == (288.0, 256.0, 0.25)
+    assert (d.engines, d.concurrency, d.group) == (26, 256, GROUP)
+
+
+def test_the_simulator_gives_a_demand_for_each_model_and_policy():
+    demands = simulated_demand(steps=2, sizes=(64,))
+    assert [(d.model, d.accelerators) for d in demands] == [("7B", 64)] * 2 + [("32B", 64)] * 2
+    for d in demands:
+        assert d.samples_s >= d.trained_s > 0 and d.engines > 0 and d.concurrency > 0
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "demand", "expected"),
+    [(900.0, 300.0, 3.0), (100.0, 400.0, 0.25), (5.0, 0.0, math.inf)],
+    ids=["three-times", "a-quarter", "no-demand"],
+)
+def test_headroom_is_ceiling_over_demand(ceiling, demand, expected):
+    assert headroom(ceiling, demand) == expected
+
+
+def test_headroom_refuses_negative_rates():
+    with pytest.raises(ValueError, match=">= 0"):
+        headroom(-1.0, 1.0)
+
+
+def test_projection_scales_to_the_busiest_controller_having_a_core():
+    assert projected(1000.0, [0.25, 0.5, 0.1]) == 2000.0
+    assert projected(1000.0, [0.0]) == math.inf
+
+
+def test_costs_turn_demand_into_busy_cores():
+    costs = Costs(
+        store_per_sample=0.001, call=0.0005, relay_per_check=0.0002, take={(418, 4): 0.05}
+    )
+    assert costs.store(SEVEN_B) == pytest.approx(0.64)  # 640 samples/s x 1 ms
+    # 10 takes/s x (50 ms of work + 0.5 ms a call) + 836 reports/s x 0.5 ms
+    assert costs.dispatcher(SEVEN_B) == pytest.approx(0.505 + 0.418)
+    assert costs.polls(SEVEN_B) == pytest.approx(8360 * 0.0005)
+    assert costs.relay(SEVEN_B) == pytest.approx(4180 * 0.0002)
+
+
+def test_the_verdict_names_the_controllers_short_of_three_times_the_largest_demand():
+    costs = Costs(
+        store_per_sample=0.001, call=0.0005, relay_per_check=0.0002, take={(418, 4): 0.05}
+    )
+    small = Demand("7B", 64, "p", 26, 256, 40.0, 30.0, 0.0, group=16)
+    text = verdict(Ceiling(1950.0, []), [small, SEVEN_B], costs)
+    # At 1024: measured 1950 / 640 = 3.0x; store 1 / 0.64; dispatcher 1 / 0.923; with the
+    # polls 1 / 5.1; one relay 1 / 0.836.
+    assert "end to end on these 2 cores 3.0x" in text
+    assert (
+        "the store, projected 1.6x" in text
+        and "one relay (every engine's weight checks) 1.2x" in text
+    )
+    assert text.endswith(
+        "Below 3x: the store, projected, the dispatcher (takes and reports), the dispatcher "
+        "with idle workers' polls, one relay (every engine's weight checks)."
+    )
+
+
+def _level(workers: int, offered: float, acked: float, store_cpu: float = 0.2) -> LevelResult:
+    return LevelResult(
+        workers=workers, offered=offered, window_s=5.0, acked_s=acked, rates={}, latency={},
+        lease_waited=False, cpu={"store": store_cpu, "dispatcher": 0.1, "relay": 0.05},
+        others_cpu={}, groups_per_step=8, max_staleness=3, stale=0, stop_s=1.0,
+        loaded=(1.0, 2 * workers), ledger={}, violations=[],
+    )  # fmt: skip
+
+
+def test_a_ceiling_that_kept_up_shows_no_saturation():
+    ceiling = find_ceiling([_level(64, 1000, 990), _level(256, 2000, 1950)])
+    assert ceiling.samples_s == 1950 and ceiling.saturated == []
+
+
+@pytest.mark.parametrize(
+    ("levels", "sign"),
+    [
+        ([_level(64, 1000, 990), _level(256, 2000, 1200)], "256 workers carried 60%"),
+        ([_level(64, 1000, 990), _level(256, 2000, 1000)], "1.01x the level before"),
+        ([_level(64, 1000, 990, store_cpu=0.95)], "the store used 95% of a core"),
+    ],
+    ids=["short-of-offered", "stopped-growing", "controller-busy"],
+)
+def test_saturation_is_named(levels, sign):
+    assert any(sign in s for s in find_ceiling(levels).saturated)
+
+
+def test_a_profile_counts_each_function_once_per_stack_over_its_threads_samples(tmp_path):
+    root = tmp_path / "repo"
+    ours = f"{root}/storage/trajectory_store.py"
+    lines = [
+        f"thread (1): loop;run (/x/.venv/lib/ray/worker.py:1);put ({ours}:10);add ({ours}:20) 30",
+        f"thread (1): loop;run (/x/.venv/lib/ray/worker.py:1);put ({ours}:10) 10",
+        "thread (1): loop;select (/usr/lib/python3.11/selectors.py:468) 60",
+        f"thread (2): other;put ({ours}:10);put ({ours}:11) 40",  # recursion counts once
+        "thread (2): other;idle (/usr/lib/python3.11/threading.py:1) 60",
+        "not a profile line",
+    ]
+    frames = dict(top_frames(lines, root))
+    assert frames == {
+        "put (storage/trajectory_store.py)": 0.4,  # thread 1: 40 of 100, thread 2: 40 of 100
+        "add (storage/trajectory_store.py)": 0.3,
+    }
+
+
+def test_levels_parse_and_bad_ones_name_the_format():
+    assert parse_levels("64:1000 256:2000.5") == [(64, 1000.0), (256, 2000.5)]
+    for bad in ("64", "0:100", "64:-1", "x:100"):
+        with pytest.raises(Exception, match="workers:samples_per_s"):
+            parse_levels(bad)
+
+
+def test_a_level_sizes_its_steps_generation_and_bound_from_the_offered_rate():
+    load = Load(workers=512, offered=4096.0, group=16, slots=2, weight_check_s=1.0)
+    assert load.generation_s == 4.0  # 512 x 2 groups x 16 samples in flight at 4096/s
+    assert load.groups_per_step == 256  # 4096 samples a second / 16
+    # Admission: 1024 groups in flight / 256 a step = 4; staleness: (4 x 4 s + 1 s) / 1 s = 17.
+    assert load.max_staleness == 18
+
+
+def test_a_simulated_group_is_a_valid_block_of_the_7b_workloads_size():
+    blocks = _Blocks(group=16, seed=0)
+    problem = Problem("p7", "control-plane", "x", "", "train")
+    batch = blocks.group(3, Assignment(problem, "p7@g9", 0, 100.0), first=2, last=5)
+    validate_batch(batch)
+    assert batch.column("sample_id").to_pylist() == [f"p7@g9/{j}" for j in range(16)]
+    assert set(batch.column("group_id").to_pylist()) == {"p7@g9"}
+    length = int(blocks.lengths[3][0])
+    versions = batch.column("token_versions")[0].as_py()
+    assert versions == [2] * (length // 2) + [5] * (length - length // 2)
+    assert 1_000 < float(np.mean(blocks.lengths)) < 10_000  # long-tail responses, ~4k mean
+
+
+def test_a_take_at_a_small_shape_costs_the_real_dispatcher_something():
+    assert 0.0 < take_cost(engines=4, want=2, groups_per_step=8, takes=3) < 1.0
+
+
+def test_a_small_level_runs_the_real_controllers_and_the_ledger_is_exactly_once(
+    ray_local, tmp_path
+):
+    hosts = [WorkerHost.remote(GROUP, seed) for seed in range(HOSTS)]
+    try:
+        result = run_level(
+            Load(workers=8, offered=160.0), hosts, tmp_path / "level", window_s=2.0,
+            step_s=0.0, profile=False,
+        )  # fmt: skip
+    finally:
+        for host in hosts:
+            ray_local.kill(host)
+    assert result.violations == []
+    ledger = result.ledger
+    assert ledger["dispatched"] == ledger["trained"] + ledger["dropped"] > 0
+    assert ledger["trained"] > 0 and result.rates["takes"] > 0
+    assert set(result.cpu) == {"store", "dispatcher", "relay"}
