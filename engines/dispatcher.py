@@ -142,14 +142,17 @@ class GroupDispatcher:
         count = min(want, allowed)
         if count <= 0:
             return []
-        while len(self._pool) < max(count, LOOKAHEAD_STEPS * self._per_step):
-            self._pool.extend(self._prompts.take(self._per_step))
-        requests = [self._request(i, p) for i, p in enumerate(self._pool)]
         loads = [
             WorkerLoad(w, c["in_flight_tokens"], int(c["free_groups"]) if self._balance else 0)
             for w, c in self._workers.items()
             if w != worker
         ] + [WorkerLoad(worker, self._load(worker), count)]
+        # The plan fills every worker's reported room before the asker's (last, losing
+        # ties), and only the asker's share is handed out: the pool must cover all of it.
+        room = sum(load.capacity for load in loads)
+        while len(self._pool) < max(room, LOOKAHEAD_STEPS * self._per_step):
+            self._pool.extend(self._prompts.take(self._per_step))
+        requests = [self._request(i, p) for i, p in enumerate(self._pool)]
         chosen = plan(requests, loads, self._long_first, self._balance).assignments[worker]
         taken = {int(r.group_id) for r in chosen}
         picked = [(self._pool[int(r.group_id)], r.predicted) for r in chosen]

@@ -212,3 +212,17 @@ def test_every_dispatched_sample_is_in_the_ledger_and_a_dead_workers_are_dropped
     # The requeued prompts come back under new group ids, dispatched anew.
     assert [a.problem.prompt_id for a in again] == [a.problem.prompt_id for a in second]
     assert not {a.group_id for a in again} & {a.group_id for a in second}
+
+
+def test_a_worker_gets_its_groups_however_many_others_report_room():
+    """Each take plans over every worker's reported room but hands out only the asker's
+    share; with more room reported than groups in the look-ahead pool, the asker (last, and
+    losing ties) got nothing while admission was open, and asked again, and again."""
+    env, _ = make_environment(EnvConfig(train_prompts=64))
+    dispatcher = GroupDispatcher(
+        Book(), PromptStream(env, 64, seed=0), env.name, 8, N, max_staleness=1, seed=0
+    )
+    idle = {"in_flight_tokens": 0.0, "free_groups": 4.0}
+    for worker in range(1, 64):
+        dispatcher.report(worker, [], idle)
+    assert len(dispatcher.take(worker=0, want=4, worker_version=0).assignments) == 4
