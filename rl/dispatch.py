@@ -15,6 +15,8 @@ Nothing here holds a clock or a worker handle: callers pass ``now`` and the load
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -157,30 +159,35 @@ def plan(
     group goes to the worker with the smallest predicted load (queued plus assigned tokens)
     that still has capacity, ties to the earlier worker in ``workers``: longest-processing-
     time-first, whose makespan is within 4/3 - 1/(3m) of optimal on m workers (Graham 1969).
-    Without it, groups go round-robin over the workers with capacity. O(groups * workers).
+    Without it, groups go round-robin over the workers with capacity. O(groups * log workers).
     """
     ids = [w.worker for w in workers]
     if len(set(ids)) != len(ids):
         raise ValueError(f"worker ids must be unique, got {ids}")
     order = sorted(groups, key=lambda g: -g.tokens) if long_first else list(groups)
-    load = [w.queued_tokens for w in workers]
     room = [w.capacity for w in workers]
     assignments: dict[int, list[GroupRequest]] = {w: [] for w in ids}
     left: list[GroupRequest] = []
-    cursor = 0  # next worker to try when round-robin
+    # Balance: the open workers in a heap by (load, position), the least loaded on top.
+    # Round-robin: the open positions in order, a cursor going round them.
+    heap = [(w.queued_tokens, i) for i, w in enumerate(workers) if w.capacity > 0]
+    heapq.heapify(heap)
+    cycle = deque(i for i in range(len(workers)) if room[i] > 0)
     for group in order:
-        open_ = [i for i in range(len(workers)) if room[i] > 0]
-        if not open_:
+        if not (heap if balance else cycle):
             left.append(group)
             continue
         if balance:
-            pick = min(open_, key=lambda i: (load[i], i))
+            load, pick = heapq.heappop(heap)
         else:
-            pick = min(open_, key=lambda i: (i - cursor) % len(workers))
-            cursor = pick + 1
+            pick = cycle.popleft()
         assignments[ids[pick]].append(group)
-        load[pick] += group.tokens
         room[pick] -= 1
+        if room[pick] > 0:
+            if balance:
+                heapq.heappush(heap, (load + group.tokens, pick))
+            else:
+                cycle.append(pick)
     return Plan(assignments, left)
 
 

@@ -73,6 +73,7 @@ class _Entry:
 class _Group:
     size: int
     samples: list[str] = field(default_factory=list)
+    version: int | None = None  # the staleness rule's date, once it is asked for (complete)
 
 
 @dataclass(frozen=True)
@@ -225,8 +226,13 @@ class TrajectoryIndex:
         return self._grant(lease_id, chosen, current_version)
 
     def _version(self, group_id: str) -> int:
-        """The version the staleness rule dates the group's live samples at."""
-        return group_version((e.meta.span for e in self._live(group_id)), self._stale_by)
+        """The version the staleness rule dates the group at (asked only of complete groups,
+        whose samples do not change: computed once, each lease checks every ready group)."""
+        group = self._groups[group_id]
+        if group.version is None:
+            spans = (e.meta.span for e in self._live(group_id))
+            group.version = group_version(spans, self._stale_by)
+        return group.version
 
     def _live(self, group_id: str) -> list[_Entry]:
         return [self._entries[s] for s in self._groups[group_id].samples if s in self._entries]

@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from sluice.rl.dispatch import (
@@ -302,3 +304,43 @@ def test_min_age_boundary_is_inclusive():
 def test_stragglers_rejects_bad_thresholds(max_stragglers, min_age_s, match):
     with pytest.raises(ValueError, match=match):
         stragglers({}, max_stragglers=max_stragglers, min_age_s=min_age_s, now=NOW)
+
+
+def _plan_by_scanning(groups, workers, long_first, balance):
+    """The plan as first written, scanning every open worker for each group: the reference
+    the heap-based ``plan`` must equal."""
+    order = sorted(groups, key=lambda g: -g.tokens) if long_first else list(groups)
+    load = [w.queued_tokens for w in workers]
+    room = [w.capacity for w in workers]
+    out = {w.worker: [] for w in workers}
+    left, cursor = [], 0
+    for group in order:
+        open_ = [i for i in range(len(workers)) if room[i] > 0]
+        if not open_:
+            left.append(group)
+            continue
+        if balance:
+            pick = min(open_, key=lambda i: (load[i], i))
+        else:
+            pick = min(open_, key=lambda i: (i - cursor) % len(workers))
+            cursor = pick + 1
+        out[workers[pick].worker].append(group)
+        load[pick] += group.tokens
+        room[pick] -= 1
+    return out, left
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("balance", [True, False])
+def test_plan_equals_the_scan_over_every_worker(seed, balance):
+    rng = random.Random(seed)
+    groups = [
+        GroupRequest(f"g{i}", f"p{i}", "math", 10, rng.randint(1, 4), rng.choice([5.0, 20.0]))
+        for i in range(rng.randint(0, 40))
+    ]
+    workers = [
+        WorkerLoad(w, float(rng.choice([0, 0, 50, 100])), rng.randint(0, 4))
+        for w in rng.sample(range(100), rng.randint(1, 12))
+    ]
+    got = plan(groups, workers, long_first=seed % 2 == 0, balance=balance)
+    assert (got.assignments, got.left) == _plan_by_scanning(groups, workers, seed % 2 == 0, balance)
