@@ -144,7 +144,7 @@ class Trainer:
             "staleness": sum(staleness) / len(staleness),
             "staleness_max": float(max(staleness)),
             # What the staleness rule lets through: a long sample's first token is older.
-            "first_token_lag_max": float(max(lease.first_token_lag, default=max(staleness))),
+            "first_token_lag_max": float(max(lease.first_token_lag)),
             **{f"staleness_count/{k}": float(n) for k, n in Counter(staleness).items()},
             "step_s": t1 - t0,
             "publish_s": publish_s,

@@ -92,7 +92,7 @@ class LeaseGrant:
     advantages: list[float]
     staleness: list[int]  # versions behind, by the run's rule (rl/staleness.py)
     current_version: int
-    first_token_lag: list[int] = field(default_factory=list)  # by each sample's first token
+    first_token_lag: list[int]  # versions behind, by each sample's first token
 
 
 @dataclass

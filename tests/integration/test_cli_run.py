@@ -151,6 +151,13 @@ def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
         worst = [
             v for (v,) in db.execute("SELECT value FROM metrics WHERE key='train/staleness_max'")
         ]
+        # A group is dated by its last token; its first tokens may be older, never newer.
+        first = [
+            v
+            for (v,) in db.execute(
+                "SELECT value FROM metrics WHERE key='train/first_token_lag_max' ORDER BY step"
+            )
+        ]
         weights = db.execute(
             "SELECT COUNT(*) FROM metrics WHERE key='train/is_weight_mean'"
         ).fetchone()
@@ -161,6 +168,7 @@ def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
             "SELECT SUM(value) FROM metrics WHERE key='rollout/repacked_groups'"
         ).fetchone()
     assert len(worst) == steps and max(worst) <= bound
+    assert len(first) == steps and max(first) >= max(worst)
     assert weights == (steps,) and loads[0] >= 1  # the worker pulled new weights itself
     assert repacked >= 1  # groups moved between the workers, and were trained (below)
     table = Ledger(run_dir.as_uri()).read()
