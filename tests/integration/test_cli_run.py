@@ -129,8 +129,10 @@ def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
     """Two streaming workers, a dispatcher's admission control and repack, and the store's
     staleness bound."""
     # Repacks come in bursts, mostly when both workers restart together after an eval: 20
-    # steps give several such chances (10 steps once gave none), at no measurable cost.
-    steps, bound = 20, 1
+    # steps give several such chances (10 steps once gave none). On a loaded machine async
+    # may start before Ray has placed the second worker, and the first steps (under a
+    # second each) run on one worker, without a chance: 30 steps leave room for that.
+    steps, bound = 30, 1
     result = _smoke(
         tmp_path,
         shared_cache,
@@ -170,7 +172,8 @@ def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
     assert len(worst) == steps and max(worst) <= bound
     assert len(first) == steps and max(first) >= max(worst)
     assert weights == (steps,) and loads[0] >= 1  # the worker pulled new weights itself
-    assert repacked >= 1  # groups moved between the workers, and were trained (below)
+    # Groups moved between the workers, and were trained (below).
+    assert repacked >= 1, result.stdout[-3000:]
     table = Ledger(run_dir.as_uri()).read()
     assert check_exactly_once(table) == []
     summary = summarize(table)
