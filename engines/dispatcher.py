@@ -21,8 +21,13 @@ in ``engines/messages.py``.
   then ``hand_over``); the target gets them with its next ``take`` and continues each
   sample from its tokens. The mover is then free: it loads newer weights at once, even
   without partial rollout, and takes fresh groups as soon as admission allows.
+- Held workers do not poll: a ``take`` admission answers empty says from which weight
+  version the worker may start a group (``Work.held_until``), and the worker asks again
+  once it holds that version or once a report's answer says to (a credit or a requeue
+  opened the window, groups were repacked onto it, the plan moves it, or the run stops).
 - Workers report finished groups (lengths, rewards) and their counters; the flow reads
-  them once per step with ``drain``.
+  them once per step with ``drain``. Reports are paced to ``REPORTS_PER_S`` for the whole
+  fleet (each answer says when to report next), so their cost does not grow with it.
 - Failure isolation: the dispatcher knows which groups each worker holds. When a worker
   dies, ``requeue`` puts its unfinished groups back at the front of the queue (under new
   group ids) and takes them out of the admission count, so nothing it held is lost and
@@ -42,7 +47,14 @@ from typing import Any, Protocol
 import ray
 
 from sluice.engines.cluster import on_driver_node
-from sluice.engines.messages import Assignment, GroupDone, Handoff, RolloutTotals, Work
+from sluice.engines.messages import (
+    Assignment,
+    GroupDone,
+    Handoff,
+    ReportReply,
+    RolloutTotals,
+    Work,
+)
 from sluice.envs import Problem
 from sluice.envs.prompts import PromptSource
 from sluice.rl.config import RunConfig
@@ -53,12 +65,21 @@ from sluice.storage.ledger import LedgerEvent
 class LedgerSink(Protocol):
     """Where the dispatcher's ledger events go: the trajectory store (``StoreClient``)."""
 
-    def record(self, events: list[LedgerEvent]) -> None: ...
+    def record(self, events: list[LedgerEvent], wait: bool = True) -> None:
+        """Events in order; ``wait=False``: the sink may still be taking them on return."""
+
+    def settle_records(self) -> None:
+        """Wait until the sink has every event recorded so far."""
 
 
 # Groups kept ready for ordering: enough for a couple of steps, so "longest first" has
 # something to choose from without running far ahead of the prompt stream.
 LOOKAHEAD_STEPS = 2
+# Reports the whole fleet sends a second, at most: a worker reports every
+# max(StreamSettings.report_every_s, workers / REPORTS_PER_S) seconds. A report costs the
+# dispatcher ~0.7 ms of CPU on these machines (BENCHMARKS.md, control plane), so reports
+# keep it under a tenth of a core at any fleet size.
+REPORTS_PER_S = 100.0
 
 
 class GroupDispatcher:
@@ -134,8 +155,10 @@ class GroupDispatcher:
             self._stragglers[worker] = (worker_version, stragglers)
         else:
             self._stragglers.pop(worker, None)
-        give_to = None if out or handoffs else self._repack_target(worker, worker_version)
-        return Work(out, handoffs, give_to)
+        if out or handoffs:
+            return Work(out, handoffs)
+        give_to = self._repack_target(worker, worker_version)
+        return Work([], [], give_to, held_until=None if give_to is not None else self._open_at())
 
     def _fresh(self, worker: int, want: int, worker_version: int) -> list[Assignment]:
         allowed = (worker_version + self._k + 1) * self._per_step - self.admitted
@@ -166,11 +189,15 @@ class GroupDispatcher:
             )
             held[group_id] = problem
             self._issued += 1
-        # In the ledger from this moment: a dispatched sample ends trained or dropped.
-        self._record({a.group_id: a.problem for a in out}, "dispatched")
+        # In the ledger from this moment: a dispatched sample ends trained or dropped. The
+        # take does not wait for the store to have the events (the next call to the store
+        # does): they are stamped now, and the ledger is read in time order.
+        self._record({a.group_id: a.problem for a in out}, "dispatched", wait=False)
         return out
 
-    def _record(self, groups: dict[str, Problem], event: str, reason: str | None = None) -> None:
+    def _record(
+        self, groups: dict[str, Problem], event: str, reason: str | None = None, wait: bool = True
+    ) -> None:
         """One ledger event for each sample of each group (``{group id: problem}``)."""
         if groups:
             self._ledger.record(
@@ -178,8 +205,14 @@ class GroupDispatcher:
                     LedgerEvent(f"{group_id}/{j}", problem.prompt_id, event, reason=reason)
                     for group_id, problem in groups.items()
                     for j in range(self._n)
-                ]
+                ],
+                wait=wait,
             )
+
+    def _open_at(self) -> int:
+        """The lowest worker version admission lets start a group now: the least v with
+        ``(v + max_staleness + 1) * groups_per_step > admitted``."""
+        return self.admitted // self._per_step - self._k
 
     def _repack_target(self, worker: int, version: int) -> int | None:
         """Where ``worker`` should move its stragglers, if the repack plan moves them."""
@@ -248,7 +281,11 @@ class GroupDispatcher:
         counters = self._workers.get(worker)
         return counters["in_flight_tokens"] if counters else 0.0
 
-    def report(self, worker: int, groups: list[GroupDone], counters: dict[str, float]) -> None:
+    def report(
+        self, worker: int, groups: list[GroupDone], counters: dict[str, float]
+    ) -> ReportReply:
+        """Take a worker's finished groups and counters (its ``version`` among them); answer
+        whether it should ``take`` now and when to report next."""
         held = self._held.get(worker, {})
         for g in groups:
             held.pop(g.group_id, None)
@@ -264,20 +301,32 @@ class GroupDispatcher:
             t.lengths.extend(g.lengths)
             t.add_reward_metrics(g.reward_metrics, g.reward_messages)
         self._workers[worker] = counters
+        version = int(counters.get("version", -1))
+        ask = (
+            self._stopped
+            or worker in self._handoffs
+            or version >= self._open_at()
+            or self._repack_target(worker, version) is not None
+        )
+        return ReportReply(ask, len(self._workers) / REPORTS_PER_S)
 
     def drain(self) -> dict[str, Any]:
-        """Rollout totals since the last call, and each worker's latest counters."""
+        """Rollout totals since the last call, and each worker's latest counters; the store
+        has every ledger event of the groups issued so far."""
+        self._ledger.settle_records()
         totals, self._totals = self._totals, RolloutTotals()
         return {"totals": totals, "workers": dict(self._workers), "issued": self._issued}
 
     def stop(self) -> None:
         """No more groups: workers finish what they hold and return."""
         self._stopped = True
+        self._ledger.settle_records()
 
     def resume(self) -> None:
         self._stopped = False
 
     def cursor(self) -> dict[str, Any]:
+        self._ledger.settle_records()  # a checkpoint's ledger holds what it issued
         return {"prompts": self._prompts.cursor(), "issued": self._issued}
 
 

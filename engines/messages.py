@@ -83,7 +83,7 @@ class StreamSettings:
     concurrency: int  # samples in flight at most: vLLM's running batch
     partial_rollout: bool = True
     weight_check_s: float = 0.1
-    report_every_s: float = 0.5
+    report_every_s: float = 0.5  # at least this long between reports; the dispatcher paces
     pull_timeout_s: float = 120.0
     # Repack: send the running samples with each ask once at most this many are left
     # (0: never).
@@ -145,11 +145,28 @@ class Assignment:
 @dataclass(frozen=True)
 class Work:
     """A ``take``'s answer: fresh groups, groups repacked onto this worker, and whether it
-    should hand its own unfinished groups to another worker (``give_to``)."""
+    should hand its own unfinished groups to another worker (``give_to``).
+
+    ``held_until``: with nothing to hand out, the weight version from which admission lets
+    this worker start a group. The worker does not ask again before it holds that version,
+    unless a report's answer (``ReportReply.ask``) says so: held workers do not poll.
+    """
 
     assignments: list[Assignment]
     handoffs: list[Handoff] = field(default_factory=list)
     give_to: int | None = None
+    held_until: int | None = None
+
+
+@dataclass(frozen=True)
+class ReportReply:
+    """The dispatcher's answer to a worker's report: ``ask``, take now (admission opened at
+    the worker's version, groups were repacked onto it, the repack plan moves it, or the
+    dispatcher stopped); ``report_every_s``, when to report next (the dispatcher paces
+    reports to a budget for the whole fleet)."""
+
+    ask: bool
+    report_every_s: float
 
 
 @dataclass

@@ -440,7 +440,12 @@ class _Stream(SampleRunner):
         self.stopping = False
         self.newer: Weights | None = None  # pulled, not loaded yet
         self.next_check = self.next_report = 0.0
+        self.report_every_s = settings.report_every_s  # the dispatcher may ask for less often
         self.asked: ray.ObjectRef | None = None  # a `take` sent, not yet answered
+        # Admission held this worker back until it holds this version (or a report's
+        # answer says to ask again): no take is sent before.
+        self.held_until: int | None = None
+        self.reported: ray.ObjectRef | None = None  # the last report, its answer unread
         self.weights_asked: PendingPull | None = None  # a relay asked, not yet answered
 
     def loop(self) -> dict[str, float]:
@@ -537,6 +542,8 @@ class _Stream(SampleRunner):
             # Ask in chunks: an actor call per finished group cost ~5% of the worker.
             if room <= 0 or (self.running and room * n < REFILL_AT * self.s.concurrency):
                 return
+            if self.held_until is not None and not self.may_ask_again():
+                return
             stragglers = None
             if 0 < len(self.running) <= self.s.repack_max_stragglers:
                 stragglers = [
@@ -552,6 +559,7 @@ class _Stream(SampleRunner):
         if work is None:
             self.stopping = True
             return
+        self.held_until = work.held_until
         if work.give_to is not None:
             self.give_up(work.give_to)
         for handoff in work.handoffs:
@@ -567,6 +575,21 @@ class _Stream(SampleRunner):
             self.groups[a.group_id] = group
             for sample in group.samples:
                 self.begin(a.group_id, group, sample)
+
+    def may_ask_again(self) -> bool:
+        """Held back: ask again once this worker holds the version admission waits for, or
+        once the answer to its last report says to."""
+        assert self.held_until is not None
+        return self.engine.version() >= self.held_until or self.read_reply()
+
+    def read_reply(self) -> bool:
+        """The answer to the last report, once it is there: take its pace; True if it says
+        to ask for work now."""
+        if self.reported is None or not ray.wait([self.reported], timeout=0)[0]:
+            return False
+        reply, self.reported = ray.get(self.reported), None
+        self.report_every_s = max(self.s.report_every_s, reply.report_every_s)
+        return bool(reply.ask)
 
     def give_up(self, target: int) -> None:
         """Repack: hand every unfinished group to worker ``target``, as the dispatcher
@@ -664,9 +687,11 @@ class _Stream(SampleRunner):
                 max(0, self.s.concurrency - len(self.running)) // self.s.samples_per_prompt
             ),
         }
-        self.source.report.remote(self.s.worker, self.reports, counters)
+        if self.read_reply():
+            self.held_until = None
+        self.reported = self.source.report.remote(self.s.worker, self.reports, counters)
         self.reports = []
-        self.next_report = time.monotonic() + self.s.report_every_s
+        self.next_report = time.monotonic() + self.report_every_s
 
 
 class RolloutWorkerClient:

@@ -439,6 +439,7 @@ class StoreClient:
         self.pipeline = pipeline
         self._unwritten: list[pa.RecordBatch] = []
         self._in_flight: list[_Put] = []
+        self._recording: ray.ObjectRef | None = None  # ledger events sent, not yet taken
         self.puts = 0  # puts made; put number n is in the store once ``settled >= n``
         self.settled = 0
 
@@ -593,11 +594,24 @@ class StoreClient:
         """Puts stop (or start again) waiting for room; see ``TrajectoryStore.drain``."""
         ray.get(self.handle.drain.remote(draining))
 
-    def record(self, events: list[LedgerEvent]) -> None:
+    def record(self, events: list[LedgerEvent], wait: bool = True) -> None:
         """Send ledger events of samples the store does not hold; returns once the store has
-        them. It waits because Ray runs an async actor's calls out of order: a ``dropped``
-        sent without waiting could be taken before its ``dispatched``."""
-        ray.get(self.handle.record.remote(events))
+        them, or with ``wait=False`` once they are sent. One call is in flight at a time:
+        each first waits until the store has the one before (``settle_records`` waits for
+        the last), because Ray runs an async actor's calls out of order and a ``dropped``
+        taken before its ``dispatched`` would be misread."""
+        self.settle_records()
+        sent = self.handle.record.remote(events)
+        if wait:
+            ray.get(sent)
+        else:
+            self._recording = sent
+
+    def settle_records(self) -> None:
+        """Wait until the store has the events ``record`` sent without waiting."""
+        if self._recording is not None:
+            sent, self._recording = self._recording, None
+            ray.get(sent)
 
 
 def materialize(grant: LeaseGrant, fields: list[str] | None = None) -> pa.Table:

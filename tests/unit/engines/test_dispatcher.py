@@ -21,8 +21,11 @@ class Book:
     def __init__(self) -> None:
         self.events: list[LedgerEvent] = []
 
-    def record(self, events: list[LedgerEvent]) -> None:
+    def record(self, events: list[LedgerEvent], wait: bool = True) -> None:
         self.events.extend(events)
+
+    def settle_records(self) -> None:
+        pass
 
 
 @pytest.fixture
@@ -126,6 +129,47 @@ def test_dropped_groups_give_their_admission_back(dispatcher):
     assert len(first) == 2 * B and dispatcher.take(0, 10, 0).assignments == []
     dispatcher.credit(1)  # the store dropped one of them as too stale
     assert len(dispatcher.take(0, 10, 0).assignments) == 1
+
+
+def _counters(version: int) -> dict[str, float]:
+    return {"in_flight_tokens": 0.0, "free_groups": 4.0, "version": float(version)}
+
+
+def test_a_held_worker_is_told_the_version_it_waits_for_and_when_to_ask_sooner(dispatcher):
+    dispatcher.take(0, 2 * B, 0)  # admission full at version 0 (k = 1)
+    held = dispatcher.take(0, 10, 0)
+    assert held.assignments == [] and held.held_until == 1
+    assert len(dispatcher.take(0, 10, held.held_until).assignments) == B  # exactly then
+    assert dispatcher.take(0, 10, 1).held_until == 2
+    assert not dispatcher.report(0, [], _counters(1)).ask  # nothing changed: keep waiting
+    dispatcher.credit(1)  # the store dropped a group as stale: its place opens now
+    assert dispatcher.report(0, [], _counters(1)).ask
+    assert len(dispatcher.take(0, 10, 1).assignments) == 1
+    assert not dispatcher.report(0, [], _counters(1)).ask
+    dispatcher.stop()  # a held worker learns of the stop from its next report
+    assert dispatcher.report(0, [], _counters(1)).ask and dispatcher.take(0, 10, 1) is None
+
+
+def test_reports_are_paced_to_a_budget_for_the_whole_fleet(dispatcher):
+    from sluice.engines.dispatcher import REPORTS_PER_S
+
+    for worker in range(400):
+        reply = dispatcher.report(worker, [], _counters(0))
+    assert reply.report_every_s == pytest.approx(400 / REPORTS_PER_S)
+
+
+def test_a_held_straggler_is_told_to_ask_when_repack_moves_it_or_hands_it_groups():
+    dispatcher = _repacking()
+    mine = dispatcher.take(0, 1, 0).assignments
+    theirs = dispatcher.take(1, 3, 0).assignments
+    assert _straggling(dispatcher, 0, mine).held_until == 1
+    assert not dispatcher.report(0, [], _counters(0)).ask  # alone, it has nowhere to go
+    assert _straggling(dispatcher, 1, theirs[:2]).give_to is None
+    assert dispatcher.report(0, [], _counters(0)).ask  # the plan moves it to worker 1 now
+    assert not dispatcher.report(1, [], _counters(0)).ask
+    assert _straggling(dispatcher, 0, mine).give_to == 1
+    assert dispatcher.hand_over(0, 1, [_handoff(mine[0])])
+    assert dispatcher.report(1, [], _counters(0)).ask  # its handed-over groups wait for it
 
 
 def _straggling(dispatcher, worker, groups, version=0, age_s=5.0):

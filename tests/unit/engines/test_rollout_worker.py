@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
+from sluice.engines.dispatcher import GroupDispatcher
 from sluice.engines.messages import (
     BatchShard,
     GroupDone,
@@ -16,6 +17,7 @@ from sluice.engines.messages import (
 from sluice.engines.protocols import Completion
 from sluice.engines.rollout_worker import RolloutWorker, _as_reported, _Stream, scored_block
 from sluice.envs.multi_turn import EpisodeLimits
+from sluice.envs.prompts import PromptStream
 from sluice.envs.scoring import VerifierScorer
 from sluice.rl.config import EnvConfig
 from sluice.storage.schema import validate_batch
@@ -273,3 +275,74 @@ def test_a_weight_load_marks_the_token_where_it_lands_in_a_continued_sample():
     stream.newer = SimpleNamespace(version=4)
     stream.load_newer()
     assert sample.marks == [(0, 0), (13, 4)]  # 10 it had, then 3 generated under version 0
+
+
+class _Starts:
+    """An engine that only takes requests (the test never steps it)."""
+
+    def __init__(self) -> None:
+        self._version = 0
+
+    def version(self) -> int:
+        return self._version
+
+    def prompt_ids(self, prompts):
+        return [[1, 2] for _ in prompts]
+
+    def start(self, request_id, prompt_ids, max_new_tokens, temperature, seed) -> None:
+        pass
+
+
+class _Dispatching:
+    """The real dispatcher's logic behind a handle whose calls answer Ray refs."""
+
+    def __init__(self, ray, dispatcher) -> None:
+        self.takes = 0
+
+        def take(*args):
+            self.takes += 1
+            return ray.put(dispatcher.take(*args))
+
+        self.take = SimpleNamespace(remote=take)
+        self.report = SimpleNamespace(remote=lambda *args: ray.put(dispatcher.report(*args)))
+
+
+def test_a_held_worker_asks_again_only_at_the_version_it_waits_for_or_when_told(ray_local):
+    """Admission holds the worker back: it sends no take (an idle poll) until it holds the
+    version the dispatcher named, or its report's answer says the window opened."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    ledger = SimpleNamespace(record=lambda events, wait=True: None)
+    dispatcher = GroupDispatcher(ledger, PromptStream(env, 8, seed=0), env.name, 2, 1, 0, 0)
+    source, engine = _Dispatching(ray_local, dispatcher), _Starts()
+    worker = SimpleNamespace(
+        engine=engine,
+        env=env,
+        scorer=None,
+        scoring=None,
+        store=_Store(),
+        params=None,
+        stream_counters={},
+        episodes=None,
+        limits=EpisodeLimits(),
+        agents=None,
+    )
+    stream = _Stream(worker, source, StreamSettings(0, 1, 8, 1.0, False, 8))
+    stream.refill()
+    assert len(stream.running) == 2 and source.takes == 1  # the whole window at version 0
+    stream.running.clear()  # they finished: room again
+    stream.refill()
+    assert source.takes == 2 and stream.held_until == 1
+    for _ in range(3):
+        stream.refill()
+    assert source.takes == 2  # held: no polls
+    dispatcher.credit(1)  # the store dropped a group: one place opens at version 0
+    stream.report()
+    ray_local.wait([stream.reported])
+    stream.refill()
+    assert source.takes == 3 and len(stream.running) == 1
+    stream.running.clear()
+    stream.refill()
+    assert source.takes == 4 and stream.held_until == 1
+    engine._version = 1  # newer weights loaded
+    stream.refill()
+    assert source.takes == 5 and len(stream.running) == 2
