@@ -653,8 +653,11 @@ class CheckpointConfig(_Section):
 class WeightsConfig(_Section):
     """The parameter service: how new weights travel from the trainer to rollout workers."""
 
-    relays: int = Field(
-        1, ge=1, description="Relay actors of the parameter service (one per node at scale)."
+    relays: Annotated[int, Field(ge=1)] | Literal["per_node"] = Field(
+        "per_node",
+        description="Relay actors of the parameter service. per_node: one on every node alive "
+        "at the start, so a node's rollout workers check for new weights on their own node "
+        "(one relay for a cluster would answer every engine's checks).",
     )
     bucket_mib: int = Field(
         64, ge=1, description="Weights travel in safetensors buckets of at most this size."

@@ -18,7 +18,7 @@ import re
 import types
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -48,6 +48,10 @@ checked at load too.
 def _type_name(annotation: Any) -> str:
     """``annotation`` as a user writes its values: ``int``, ``str | null``, ``"a" | "b"``."""
     origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:  # a union member with bounds of its own: int (>= 1)
+        metadata = [m for item in args[1:] for m in getattr(item, "metadata", [item])]
+        bounds = _bounds_of(metadata)
+        return f"{_type_name(args[0])} ({bounds})" if bounds else _type_name(args[0])
     if origin is Literal:
         return " | ".join(json.dumps(a) for a in args)
     if origin in (Union, types.UnionType):
@@ -63,8 +67,12 @@ def _type_name(annotation: Any) -> str:
 
 def _bounds(field: FieldInfo) -> str:
     """The range pydantic enforces on ``field``: ``>= 1, <= 32``, or a pattern."""
+    return _bounds_of(field.metadata)
+
+
+def _bounds_of(metadata: list[Any]) -> str:
     parts = []
-    for item in field.metadata:
+    for item in metadata:
         for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             value = getattr(item, attr, None)
             if value is not None:

@@ -30,10 +30,13 @@ A ``Relay`` actor holds the newest version it has taken and nothing older: it co
 incoming bucket into an object it owns before taking the next, so the version outlives the
 trainer process and the relay never holds an incoming version beside its copy; once the new
 version is complete it drops its references to the previous one, which Ray frees as soon
-as no puller still holds it. Relays form a chain (relay 0 forwards every version it takes
-to relay 1, and so on) spread over the nodes, so a far node pulls from a relay next to it.
-Rollout workers ask when they choose ("anything newer than version 6?":
-:meth:`ParameterService.ask`, then :meth:`ParameterService.collect`, or
+as no puller still holds it. Relay 0 forwards every version it takes to each other relay;
+with ``relays="per_node"`` there is one on every node, so the weight checks of a node's
+rollout workers stay on that node (at 1024 accelerators one relay for all would answer
+thousands of checks a second; BENCHMARKS.md, control plane). The others hang off relay 0
+alone: losing a node loses only its own relay, and a node without one (it joined later,
+or lost its relay) asks relay 0. Rollout workers ask when they choose ("anything newer
+than version 6?": :meth:`ParameterService.ask`, then :meth:`ParameterService.collect`, or
 :meth:`ParameterService.pull` for both); the trainer never waits for them. A pull answers
 :class:`Weights`: the version's buckets, fetched to the worker's node, which yield their
 tensors as views of the object store's buffers, bucket by bucket in name order, while the
@@ -71,6 +74,7 @@ import ray
 import torch
 from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from safetensors.torch import load as load_safetensors
 
 logger = logging.getLogger(__name__)
@@ -344,9 +348,10 @@ class _Relay:
     puller that took it still holds it.
     """
 
-    def __init__(self, index: int, downstream: ActorHandle | None, fetch_timeout: float) -> None:
+    def __init__(self, index: int, downstream: list[ActorHandle], fetch_timeout: float) -> None:
         self._index = index
         self._downstream = downstream
+        self._offers: list[ray.ObjectRef | None] = [None] * len(downstream)  # the last, each
         self._fetch_timeout = fetch_timeout
         self._lock = threading.Lock()
         self._version = EMPTY
@@ -431,9 +436,25 @@ class _Relay:
             if version <= self._version:
                 return False  # a newer version finished first
             self._version, self._refs = version, owned
-        if self._downstream is not None:
-            self._downstream.offer.remote(version, owned)
+        self._forward(version, owned)
         return True
+
+    def _forward(self, version: int, owned: list[ray.ObjectRef]) -> None:
+        """Offer ``version`` to each downstream relay without waiting for it; a relay whose
+        last offer failed because it died (its node was lost) is offered nothing more."""
+        alive = []
+        for relay, last in zip(self._downstream, self._offers, strict=True):
+            if last is not None and ray.wait([last], timeout=0)[0]:
+                try:
+                    ray.get(last)
+                except RayActorError:
+                    logger.warning("relay %d drops a downstream relay: it died", self._index)
+                    continue
+                except RayError as err:  # it missed one version; the next may reach it
+                    logger.warning("relay %d: a downstream relay failed: %s", self._index, err)
+            alive.append(relay)
+        self._downstream = alive
+        self._offers = [relay.offer.remote(version, owned) for relay in alive]
 
     def latest(self, after: int) -> tuple[int, list[ray.ObjectRef]] | None:
         """The held version and its bucket refs, or None if it is not newer than ``after``."""
@@ -449,6 +470,18 @@ class _Relay:
 
 # Typed Any: Ray's stubs know neither `concurrency_groups` nor `.options(...)` on actors.
 Relay: Any = ray.remote(**_RELAY_OPTIONS)(_Relay)
+
+
+def _relay_places(relays: int | str, first_at: Any) -> list[Any]:
+    """A Ray scheduling strategy for each relay, relay 0's first."""
+    if relays == "per_node":
+        here = getattr(first_at, "node_id", None) or ray.get_runtime_context().get_node_id()
+        alive = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here]
+        first = first_at or NodeAffinitySchedulingStrategy(here, soft=False)
+        return [first] + [NodeAffinitySchedulingStrategy(n, soft=False) for n in alive]
+    if not isinstance(relays, int) or relays < 1:
+        raise ValueError(f'relays must be a count of at least 1 or "per_node", got {relays!r}')
+    return [first_at or "DEFAULT"] + ["SPREAD"] * (relays - 1)
 
 
 # -- the handle ----------------------------------------------------------------------------
@@ -538,12 +571,13 @@ class ParameterService:
     @classmethod
     def create(
         cls,
-        relays: int = 1,
+        relays: int | str = 1,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         first_at: Any = None,
         dtype: torch.dtype | str | None = None,
     ) -> ParameterService:
-        """Start a chain of ``relays`` relay actors (0 CPUs each), spread over the nodes.
+        """Start ``relays`` relay actors (0 CPUs each): relay 0, and the others spread over
+        the nodes and fed by it; ``"per_node"``: one on every node alive now.
 
         ``first_at``: a Ray scheduling strategy for relay 0 (the flow pins it to its own
         node, so losing a worker node never takes the published version with it).
@@ -552,24 +586,23 @@ class ParameterService:
         buffers. None sends every tensor in its own dtype.
         """
         wire = wire_dtype(dtype)
-        if relays < 1:
-            raise ValueError(f"relays must be at least 1, got {relays}")
+        places = _relay_places(relays, first_at)
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-        handles: list[ActorHandle] = []
-        downstream: ActorHandle | None = None
-        for index in reversed(range(relays)):
-            downstream = Relay.options(
-                scheduling_strategy=first_at if index == 0 and first_at else "SPREAD",
-            ).remote(index, downstream, FETCH_TIMEOUT_S)
-            handles.insert(0, downstream)
+        others = [
+            Relay.options(scheduling_strategy=place).remote(index, [], FETCH_TIMEOUT_S)
+            for index, place in enumerate(places[1:], start=1)
+        ]
+        handles = [Relay.options(scheduling_strategy=places[0]).remote(0, others, FETCH_TIMEOUT_S)]
+        handles += others
         try:
             node_ids: list[str] = _get([h.node_id.remote() for h in handles], START_TIMEOUT_S)
         except (GetTimeoutError, RayActorError) as err:
             for handle in handles:
                 ray.kill(handle)
             raise ParameterError(
-                f"{relays} parameter relay(s) did not start within {START_TIMEOUT_S:g} s: {err}"
+                f"{len(handles)} parameter relay(s) did not start within {START_TIMEOUT_S:g} s: "
+                f"{err}"
             ) from err
         return cls(handles, node_ids, bucket_bytes, dtype=wire)
 

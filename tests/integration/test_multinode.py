@@ -6,7 +6,9 @@ scripts start one: a head with no custom resources, rollout nodes advertising th
 resource ``rollout`` and a trainer node advertising ``trainer``, each with its own CPU count,
 temp dir and ports, with token authentication. ``sluice run --address HOST:PORT`` joins it
 (the driver's own Ray node is the head, as on the cluster, where the Prefect worker runs
-there): rollout workers ask for ``rollout``, the trainer for ``trainer``.
+there): rollout workers ask for ``rollout``, the trainer for ``trainer``. Each node up at
+the start gets a parameter relay (``weights.relays: per_node``); rollout-a's dies with it,
+and the nodes that join later ask the head's.
 
 The job asks for two rollout workers but starts when only one rollout node (rollout-a) is
 up: no node has room for worker 1, so the async run starts with worker 0 alone
@@ -115,6 +117,9 @@ def test_a_lost_rollout_node_shrinks_the_pool_and_a_new_node_regrows_it(
         head = _titles(cluster)["head"]
         for actor in ("TrajectoryStore", "GroupDispatcher", "_Relay"):
             assert f"ray::{actor}" in head, head
+        # weights.relays=per_node: a relay on each node up at the start, fed by the head's.
+        for node in ("rollout-a", "trainer"):
+            assert "ray::_Relay" in _titles(cluster)[node], _titles(cluster)[node]
 
         # The pool grows when a node with room for worker 1 joins.
         job.expect(r"step    2/")

@@ -224,6 +224,34 @@ def test_a_chained_relay_serves_the_version_on_its_own(ray_local):
         chained.shutdown()
 
 
+def test_relay_0_feeds_every_other_relay_and_drops_one_that_died(ray_local):
+    """Relays hang off relay 0 alone: losing one (its node) leaves the others fed."""
+    star = ParameterService.create(relays=3, bucket_bytes=MB)
+    try:
+        ray.kill(star.relays[1])
+        for version in (1, 2):  # relay 0 learns of the death from its first offer's answer
+            star.publish(version, _state(version))
+            star.flush(timeout=30)
+            _wait_until(
+                lambda v=version: ray.get(star.relays[2].version.remote(), timeout=10) == v,
+                f"relay 2 taking version {version}",
+            )
+    finally:
+        star.shutdown()
+
+
+def test_per_node_relays_on_one_node_are_relay_0_alone_and_bad_counts_are_refused(ray_local):
+    service = ParameterService.create(relays="per_node", bucket_bytes=MB)
+    try:
+        assert len(service.relays) == 1
+        assert service.node_ids == [ray.get_runtime_context().get_node_id()]
+    finally:
+        service.shutdown()
+    for bad in (0, "per-node"):
+        with pytest.raises(ValueError, match='at least 1 or "per_node"'):
+            ParameterService.create(relays=bad)
+
+
 def test_a_pulled_version_has_the_values_at_publish_time(service, worker):
     state = _state(7, megabytes=16)
     service.publish(7, state)
