@@ -15,8 +15,9 @@ Components, in one local Ray session (127.0.0.1), fresh controllers for every lo
   through ``StoreClient`` within ``PUT_EVERY_S`` (rows of realistic size: 512 prompt tokens,
   response lengths drawn from the simulator's 7B workload, about 4k tokens on average, 12
   bytes a token), reports done groups and its load to the dispatcher every
-  ``report_every_s``, and asks the relay for newer weights every ``WEIGHT_CHECK_S``, pulling
-  a new version when there is one.
+  ``report_every_s`` or as the dispatcher's answers pace it, waits while admission holds it
+  back (``Work.held_until``), and asks the relay for newer weights every
+  ``WEIGHT_CHECK_S``, pulling a new version when there is one.
 - ``Trainer``, the trainer's stand-in (``flows/rl_job.py: rl_step``) on a thread of the
   driver: each step it reads the store's counters, leases a batch of whole groups, reads the
   rows, waits ``--step-s``, publishes the next weight version (4 MB), acknowledges the lease,
@@ -32,10 +33,11 @@ A level's sustained rate is acknowledged samples per second; it is saturated whe
 short of the offered rate. On 2 cores the simulated workers, the trainer and Ray's own
 processes share the machine with the controllers, so the report also projects each
 controller's load at scale: the simulator's demand times the CPU each unit of work cost here
-(a sample through the store, a dispatcher call, a take at the cell's shape measured in
-process, a relay check). A controller runs its calls one at a time and also waits (the
-dispatcher, for the store to take each take's ledger events), which CPU time leaves out:
-the projected load is a lower bound.
+(a sample through the store, a held take, a report, a take at the cell's shape measured in
+process, a relay check), a node's relay answering the engines on its node
+(``weights.relays: per_node``). A controller runs its calls one at a time and also waits
+(the dispatcher, for the store to take the previous take's ledger events), which CPU time
+leaves out: the projected load is a lower bound.
 
     .venv/bin/python -m sluice.benchmarks.control_plane            # about 105 s
     .venv/bin/python -m sluice.benchmarks.control_plane --quick    # about 50 s, smoke use
@@ -72,9 +74,9 @@ import ray
 import torch
 
 from sluice.benchmarks.tables import head_commit, markdown_table
-from sluice.engines.dispatcher import LOOKAHEAD_STEPS, Dispatcher, GroupDispatcher
+from sluice.engines.dispatcher import LOOKAHEAD_STEPS, REPORTS_PER_S, Dispatcher, GroupDispatcher
 from sluice.engines.messages import Assignment, GroupDone, StreamSettings
-from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT, RELAY_POLL_S
+from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.envs import Problem
 from sluice.sim.engine import simulate
 from sluice.sim.lengths import draw_lengths
@@ -114,9 +116,6 @@ _REAL = StreamSettings(worker=0, samples_per_prompt=GROUP, max_new_tokens=1, tem
                        scale_by_std=False, concurrency=1)  # fmt: skip
 REAL_WEIGHT_CHECK_S = _REAL.weight_check_s
 REPORT_EVERY_S = _REAL.report_every_s
-# A worker that admission holds back while groups still run asks again after an engine step
-# (a 7B decode step of a full H100 engine takes tens of milliseconds).
-ENGINE_STEP_S = 0.03
 GENERATION_SIGMA = 0.5  # log-normal spread of one group's generation time around its mean
 MAX_NAP_S = 0.05  # longest a simulated worker sleeps between looks at its clock
 STAGGER_S = 1.0  # the workers' first takes are spread over this long
@@ -127,6 +126,8 @@ TEMPLATES = 16  # response-length templates a host draws once and relabels for e
 BYTES_PER_TOKEN = 12  # of a response token in a row: id, behaviour log-prob, policy version
 LEASE_WAIT_S = 0.25  # the trainer looks at its stop flag this often while waiting for data
 STOP_TIMEOUT_S = 60.0
+# Accelerators a node: a relay on each node answers the engines there (8-GPU nodes).
+NODE_ACCELERATORS = 8
 NEVER = 2**62  # a version no relay holds: "anything newer?" is answered "no"
 UNBOUNDED = 10**9  # a staleness bound admission never reaches (the take probe)
 OBJECT_STORE_BYTES = 6 << 30
@@ -194,7 +195,7 @@ class Demand:
     concurrency: int  # requests per engine
     samples_s: float  # samples trained or dropped a second: each was put into the store
     trained_s: float
-    rollout_idle: float  # share of engine time with nothing to run
+    accelerators_per_engine: int = 1
     group: int = GROUP
     groups_per_step: int = GROUPS_PER_STEP
 
@@ -226,7 +227,8 @@ class Demand:
 
     @property
     def reports_s(self) -> float:
-        return self.engines / REPORT_EVERY_S
+        """Every engine every report_every_s, paced by the dispatcher to REPORTS_PER_S."""
+        return min(self.engines / REPORT_EVERY_S, REPORTS_PER_S)
 
     @property
     def checks_s(self) -> float:
@@ -234,15 +236,22 @@ class Demand:
         return self.engines / REAL_WEIGHT_CHECK_S
 
     @property
+    def checks_per_relay_s(self) -> float:
+        """The weight checks a node's relay answers (``weights.relays: per_node``): those of
+        the engines on its node, NODE_ACCELERATORS accelerators a node."""
+        per_node = min(self.engines, max(1, NODE_ACCELERATORS // self.accelerators_per_engine))
+        return per_node / REAL_WEIGHT_CHECK_S
+
+    @property
     def pulls_s(self) -> float:
         """Every engine pulls every version once."""
         return self.engines * self.leases_s
 
     @property
-    def idle_polls_s(self) -> float:
-        """Takes admission answers empty, at most: an engine with nothing to run asks again
-        every RELAY_POLL_S (each ask also waits for its answer, so fewer in fact)."""
-        return self.engines * self.rollout_idle / RELAY_POLL_S
+    def held_takes_s(self) -> float:
+        """Takes admission answers empty, at most: a held engine asks again once it holds the
+        version the answer named (``Work.held_until``), so once a version at most."""
+        return self.engines * self.leases_s
 
 
 def demand_of(
@@ -261,7 +270,7 @@ def demand_of(
         concurrency=cluster.max_concurrency,
         samples_s=trained_s * ended,
         trained_s=trained_s,
-        rollout_idle=result.rollout_idle,
+        accelerators_per_engine=cluster.accelerators_per_instance,
     )
 
 
@@ -295,6 +304,7 @@ class Costs:
 
     store_per_sample: float  # all of the store's work, over the samples it carried
     call: float  # the dispatcher's cost of one call that does nothing (a held-back take)
+    report: float  # the dispatcher's cost of one report (counters, no groups)
     relay_per_check: float
     take: dict[tuple[int, int], float]  # (engines, groups a take) -> a take's own work
 
@@ -303,23 +313,27 @@ class Costs:
         return d.samples_s * self.store_per_sample
 
     def dispatcher(self, d: Demand) -> float:
-        """Cores the dispatcher is busy at ``d`` with takes that bring work and reports."""
+        """Cores the dispatcher is busy at ``d``: takes that bring work, reports, and takes
+        admission answers empty."""
         take = self.take[d.engines, d.groups_per_take] + self.call
-        return d.takes_s * take + d.reports_s * self.call
-
-    def polls(self, d: Demand) -> float:
-        """Cores the dispatcher is busy at ``d`` answering idle workers' polls, at most."""
-        return d.idle_polls_s * self.call
+        return d.takes_s * take + d.reports_s * self.report + d.held_takes_s * self.call
 
     def relay(self, d: Demand) -> float:
-        """Cores one relay is busy at ``d`` answering every engine's weight checks."""
+        """Cores a node's relay is busy at ``d`` answering its engines' weight checks."""
+        return d.checks_per_relay_s * self.relay_per_check
+
+    def one_relay(self, d: Demand) -> float:
+        """Cores a single relay would be busy answering every engine (``weights.relays: 1``)."""
         return d.checks_s * self.relay_per_check
 
 
 class _NoLedger:
     """A ``LedgerSink`` that keeps nothing: the in-process take costs the dispatcher alone."""
 
-    def record(self, events: list[LedgerEvent]) -> None:
+    def record(self, events: list[LedgerEvent], wait: bool = True) -> None:
+        pass
+
+    def settle_records(self) -> None:
         pass
 
 
@@ -518,6 +532,8 @@ class _SimWorker:
         self.unsent_since = 0.0
         self.reports: list[GroupDone] = []
         self.last_report: ray.ObjectRef | None = None
+        self.report_every_s = REPORT_EVERY_S  # the dispatcher paces it
+        self.held_until: int | None = None  # admission holds it back until this version
         self.stopping = False
         self.refill_at = max(1, math.ceil(REFILL_AT * load.slots))
         now = time.monotonic()
@@ -536,7 +552,7 @@ class _SimWorker:
             if now >= self.next_check:
                 self.check_weights()
             room = self.load.slots - len(self.running)
-            if now >= self.next_take and room >= self.refill_at:
+            if now >= self.next_take and room >= self.refill_at and self.may_ask():
                 self.refill(room)
             self.finish(now)
             due = now > self.unsent_since + PUT_EVERY_S or len(self.unsent) >= PUT_GROUPS
@@ -566,9 +582,8 @@ class _SimWorker:
         given = work.assignments if work is not None else []
         self.calls.takes.append((started, time.perf_counter() - clock, len(given)))
         self.stopping = work is None
+        self.held_until = None if work is None else work.held_until
         now = time.monotonic()
-        if not given:  # admission holds it back: ask again after an engine step, or a poll
-            self.next_take = now + (ENGINE_STEP_S if self.running else RELAY_POLL_S)
         for a in given:
             sigma = GENERATION_SIGMA
             took = self.load.generation_s * self.rng.lognormal(-(sigma**2) / 2, sigma)
@@ -576,6 +591,18 @@ class _SimWorker:
                 took, self.first = took * self.rng.uniform(), self.first - 1
             heapq.heappush(self.running, (now + took, self.started, a, self.version))
             self.started += 1
+
+    def may_ask(self) -> bool:
+        """As the real worker: held back, ask again at the version admission waits for, or
+        when the answer to the last report says to."""
+        return self.held_until is None or self.version >= self.held_until or self.read_reply()
+
+    def read_reply(self) -> bool:
+        if self.last_report is None or not ray.wait([self.last_report], timeout=0)[0]:
+            return False
+        reply, self.last_report = ray.get(self.last_report), None
+        self.report_every_s = max(REPORT_EVERY_S, reply.report_every_s)
+        return bool(reply.ask)
 
     def finish(self, until: float) -> None:
         while self.running and self.running[0][0] <= until:
@@ -606,8 +633,10 @@ class _SimWorker:
         """Finished groups and counters to the dispatcher, unanswered as the real worker's,
         but only once the dispatcher has taken the last one: the real worker sends them
         regardless, and against a saturated dispatcher they would queue without bound."""
-        self.next_report = time.monotonic() + REPORT_EVERY_S
-        if self.last_report is not None and not ray.wait([self.last_report], timeout=0)[0]:
+        if self.read_reply():
+            self.held_until = None
+        self.next_report = time.monotonic() + self.report_every_s
+        if self.last_report is not None:
             return
         counters = {
             "version": float(self.version),
@@ -625,8 +654,8 @@ class _SimWorker:
             due.append(self.running[0][0])
         if self.unsent:
             due.append(self.unsent_since + PUT_EVERY_S)
-        if self.load.slots - len(self.running) >= self.refill_at:
-            due.append(self.next_take)
+        if self.load.slots - len(self.running) >= self.refill_at and self.held_until is None:
+            due.append(self.next_take)  # held: its next weight check or report wakes it
         time.sleep(min(max(min(due) - time.monotonic(), 0.0), MAX_NAP_S))
 
 
@@ -991,6 +1020,11 @@ def _take(dispatcher: Any, want: int, caller: int) -> None:
     ray.get(dispatcher.take.remote(caller, want, 0, None))
 
 
+def _report(dispatcher: Any, caller: int) -> None:
+    counters = {"version": 0.0, "pid": 1.0, "in_flight_tokens": 1e3, "free_groups": 1.0}
+    ray.get(dispatcher.report.remote(caller, [], counters))
+
+
 def probe(
     name: str, call: Callable[[int], object], target: Any, hosts: list[Any], callers: int,
     seconds: float,
@@ -1010,8 +1044,9 @@ def probe(
 
 
 def run_probes(hosts: list[Any], callers: int, seconds: float) -> list[ProbeResult]:
-    """A relay's "anything newer?"; the dispatcher's take when admission holds a worker back
-    (an idle worker's poll); and a take that brings one group, with its ledger events."""
+    """A relay's "anything newer?"; the dispatcher's take when admission holds a worker back;
+    a worker's report (counters, no groups); and a take that brings one group, with its
+    ledger events."""
     params = ParameterService.create()
     store = StoreClient(create_store(None, capacity=GROUP))
     held: Any = Dispatcher.remote(store, _Prompts(), ENV, 64, GROUP, 2, 0)
@@ -1022,6 +1057,7 @@ def run_probes(hosts: list[Any], callers: int, seconds: float) -> list[ProbeResu
                   hosts, callers, seconds),
             probe("dispatcher: take, admission holds it back", partial(_take, held, 0), held,
                   hosts, callers, seconds),
+            probe("dispatcher: report", partial(_report, held), held, hosts, callers, seconds),
             probe("dispatcher: take of one group", partial(_take, given, 1), given, hosts,
                   callers, seconds),
         ]  # fmt: skip
@@ -1095,10 +1131,11 @@ DEMAND_COLUMNS: list[tuple[str, Callable[[Demand], str]]] = [
     ("takes/s", lambda d: f"{d.takes_s:,.1f}"),
     ("puts/s", lambda d: f"{d.puts_s:,.1f}"),
     ("leases/s", lambda d: f"{d.leases_s:.3f}"),
-    ("reports/s", lambda d: f"{d.reports_s:,.0f}"),
+    ("reports/s (paced)", lambda d: f"{d.reports_s:,.0f}"),
+    ("held takes/s (at most)", lambda d: f"{d.held_takes_s:,.1f}"),
     ("weight checks/s", lambda d: f"{d.checks_s:,.0f}"),
+    ("a node's relay, checks/s", lambda d: f"{d.checks_per_relay_s:,.0f}"),
     ("weight pulls/s", lambda d: f"{d.pulls_s:,.1f}"),
-    ("idle polls/s (at most)", lambda d: f"{d.idle_polls_s:,.0f}"),
 ]
 
 
@@ -1113,11 +1150,12 @@ def costs_of(
     the dispatcher's per call and the relay's per check from the probes, a take's own work
     in process at each cell's shape."""
     best = max(results, key=lambda r: r.acked_s)
-    relay, held = probes[0], probes[1]
+    relay, held, reported = probes[0], probes[1], probes[2]
     for what, rate in (
         ("every level", best.acked_s),
         (relay.name, relay.calls_s),
         (held.name, held.calls_s),
+        (reported.name, reported.calls_s),
     ):
         if rate <= 0:
             raise RuntimeError(f"{what}: nothing got through, so no cost can be derived")
@@ -1125,6 +1163,7 @@ def costs_of(
     return Costs(
         store_per_sample=best.cpu["store"] / best.acked_s,
         call=held.cpu / held.calls_s,
+        report=reported.cpu / reported.calls_s,
         relay_per_check=relay.cpu / relay.calls_s,
         take={shape: take_cost(*shape) for shape in sorted(shapes)},
     )
@@ -1153,13 +1192,15 @@ def scale_table(demands: Sequence[Demand], costs: Costs, ceiling: Ceiling) -> st
         ("store busy (headroom)", busy(costs.store)),
         ("take ms (in process)",
          lambda c: f"{1e3 * costs.take[c[1][0].engines, c[1][0].groups_per_take]:.1f}"),
-        ("takes/s, reports/s", lambda c: f"{most(lambda d: d.takes_s)(c):,.1f}, "
-                                        f"{most(lambda d: d.reports_s)(c):,.0f}"),
+        ("takes/s, reports/s, held takes/s",
+         lambda c: f"{most(lambda d: d.takes_s)(c):,.1f}, {most(lambda d: d.reports_s)(c):,.0f}, "
+                   f"{most(lambda d: d.held_takes_s)(c):,.1f}"),
         ("dispatcher busy (headroom)", busy(costs.dispatcher)),
-        ("idle polls/s, at most", lambda c: f"{most(lambda d: d.idle_polls_s)(c):,.0f}"),
-        ("dispatcher busy with them", busy(lambda d: costs.dispatcher(d) + costs.polls(d))),
-        ("weight checks/s", lambda c: f"{most(lambda d: d.checks_s)(c):,.0f}"),
-        ("one relay busy (headroom)", busy(costs.relay)),
+        ("checks/s: a node's relay, all",
+         lambda c: f"{most(lambda d: d.checks_per_relay_s)(c):,.0f}, "
+                   f"{most(lambda d: d.checks_s)(c):,.0f}"),
+        ("a node's relay busy (headroom)", busy(costs.relay)),
+        ("one relay for all, busy (headroom)", busy(costs.one_relay)),
     ]  # fmt: skip
     return _table(columns, list(cells.items()))
 
@@ -1175,11 +1216,8 @@ def verdict(ceiling: Ceiling, demands: Sequence[Demand], costs: Costs) -> str:
     found = {
         "end to end on these 2 cores": headroom(ceiling.samples_s, max(d.samples_s for d in top)),
         "the store, projected": worst(costs.store),
-        "the dispatcher (takes and reports)": worst(costs.dispatcher),
-        "the dispatcher with idle workers' polls": worst(
-            lambda d: costs.dispatcher(d) + costs.polls(d)
-        ),
-        "one relay (every engine's weight checks)": worst(costs.relay),
+        "the dispatcher (takes, reports, held takes)": worst(costs.dispatcher),
+        "a node's relay (weights.relays: per_node)": worst(costs.relay),
     }
     text = (
         f"At {max(SIZES)} accelerators the headroom is: "
@@ -1218,7 +1256,8 @@ def report(
         f"Simulated rollout workers in {HOSTS} processes, {SLOTS} groups of {GROUP} each at "
         f"once, weight checks every {WEIGHT_CHECK_S:g} s (the real worker's "
         f"{REAL_WEIGHT_CHECK_S:g} s is the relay probe's demand), reports every "
-        f"{REPORT_EVERY_S:g} s; rows of {PROMPT_TOKENS} prompt tokens and the 7B workload's "
+        f"{REPORT_EVERY_S:g} s or as the dispatcher paces them ({REPORTS_PER_S:g} a second "
+        f"for the fleet); rows of {PROMPT_TOKENS} prompt tokens and the 7B workload's "
         f"responses ({BYTES_PER_TOKEN} bytes a token). The trainer leases the groups the "
         f"offered rate makes in {STEP_EVERY_S:g} s, trains {args.step_s:g} s a step; k is the "
         f"staleness bound, loose enough that admission never holds a worker back. Each level "
@@ -1236,14 +1275,18 @@ def report(
         f"What the simulator says the control plane must serve (`sim.scale`, {args.sim_steps} "
         "steps a cell, steady state): samples/s are samples trained or dropped, each put "
         "into the store; "
-        "takes/s are takes that bring work; idle polls are takes admission answers empty.",
+        "takes/s are takes that bring work; held takes are takes admission answers empty "
+        "(once a weight version an engine, at most: a held worker waits for the version the "
+        "answer names); reports are paced to a fleet-wide budget; a node's relay answers the "
+        f"engines on its node ({NODE_ACCELERATORS} accelerators a node).",
         "",
         _table(DEMAND_COLUMNS, demands),
         "",
         "At scale: the cores each controller would be busy (demand times the CPU each unit "
         f"of work cost here: {costs.store_per_sample * 1e3:.2f} ms a sample in the store, "
-        f"{costs.call * 1e3:.2f} ms a dispatcher call, {costs.relay_per_check * 1e3:.2f} ms "
-        "a relay check, plus a take's own work, measured in process at the cell's shape: "
+        f"{costs.call * 1e3:.2f} ms a held take, {costs.report * 1e3:.2f} ms a report, "
+        f"{costs.relay_per_check * 1e3:.2f} ms a relay check, plus a take's own work, "
+        "measured in process at the cell's shape: "
         f"{GROUPS_PER_STEP} groups a step, every engine reporting), and the headroom, 1 / "
         "busy; for each kind of work the larger demand of the two policies:",
         "",

@@ -37,10 +37,11 @@ from sluice.engines.messages import Assignment
 from sluice.envs import Problem
 from sluice.storage.schema import validate_batch
 
-# A 7B-like cell at 1024 accelerators: 418 engines of 256 requests, 640 generated samples/s
-# (40 groups of 16), 512 trained, engines idle 10% of the time.
+# A 7B-like cell at 1024 accelerators: 418 engines of 256 requests on one accelerator each,
+# 640 generated samples/s (40 groups of 16), 512 trained.
 SEVEN_B = Demand("7B", 1024, "p", engines=418, concurrency=256, samples_s=640.0,
-                 trained_s=512.0, rollout_idle=0.1, group=16, groups_per_step=512)  # fmt: skip
+                 trained_s=512.0, accelerators_per_engine=1, group=16,
+                 groups_per_step=512)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -75,10 +76,17 @@ def test_demand_turns_sample_rates_into_the_real_workers_calls():
     # A take brings REFILL_AT (0.25) x 256 requests / 16 = 4 groups.
     assert (d.groups_per_take, d.takes_s) == (4, 10.0)
     assert d.leases_s == 512.0 / (512 * 16)
-    assert d.reports_s == 418 / 0.5  # every engine every report_every_s
+    assert d.reports_s == 100  # 418 engines every 0.5 s, paced to REPORTS_PER_S
     assert d.checks_s == pytest.approx(418 / 0.1)  # every engine every weight_check_s
+    assert d.checks_per_relay_s == pytest.approx(8 / 0.1)  # the 8 engines of a node
     assert d.pulls_s == pytest.approx(418 * d.leases_s)  # every engine, every version
-    assert d.idle_polls_s == pytest.approx(418 * 0.1 / 0.005)  # a poll every RELAY_POLL_S
+    assert d.held_takes_s == pytest.approx(418 * d.leases_s)  # an empty answer a version
+
+
+def test_a_small_fleet_reports_at_its_own_pace_and_big_engines_share_a_relay_less():
+    d = Demand("32B", 64, "p", 18, 79, 5.0, 5.0, accelerators_per_engine=2, group=16)
+    assert d.reports_s == 18 / 0.5  # under the fleet's budget: every report_every_s
+    assert d.checks_per_relay_s == pytest.approx(4 / 0.1)  # 4 engines of 2 on a node
 
 
 @pytest.mark.parametrize(
@@ -87,26 +95,24 @@ def test_demand_turns_sample_rates_into_the_real_workers_calls():
     ids=["7B-engine", "32B-engine", "one-group", "less-than-a-group"],
 )
 def test_a_take_brings_a_quarter_of_the_engine_in_whole_groups(concurrency, groups_per_take):
-    d = Demand("m", 64, "p", 10, concurrency, 160.0, 160.0, 0.0, group=16)
+    d = Demand("m", 64, "p", 10, concurrency, 160.0, 160.0, group=16)
     assert d.groups_per_take == groups_per_take
 
 
 def test_a_busy_engine_puts_up_to_put_groups_groups_a_block():
     # One engine finishing 100 groups/s: 25 in a PUT_EVERY_S, capped at PUT_GROUPS (8).
-    d = Demand("m", 1, "p", 1, 256, 1600.0, 1600.0, 0.0, group=16)
+    d = Demand("m", 1, "p", 1, 256, 1600.0, 1600.0, group=16)
     assert d.puts_s == 100 / 8
 
 
 def test_demand_of_a_simulated_run_is_its_steady_state():
     # A batch of 512 x 16 every 32 s in the steady state: 256 trained a second; over the
     # whole run 300 dropped for 2400 trained, so 256 x 2700 / 2400 = 288 samples/s end.
-    result = SimpleNamespace(
-        steady_step_s=32.0, trained_samples=2400, dropped_samples=300, rollout_idle=0.25
-    )
-    cluster = SimpleNamespace(instances=26, max_concurrency=256)
+    result = SimpleNamespace(steady_step_s=32.0, trained_samples=2400, dropped_samples=300)
+    cluster = SimpleNamespace(instances=26, max_concurrency=256, accelerators_per_instance=2)
     d = demand_of("7B", 64, "async", result, cluster)  # type: ignore[arg-type]
-    assert (d.samples_s, d.trained_s, d.rollout_idle) == (288.0, 256.0, 0.25)
-    assert (d.engines, d.concurrency, d.group) == (26, 256, GROUP)
+    assert (d.samples_s, d.trained_s) == (288.0, 256.0)
+    assert (d.engines, d.concurrency, d.accelerators_per_engine, d.group) == (26, 256, 2, GROUP)
 
 
 def test_the_simulator_gives_a_demand_for_each_model_and_policy():
@@ -135,33 +141,32 @@ def test_projection_scales_to_the_busiest_controller_having_a_core():
     assert projected(1000.0, [0.0]) == math.inf
 
 
+COSTS = Costs(
+    store_per_sample=0.001, call=0.0005, report=0.001, relay_per_check=0.0002,
+    take={(418, 4): 0.05},
+)  # fmt: skip
+
+
 def test_costs_turn_demand_into_busy_cores():
-    costs = Costs(
-        store_per_sample=0.001, call=0.0005, relay_per_check=0.0002, take={(418, 4): 0.05}
-    )
-    assert costs.store(SEVEN_B) == pytest.approx(0.64)  # 640 samples/s x 1 ms
-    # 10 takes/s x (50 ms of work + 0.5 ms a call) + 836 reports/s x 0.5 ms
-    assert costs.dispatcher(SEVEN_B) == pytest.approx(0.505 + 0.418)
-    assert costs.polls(SEVEN_B) == pytest.approx(8360 * 0.0005)
-    assert costs.relay(SEVEN_B) == pytest.approx(4180 * 0.0002)
+    assert COSTS.store(SEVEN_B) == pytest.approx(0.64)  # 640 samples/s x 1 ms
+    # 10 takes/s x (50 ms of work + 0.5 ms a call) + 100 reports/s x 1 ms + 418 x 1/16
+    # held takes/s x 0.5 ms
+    assert COSTS.dispatcher(SEVEN_B) == pytest.approx(0.505 + 0.1 + 418 / 16 * 0.0005)
+    assert COSTS.relay(SEVEN_B) == pytest.approx(80 * 0.0002)  # a node's 8 engines
+    assert COSTS.one_relay(SEVEN_B) == pytest.approx(4180 * 0.0002)
 
 
 def test_the_verdict_names_the_controllers_short_of_three_times_the_largest_demand():
-    costs = Costs(
-        store_per_sample=0.001, call=0.0005, relay_per_check=0.0002, take={(418, 4): 0.05}
-    )
-    small = Demand("7B", 64, "p", 26, 256, 40.0, 30.0, 0.0, group=16)
-    text = verdict(Ceiling(1950.0, []), [small, SEVEN_B], costs)
-    # At 1024: measured 1950 / 640 = 3.0x; store 1 / 0.64; dispatcher 1 / 0.923; with the
-    # polls 1 / 5.1; one relay 1 / 0.836.
+    small = Demand("7B", 64, "p", 26, 256, 40.0, 30.0, group=16)
+    text = verdict(Ceiling(1950.0, []), [small, SEVEN_B], COSTS)
+    # At 1024: measured 1950 / 640 = 3.0x; store 1 / 0.64; dispatcher 1 / 0.618; a node's
+    # relay 1 / 0.016.
     assert "end to end on these 2 cores 3.0x" in text
-    assert (
-        "the store, projected 1.6x" in text
-        and "one relay (every engine's weight checks) 1.2x" in text
-    )
+    assert "the store, projected 1.6x" in text
+    assert "the dispatcher (takes, reports, held takes) 1.6x" in text
+    assert "a node's relay (weights.relays: per_node) 62.5x" in text
     assert text.endswith(
-        "Below 3x: the store, projected, the dispatcher (takes and reports), the dispatcher "
-        "with idle workers' polls, one relay (every engine's weight checks)."
+        "Below 3x: the store, projected, the dispatcher (takes, reports, held takes)."
     )
 
 
