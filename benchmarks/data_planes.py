@@ -18,6 +18,13 @@ as the trainer does. Compared side by side on the same rows:
   them with ``rl.batching.collate``.
 - ``queue, blocks``: the same queue handed whole blocks (a list of 64 dicts per put), to
   separate what batching buys from what the Arrow format buys.
+- ``queue, pipelined``: whole blocks with ``PIPELINE`` puts in flight and as many gets
+  ahead, as the store's producer and a prefetching consumer run: the like-for-like
+  baseline of ``store+file``, which the headline ratio is taken against.
+
+Each size runs every variant once a round, for ``--rounds`` rounds (side by side, so a
+busy moment hits all variants); the table gives each variant's median and each ratio's
+median with its range over the rounds (ratios paired within a round).
 
 Throughput is rows (and MB of row payload) per second from the first put to the last
 padded batch, after one untimed block has gone the same way (first-call costs such as
@@ -31,12 +38,9 @@ Weights: the parameter service's publish and pull latency against model size
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import statistics
 import tempfile
 import time
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +49,7 @@ import ray
 from ray.util.queue import Queue
 
 from sluice.benchmarks import params as params_bench
-from sluice.benchmarks.tables import markdown_table
+from sluice.benchmarks.tables import markdown_table, measured_on
 from sluice.rl.batching import Sample, collate
 from sluice.sim.report import write_section
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
@@ -59,7 +63,7 @@ GROUP = 8
 BYTES_PER_TOKEN = 12
 PROMPT_TOKENS = 32
 MAX_ROWS_MB = 96  # total payload per variant and size, so large rows stay quick
-VARIANTS = ("store", "store+file", "queue", "queue, blocks")
+VARIANTS = ("store", "store+file", "queue", "queue, blocks", "queue, pipelined")
 PIPELINE = 2  # puts in flight per producer, as an async rollout worker runs them
 
 
@@ -123,6 +127,15 @@ class Producer:
                 for row in rows:
                     queue.put(row)
 
+    def to_queue_pipelined(self, queue: Queue, run: str) -> None:
+        """Whole blocks, PIPELINE puts in flight: wait for the oldest before the next."""
+        in_flight: list[ray.ObjectRef] = []
+        for rows in self.blocks[run]:
+            if len(in_flight) == PIPELINE:
+                ray.get(in_flight.pop(0))
+            in_flight.append(queue.actor.put.remote(rows, None))
+        ray.get(in_flight)
+
 
 @ray.remote(num_cpus=1)
 class Consumer:
@@ -138,12 +151,27 @@ class Consumer:
         tokens = 0
         for _ in range(count):
             rows = queue.get() if blocks else [queue.get() for _ in range(BLOCK)]
-            samples = [
-                Sample(r["prompt_ids"], r["response_ids"], r["behaviour_logprobs"], r["advantage"])
-                for r in rows
-            ]
-            tokens += int(collate(samples, 0).mask.sum())
+            tokens += _padded_tokens(rows)
         return tokens
+
+    def from_queue_pipelined(self, queue: Queue, count: int) -> int:
+        """Whole blocks, PIPELINE gets asked ahead of the one being padded."""
+        ahead = [queue.actor.get.remote(None) for _ in range(min(PIPELINE, count))]
+        tokens = 0
+        for i in range(count):
+            rows = ray.get(ahead.pop(0))
+            if i + len(ahead) + 1 < count:
+                ahead.append(queue.actor.get.remote(None))
+            tokens += _padded_tokens(rows)
+        return tokens
+
+
+def _padded_tokens(rows: list[dict[str, Any]]) -> int:
+    samples = [
+        Sample(r["prompt_ids"], r["response_ids"], r["behaviour_logprobs"], r["advantage"])
+        for r in rows
+    ]
+    return int(collate(samples, 0).mask.sum())
 
 
 def run_variant(variant: str, blocks: int, tokens: int, folder: Path) -> float:
@@ -156,7 +184,16 @@ def run_variant(variant: str, blocks: int, tokens: int, folder: Path) -> float:
     consumer = Consumer.remote()
     ray.get(producer.__ray_ready__.remote())
     ray.get(consumer.__ray_ready__.remote())
-    if variant.startswith("queue"):
+    if variant == "queue, pipelined":
+        queue = Queue(maxsize=8)
+
+        def hand_over(run: str, count: int) -> int:
+            done = consumer.from_queue_pipelined.remote(queue, count)
+            ray.get(producer.to_queue_pipelined.remote(queue, run))
+            return int(ray.get(done))
+
+        close = queue.shutdown
+    elif variant.startswith("queue"):
         in_blocks = variant == "queue, blocks"
         queue = Queue(maxsize=8 if in_blocks else 8 * BLOCK)
 
@@ -190,7 +227,8 @@ def run_variant(variant: str, blocks: int, tokens: int, folder: Path) -> float:
     return elapsed
 
 
-def measure_store(row_kb: list[int]) -> list[dict[str, Any]]:
+def measure_store(row_kb: list[int], rounds: int) -> list[dict[str, Any]]:
+    """Per row size: every variant's samples/s in each round, and the row's bytes."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
         for kb in row_kb:
@@ -198,34 +236,53 @@ def measure_store(row_kb: list[int]) -> list[dict[str, Any]]:
             row_bytes = PROMPT_TOKENS * 4 + tokens * BYTES_PER_TOKEN
             blocks = max(4, min(64, (MAX_ROWS_MB << 20) // (row_bytes * BLOCK)))
             samples = blocks * BLOCK
-            result: dict[str, Any] = {"row_kb": kb, "samples": samples}
-            for variant in VARIANTS:
-                seconds = run_variant(variant, blocks, tokens, Path(tmp))
-                result[variant] = (samples / seconds, samples * row_bytes / seconds / 1e6)
-                print(f"  {kb} KB rows, {variant}: {samples / seconds:,.0f} samples/s", flush=True)
-            rows.append(result)
+            rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            for r in range(rounds):
+                for variant in VARIANTS:
+                    seconds = run_variant(variant, blocks, tokens, Path(tmp) / f"round-{r}")
+                    rates[variant].append(samples / seconds)
+                    print(
+                        f"  {kb} KB rows, round {r + 1}, {variant}: {samples / seconds:,.0f} "
+                        "samples/s",
+                        flush=True,
+                    )
+            rows.append({"row_kb": kb, "samples": samples, "row_bytes": row_bytes, **rates})
     return rows
 
 
+# (column, numerator, denominator): ratios of samples/s, paired within a round.
+RATIOS = [
+    ("store+file / queue, pipelined", "store+file", "queue, pipelined"),
+    ("store / queue, blocks", "store", "queue, blocks"),
+    ("store / queue", "store", "queue"),
+]
+
+
+def _spread(values: list[float], unit: str = "x", digits: int = 1) -> str:
+    """``median (min-max)``."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}{unit}"
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{mid:.{digits}f}{unit} ({low:.{digits}f}-{high:.{digits}f})"
+
+
 def store_table(rows: list[dict[str, Any]]) -> str:
-    header = [
-        "row size",
-        "rows",
-        "store samples/s (MB/s)",
-        *VARIANTS[1:],
-        "store / queue",
-        "store / queue, blocks",
-    ]
-    cells = [
-        [
-            f"{r['row_kb']} KB",
-            str(r["samples"]),
-            *(f"{r[v][0]:,.0f} ({r[v][1]:.0f})" for v in VARIANTS),
-            f"{r['store'][0] / r['queue'][0]:.1f}x",
-            f"{r['store'][0] / r['queue, blocks'][0]:.1f}x",
+    header = ["row size", "rows", *(f"{v} samples/s" for v in VARIANTS), *(c for c, _, _ in RATIOS)]
+    cells = []
+    for r in rows:
+        medians = [statistics.median(r[v]) for v in VARIANTS]
+        ratios = [
+            _spread([a / b for a, b in zip(r[top], r[bottom], strict=True)])
+            for _, top, bottom in RATIOS
         ]
-        for r in rows
-    ]
+        cells.append(
+            [
+                f"{r['row_kb']} KB",
+                str(r["samples"]),
+                *(f"{m:,.0f} ({m * r['row_bytes'] / 1e6:.0f} MB/s)" for m in medians),
+                *ratios,
+            ]
+        )
     return "\n".join(markdown_table(header, cells))
 
 
@@ -233,23 +290,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--row-kb", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--model-mb", type=int, nargs="+", default=[4, 16, 64, 256])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="weight publish/pull repeats")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the store variants")
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         print("trajectory store vs ray.util.queue.Queue ...", flush=True)
-        store = store_table(measure_store(args.row_kb))
+        store = store_table(measure_store(args.row_kb, args.rounds))
         print("parameter service publish vs pull ...", flush=True)
         weights = params_bench.table(params_bench.measure(args.model_mb, args.repeats))
     finally:
         ray.shutdown()
     header = (
-        f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, ray {version('ray')}, pyarrow {version('pyarrow')}; "
-        f"one Ray session, one producer and one consumer actor (1 CPU each).\n"
-        f"Command: `make bench` (`.venv/bin/python -m sluice.benchmarks.data_planes`)."
+        f"{measured_on('ray', 'pyarrow')}; one Ray session, one producer and one consumer "
+        "actor (1 CPU each).\n"
+        "Command: `make bench` (`.venv/bin/python -m sluice.benchmarks.data_planes`)."
     )
-    section = f"{header}\n\nTrajectories, blocks of {BLOCK} rows:\n\n{store}\n\n"
+    section = (
+        f"{header}\n\nTrajectories, blocks of {BLOCK} rows, {args.rounds} rounds; samples/s are "
+        f"medians, ratios medians (min-max) of the rounds:\n\n{store}\n\n"
+    )
     section += (
         f"Weights (publish holds the trainer; pull is what a rollout worker waits):\n\n{weights}"
     )
