@@ -32,13 +32,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import ray
 import torch
 from ray import ObjectRef
@@ -98,7 +97,27 @@ def _as_reported(group: PartialGroup) -> PartialGroup:
 Scored = tuple[pa.RecordBatch, RolloutStats]
 
 
-def scored_block(
+@dataclass
+class ScoredRows:
+    """Scored groups as rows not laid out yet: ``trajectory_block``'s per-row lists. A
+    streaming worker scores each group as it finishes and builds one block per put
+    (``block_of``): building a block per group cost it ~4% of its time, ~0.6% per batch."""
+
+    env: str
+    columns: dict[str, list[Any]]
+    at: datetime
+
+
+def block_of(parts: list[ScoredRows]) -> pa.RecordBatch:
+    """One block of the rows of ``parts``, in order (stamped with the first part's time)."""
+    columns = {name: [v for part in parts for v in part.columns[name]] for name in parts[0].columns}
+    return trajectory_block(
+        env=parts[0].env, status="scored", generated_at=parts[0].at, scored_at=parts[0].at,
+        **columns,
+    )  # fmt: skip
+
+
+def score_groups(
     scorer: Scorer,
     env_name: str,
     problems: list[Problem],
@@ -109,16 +128,17 @@ def scored_block(
     scale_by_std: bool,
     loss_masks: list[list[list[int] | None]] | None = None,
     sample_prompts: list[list[list[int] | None]] | None = None,
-) -> Scored:
+) -> tuple[ScoredRows, RolloutStats]:
     """Score every completion, compute GRPO advantages, and lay the groups out as rows.
 
     ``version_runs[g][j]`` gives the policy versions of completion j of group g as runs of
     ``(first token, version)``. Rows of one group are contiguous; sample ids are
-    ``<group id>/<j>``. The block is built column by column (``trajectory_block``); the
-    store checks it against the schema when it is put. A sample whose reward failed keeps
-    its reason in the row (the ledger records it) and gets advantage 0. ``loss_masks[g][j]``
-    marks the sampled tokens of a multi-turn episode (None: all of them);
-    ``sample_prompts[g][j]`` is a sample's own prompt (an agent's; None: its group's).
+    ``<group id>/<j>``. ``block_of`` builds the block column by column
+    (``trajectory_block``); the store checks it against the schema when it is put. A sample
+    whose reward failed keeps its reason in the row (the ledger records it) and gets
+    advantage 0. ``loss_masks[g][j]`` marks the sampled tokens of a multi-turn episode
+    (None: all of them); ``sample_prompts[g][j]`` is a sample's own prompt (an agent's;
+    None: its group's).
     """
     results = scorer.score(
         problems,
@@ -128,32 +148,34 @@ def scored_block(
     rewards = torch.tensor([[r.reward for r in row] for row in results])
     valid = torch.tensor([[r.error is None for r in row] for row in results])
     advantages = group_advantages(rewards, scale_by_std=scale_by_std, valid=valid)
-    now = datetime.now(UTC)
     # One entry per sample, group by group: (group index, sample index in its group).
     order = [(g, j) for g, group in enumerate(groups) for j in range(len(group))]
     completions = [groups[g][j] for g, j in order]
     flat_results = [results[g][j] for g, j in order]
-    block = trajectory_block(
-        sample_ids=[f"{group_ids[g]}/{j}" for g, j in order],
-        prompt_ids=[problems[g].prompt_id for g, _ in order],
-        group_ids=[group_ids[g] for g, _ in order],
-        env=env_name,
-        prompts=[
+    runs = [version_runs[g][j] for g, j in order]
+    columns: dict[str, list[Any]] = {
+        "sample_ids": [f"{group_ids[g]}/{j}" for g, j in order],
+        "prompt_ids": [problems[g].prompt_id for g, _ in order],
+        "group_ids": [group_ids[g] for g, _ in order],
+        "prompts": [
             own if sample_prompts and (own := sample_prompts[g][j]) is not None else prompt_ids[g]
             for g, j in order
         ],
-        responses=[c.token_ids for c in completions],
-        logprobs=[c.logprobs for c in completions],
-        version_runs=[version_runs[g][j] for g, j in order],
-        rewards=[r.reward for r in flat_results],
-        advantages=[float(advantages[g, j]) for g, j in order],
-        status="scored",
-        reasons=[r.error for r in flat_results],
-        generated_at=now,
-        scored_at=now,
-        loss_masks=[loss_masks[g][j] for g, j in order] if loss_masks else None,
-    )
-    oldest = pc.min(pc.list_flatten(block.column("token_versions"))).as_py()
+        "responses": [c.token_ids for c in completions],
+        "logprobs": [c.logprobs for c in completions],
+        "version_runs": runs,
+        "rewards": [r.reward for r in flat_results],
+        "advantages": [float(advantages[g, j]) for g, j in order],
+        "reasons": [r.error for r in flat_results],
+    }
+    if loss_masks:
+        columns["loss_masks"] = [loss_masks[g][j] for g, j in order]
+    # The oldest version any response token has (a run starting past the end has none).
+    oldest = min(
+        (v for c, rs in zip(completions, runs, strict=True) for first, v in rs
+         if first < len(c.token_ids)),
+        default=0,
+    )  # fmt: skip
     stats = RolloutStats(
         samples=len(completions),
         groups=len(groups),
@@ -162,11 +184,17 @@ def scored_block(
         correct=sum(r.correct for r in flat_results),
         truncated=sum(not c.finished for c in completions),
         reward_errors=sum(r.error is not None for r in flat_results),
-        behaviour_version=int(oldest) if oldest is not None else 0,
+        behaviour_version=oldest,
         reward_metrics=_summed(r.metrics for r in flat_results),
         reward_messages=tuple(r.error for r in flat_results if r.error)[:MESSAGES_KEPT],
     )
-    return block, stats
+    return ScoredRows(env_name, columns, datetime.now(UTC)), stats
+
+
+def scored_block(*args: Any, **kwargs: Any) -> Scored:
+    """``score_groups`` with its rows laid out as one block (a batch's groups)."""
+    rows, stats = score_groups(*args, **kwargs)
+    return block_of([rows]), stats
 
 
 def played_block(env_name: str, played: dict[str, PartialGroup], scale_by_std: bool) -> Scored:
@@ -428,9 +456,11 @@ class _Stream(SampleRunner):
         self.source, self.s = source, settings
         self.scoring = worker.scoring
         # Finished groups whose scores are being computed on ``scoring``, oldest first.
-        self.being_scored: deque[tuple[str, PartialGroup, Future[Scored]]] = deque()
+        self.being_scored: deque[
+            tuple[str, PartialGroup, Future[tuple[ScoredRows, RolloutStats]]]
+        ] = deque()
         self.reports: list[GroupDone] = []  # groups the store took, to report
-        self.unsent: list[pa.RecordBatch] = []  # finished groups not yet in the store
+        self.unsent: list[ScoredRows] = []  # finished groups not yet in the store
         self.unsent_done: list[GroupDone] = []  # their reports
         # Reports of groups put but maybe not taken yet, by put number: a group is reported
         # done only once the store holds its rows. Reported sooner, a worker dying with the
@@ -619,7 +649,7 @@ class _Stream(SampleRunner):
         episodes = [s.result for s in group.samples if s.result is not None]
         recorded = len(episodes) == len(group.samples)  # a multi-turn env gave the verdicts
         score = partial(
-            scored_block,
+            score_groups,
             RecordedScorer([episodes]) if recorded else self.scorer,
             self.env.name,
             [group.problem],
@@ -642,11 +672,13 @@ class _Stream(SampleRunner):
             group_id, group, future = self.being_scored.popleft()
             self.scored(group_id, group, future.result())
 
-    def scored(self, group_id: str, group: PartialGroup, scored: Scored) -> None:
-        block, stats = scored
+    def scored(
+        self, group_id: str, group: PartialGroup, scored: tuple[ScoredRows, RolloutStats]
+    ) -> None:
+        rows, stats = scored
         if not self.unsent:
             self.unsent_since = time.monotonic()
-        self.unsent.append(block)
+        self.unsent.append(rows)
         self.unsent_done.append(
             GroupDone(
                 group_id=group_id,
@@ -665,7 +697,7 @@ class _Stream(SampleRunner):
     def send(self) -> None:
         """Put the finished groups into the store as one block."""
         if self.unsent:
-            number = self.store.put(pa.concat_batches(self.unsent))
+            number = self.store.put(block_of(self.unsent))
             self.unsettled.append((number, self.unsent_done))
             self.unsent, self.unsent_done = [], []
 

@@ -442,19 +442,20 @@ class _Relay:
     def _forward(self, version: int, owned: list[ray.ObjectRef]) -> None:
         """Offer ``version`` to each downstream relay without waiting for it; a relay whose
         last offer failed because it died (its node was lost) is offered nothing more."""
-        alive = []
-        for relay, last in zip(self._downstream, self._offers, strict=True):
-            if last is not None and ray.wait([last], timeout=0)[0]:
-                try:
-                    ray.get(last)
-                except RayActorError:
-                    logger.warning("relay %d drops a downstream relay: it died", self._index)
-                    continue
-                except RayError as err:  # it missed one version; the next may reach it
-                    logger.warning("relay %d: a downstream relay failed: %s", self._index, err)
-            alive.append(relay)
-        self._downstream = alive
-        self._offers = [relay.offer.remote(version, owned) for relay in alive]
+        with self._lock:  # two versions can be installed at once (the fetch group)
+            alive = []
+            for relay, last in zip(self._downstream, self._offers, strict=True):
+                if last is not None and ray.wait([last], timeout=0)[0]:
+                    try:
+                        ray.get(last)
+                    except RayActorError:
+                        logger.warning("relay %d drops a downstream relay: it died", self._index)
+                        continue
+                    except RayError as err:  # it missed one version; the next may reach it
+                        logger.warning("relay %d: a downstream relay failed: %s", self._index, err)
+                alive.append(relay)
+            self._downstream = alive
+            self._offers = [relay.offer.remote(version, owned) for relay in alive]
 
     def latest(self, after: int) -> tuple[int, list[ray.ObjectRef]] | None:
         """The held version and its bucket refs, or None if it is not newer than ``after``."""

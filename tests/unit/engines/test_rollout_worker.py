@@ -2,6 +2,7 @@
 
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -15,7 +16,15 @@ from sluice.engines.messages import (
     StreamSettings,
 )
 from sluice.engines.protocols import Completion
-from sluice.engines.rollout_worker import RolloutWorker, _as_reported, _Stream, scored_block
+from sluice.engines.rollout_worker import (
+    RolloutWorker,
+    ScoredRows,
+    _as_reported,
+    _Stream,
+    block_of,
+    score_groups,
+    scored_block,
+)
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.prompts import PromptStream
 from sluice.envs.scoring import VerifierScorer
@@ -56,6 +65,20 @@ def test_groups_become_contiguous_scored_rows_with_token_versions():
     assert block.column("token_versions").to_pylist() == [[3, 3], [3], [2, 4], [4]]
     assert block.column("behaviour_logprobs").to_pylist()[0] == [-0.5, -0.25]
     assert (stats.samples, stats.groups, stats.tokens) == (4, 2, 6)
+    assert stats.behaviour_version == 2  # the oldest version any response token has
+
+    # A streaming worker scores each group as it finishes and builds one block per put:
+    # the same rows as scoring them together.
+    one_by_one = [
+        score_groups(VerifierScorer(env), env.name, [problems[g]], [ids], [groups[g]],
+                     [runs[g]], [group_id], scale_by_std=False)[0]
+        for g, (ids, group_id) in enumerate([([1, 2], "a@t"), ([1, 3, 4], "b@t")])
+    ]  # fmt: skip
+    merged = block_of(one_by_one)
+    validate_batch(merged)
+    timestamps = {"generated_at", "scored_at"}
+    for name in set(block.schema.names) - timestamps:
+        assert merged.column(name).to_pylist() == block.column(name).to_pylist(), name
     assert (stats.correct, stats.truncated, stats.reward_sum) == (2, 2, 2.0)
     assert stats.behaviour_version == 2  # the oldest version of any token
 
@@ -100,6 +123,15 @@ class _Source:
         )
 
 
+def _rows(group_id: str) -> ScoredRows:
+    columns = {
+        "sample_ids": [f"{group_id}/0"], "prompt_ids": ["p"], "group_ids": [group_id],
+        "prompts": [[1]], "responses": [[2]], "logprobs": [[-0.5]], "version_runs": [[(0, 0)]],
+        "rewards": [1.0], "advantages": [0.0], "reasons": [None],
+    }  # fmt: skip
+    return ScoredRows("addition", columns, datetime.now(UTC))
+
+
 def _done(group_id: str) -> GroupDone:
     return GroupDone(group_id, "p", 3, [2], 1.0, 1, 0, 0)
 
@@ -121,10 +153,9 @@ def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
         agents=None,
     )
     stream = _Stream(worker, source, StreamSettings(0, 4, 8, 1.0, False, 8))
-    row = pa.record_batch({"x": [1]})
-    stream.unsent, stream.unsent_done = [row], [_done("g0")]
+    stream.unsent, stream.unsent_done = [_rows("g0")], [_done("g0")]
     stream.send()
-    stream.unsent, stream.unsent_done = [row], [_done("g1")]
+    stream.unsent, stream.unsent_done = [_rows("g1")], [_done("g1")]
     stream.send()
     stream.report()
     store.answered = 1
@@ -229,7 +260,7 @@ def test_an_isolated_scorer_scores_off_the_decoding_thread_and_keeps_the_groups_
         wait([future for _, _, future in stream.being_scored])
         stream.take_scored()
     assert [d.group_id for d in stream.unsent_done] == ["g0", "g1"]
-    assert [b.column("reward").to_pylist() for b in stream.unsent] == [[1.0], [1.0]]
+    assert [rows.columns["rewards"] for rows in stream.unsent] == [[1.0], [1.0]]
 
 
 class _Counting:
