@@ -133,6 +133,34 @@ HEADER = [
 ]
 
 
+def pipeline_bound(sync: dict[str, float]) -> tuple[float, float, float]:
+    """(generation alone, training alone, bound): seconds a step each takes in ``sync``,
+    where they do not overlap (the trainer idles while the batch generates), and the
+    samples/s of a perfect pipeline of the two, limited by the slower."""
+    generation = sync["step_s"] * sync["trainer_idle"]
+    training = sync["step_s"] - generation
+    per_step = sync["samples_per_s"] * sync["step_s"]
+    return generation, training, per_step / max(generation, training)
+
+
+def bound_line(results: dict[str, dict[str, float]]) -> str:
+    """Each async variant's samples/s against the pipeline bound and against one_step."""
+    if "sync" not in results or "one_step" not in results:
+        return ""
+    generation, training, bound = pipeline_bound(results["sync"])
+    one_step = results["one_step"]["samples_per_s"]
+    ratios = "; ".join(
+        f"{label} {r['samples_per_s'] / bound:.2f} of it and {r['samples_per_s'] / one_step:.2f}x "
+        "one_step"
+        for label, r in results.items()
+        if label.startswith("async")
+    )
+    return (
+        f"Pipeline bound, from `sync` (generation alone {generation:.3f} s a step, training "
+        f"alone {training:.3f} s): {bound:.1f} samples/s; {ratios}."
+    )
+
+
 def table(results: dict[str, dict[str, float]], steps: int) -> str:
     base = next(iter(results.values()))
     header = HEADER
@@ -145,7 +173,8 @@ def table(results: dict[str, dict[str, float]], steps: int) -> str:
         "",
         *markdown_table(header, [_row(label, r, base) for label, r in results.items()]),
     ]
-    return "\n".join(lines)
+    bound = bound_line(results)
+    return "\n".join([*lines, "", bound] if bound else lines)
 
 
 def main() -> None:
