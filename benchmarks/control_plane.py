@@ -331,10 +331,10 @@ class _NoLedger:
     """A ``LedgerSink`` that keeps nothing: the in-process take costs the dispatcher alone."""
 
     def record(self, events: list[LedgerEvent], wait: bool = True) -> None:
-        pass
+        """Dropped: the take's cost is measured without a ledger."""
 
     def settle_records(self) -> None:
-        pass
+        """Nothing is ever in flight."""
 
 
 def take_cost(

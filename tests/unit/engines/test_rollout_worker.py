@@ -23,7 +23,6 @@ from sluice.engines.rollout_worker import (
     _Stream,
     block_of,
     score_groups,
-    scored_block,
 )
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.prompts import PromptStream
@@ -45,7 +44,7 @@ def test_groups_become_contiguous_scored_rows_with_token_versions():
     ]
     # Group b's first sample saw a weight load after its first token.
     runs = [[[(0, 3)], [(0, 3)]], [[(0, 2), (1, 4)], [(0, 4)]]]
-    block, stats = scored_block(
+    rows, stats = score_groups(
         VerifierScorer(env),
         env.name,
         problems,
@@ -55,6 +54,7 @@ def test_groups_become_contiguous_scored_rows_with_token_versions():
         ["a@t", "b@t"],
         scale_by_std=False,
     )
+    block = block_of([rows])
     validate_batch(block)
     assert block.column("sample_id").to_pylist() == ["a@t/0", "a@t/1", "b@t/0", "b@t/1"]
     assert block.column("group_id").to_pylist() == ["a@t", "a@t", "b@t", "b@t"]
@@ -113,6 +113,17 @@ class _Store:
         self.settled = self.answered
 
 
+def _worker(**fields):
+    """What ``_Stream`` reads of its ``RolloutWorker``: a worker with no engine, environment,
+    scorer or episodes unless given."""
+    defaults = dict(
+        engine=SimpleNamespace(version=lambda: 0), env=None, scorer=None, scoring=None,
+        store=_Store(), params=None, stream_counters={}, episodes=None,
+        limits=EpisodeLimits(), agents=None,
+    )  # fmt: skip
+    return SimpleNamespace(**{**defaults, **fields})
+
+
 class _Source:
     def __init__(self) -> None:
         self.reported: list[list[str]] = []
@@ -140,18 +151,7 @@ def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
     """Reported sooner, a worker dying with its put on the way would take the group out of
     the dispatcher's hands unrecorded: nobody would drop it when the worker died."""
     store, source = _Store(), _Source()
-    worker = SimpleNamespace(
-        engine=SimpleNamespace(version=lambda: 0),
-        env=None,
-        scorer=None,
-        scoring=None,
-        store=store,
-        params=None,
-        stream_counters={},
-        episodes=None,
-        limits=EpisodeLimits(),
-        agents=None,
-    )
+    worker = _worker(store=store)
     stream = _Stream(worker, source, StreamSettings(0, 4, 8, 1.0, False, 8))
     stream.unsent, stream.unsent_done = [_rows("g0")], [_done("g0")]
     stream.send()
@@ -236,18 +236,7 @@ def test_an_isolated_scorer_scores_off_the_decoding_thread_and_keeps_the_groups_
     env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
     scorer = _HeldScorer(env)
     with ThreadPoolExecutor(1) as scoring:
-        worker = SimpleNamespace(
-            engine=SimpleNamespace(version=lambda: 0),
-            env=env,
-            scorer=scorer,
-            scoring=scoring,
-            store=_Store(),
-            params=None,
-            stream_counters={},
-            episodes=None,
-            limits=EpisodeLimits(),
-            agents=None,
-        )
+        worker = _worker(env=env, scorer=scorer, scoring=scoring)
         stream = _Stream(worker, _Source(), StreamSettings(0, 1, 8, 1.0, False, 8))
         for g, problem in enumerate(env.problems("train", 2, seed=0)):
             done = Completion([5], [-1.0], problem.answer, True)
@@ -287,18 +276,7 @@ def test_a_weight_load_marks_the_token_where_it_lands_in_a_continued_sample():
     vLLM counts the request's tokens from its start, the mark counts from the sample's."""
     env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
     [problem] = env.problems("train", 1, seed=0)
-    worker = SimpleNamespace(
-        engine=_Counting(),
-        env=env,
-        scorer=None,
-        scoring=None,
-        store=_Store(),
-        params=None,
-        stream_counters={"weight_loads": 0.0},
-        episodes=None,
-        limits=EpisodeLimits(),
-        agents=None,
-    )
+    worker = _worker(engine=_Counting(), env=env, stream_counters={"weight_loads": 0.0})
     stream = _Stream(worker, _Source(), StreamSettings(0, 1, 32, 1.0, False, 8))
     sample = PartialSample("g", 0, 1.0, token_ids=list(range(10)), marks=[(0, 0)])
     stream.groups["g"] = PartialGroup(problem, [1], [sample], seed=0)
@@ -321,7 +299,7 @@ class _Starts:
         return [[1, 2] for _ in prompts]
 
     def start(self, request_id, prompt_ids, max_new_tokens, temperature, seed) -> None:
-        pass
+        """Taken; the test counts the stream's running samples, not the engine's."""
 
 
 class _Dispatching:
@@ -345,18 +323,7 @@ def test_a_held_worker_asks_again_only_at_the_version_it_waits_for_or_when_told(
     ledger = SimpleNamespace(record=lambda events, wait=True: None)
     dispatcher = GroupDispatcher(ledger, PromptStream(env, 8, seed=0), env.name, 2, 1, 0, 0)
     source, engine = _Dispatching(ray_local, dispatcher), _Starts()
-    worker = SimpleNamespace(
-        engine=engine,
-        env=env,
-        scorer=None,
-        scoring=None,
-        store=_Store(),
-        params=None,
-        stream_counters={},
-        episodes=None,
-        limits=EpisodeLimits(),
-        agents=None,
-    )
+    worker = _worker(engine=engine, env=env)
     stream = _Stream(worker, source, StreamSettings(0, 1, 8, 1.0, False, 8))
     stream.refill()
     assert len(stream.running) == 2 and source.takes == 1  # the whole window at version 0
