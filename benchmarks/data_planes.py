@@ -89,7 +89,7 @@ def make_rows(block: int, tokens: int) -> list[dict[str, Any]]:
 
 
 def block_from_rows(rows: list[dict[str, Any]]) -> pa.RecordBatch:
-    """The rows' lists laid out as a rollout worker lays out its samples (``scored_block``);
+    """The rows' lists laid out as a rollout worker lays out its samples (``block_of``):
     every token of a row has one version, so its versions are one run."""
     return trajectory_block(
         sample_ids=[r["sample_id"] for r in rows],

@@ -191,16 +191,10 @@ def score_groups(
     return ScoredRows(env_name, columns, datetime.now(UTC)), stats
 
 
-def scored_block(*args: Any, **kwargs: Any) -> Scored:
-    """``score_groups`` with its rows laid out as one block (a batch's groups)."""
-    rows, stats = score_groups(*args, **kwargs)
-    return block_of([rows]), stats
-
-
 def played_block(env_name: str, played: dict[str, PartialGroup], scale_by_std: bool) -> Scored:
     """Finished episodes as trajectory rows, with the verdicts their environment gave."""
     groups = list(played.values())
-    return scored_block(
+    rows, stats = score_groups(
         RecordedScorer([[s.result or RewardResult(0.0, False) for s in g.samples] for g in groups]),
         env_name,
         [g.problem for g in groups],
@@ -212,6 +206,7 @@ def played_block(env_name: str, played: dict[str, PartialGroup], scale_by_std: b
         [[s.mask for s in g.samples] for g in groups],
         [[s.prompt_ids for s in g.samples] for g in groups],
     )
+    return block_of([rows]), stats
 
 
 def _summed(metrics: Iterable[Mapping[str, float]]) -> dict[str, float]:
@@ -367,7 +362,7 @@ class RolloutWorker:
             prompts, shard.n, shard.max_new_tokens, shard.temperature, shard.seed
         )
         version = self.engine.version()
-        block, stats = scored_block(
+        rows, stats = score_groups(
             self.scorer,
             self.env.name,
             problems,
@@ -377,7 +372,7 @@ class RolloutWorker:
             [f"{p.prompt_id}@{shard.tag}" for p in problems],
             shard.scale_by_std,
         )
-        self.store.put(block)
+        self.store.put(block_of([rows]))
         return stats
 
     def sync_weights(self, at_least: int = 0, timeout_s: float = 60.0) -> int:
