@@ -9,7 +9,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer \
-  bench-quick bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -19,7 +19,7 @@ run: setup
 	$(VENV)/bin/sluice run $(CONFIG)
 
 test: setup
-	$(PYTEST) --durations=15 -m "not slow and not gpu and not ui"
+	$(PYTEST) --durations=15 -m "not slow and not gpu and not ui and not bench"
 
 # The multi-node Ray test (marker `slow`): a cluster of five nodes on 127.0.0.1 that grows,
 # loses a node and regrows under a real job (~3 minutes). CI runs it after `make test`.
@@ -40,7 +40,7 @@ test-chaos: setup
 
 # pytest exits 5 when no test carries the marker: not a failure here.
 test-slow: setup
-	$(PYTEST) -m "slow and not gpu and not ui" || [ $$? -eq 5 ]
+	$(PYTEST) -m "slow and not gpu and not ui and not bench" || [ $$? -eq 5 ]
 
 # The Prefect runs page and the MLflow run page of a real job, rendered by headless
 # Chromium (Debian's package, installed here when missing) into docs/images.
@@ -88,7 +88,7 @@ check-gpu-install: setup
 # docs/images): about 51 minutes on the quiet 2-core machine (data planes 3, the nine
 # modes variants 23, the peer comparison 8, isolated rewards 15, data sets 2). `make bench-quick`: the peer comparison on
 # 30 steps, printed, plots under runs/bench-quick, BENCHMARKS.md untouched (5.5 minutes).
-bench: bench-data bench-micro-batch bench-modes bench-peer bench-rewards bench-datasets bench-agentic
+bench: bench-data bench-micro-batch bench-modes bench-peer bench-trl-generation bench-rewards bench-datasets bench-agentic
 
 bench-data: setup
 	$(PY) -m sluice.benchmarks.data_planes
@@ -97,8 +97,11 @@ bench-data: setup
 bench-micro-batch: setup
 	$(PY) -m sluice.benchmarks.micro_batch --repeats 15
 
+# sync, one_step and async k=2 and 4 on the long-tail workload in 3 rounds (seeds 0-2), the
+# ablations once, then the simulator fitted to and checked against it (make sim-profile).
 bench-modes: setup
-	$(PY) -m sluice.benchmarks.modes --steps 100
+	$(PY) -m sluice.benchmarks.modes --steps 50 --rounds 3
+	$(MAKE) --no-print-directory sim-profile
 
 # sync vs one_step vs async on the calculator with a heavy-tailed tool latency (~15 minutes).
 bench-agentic: setup
@@ -109,6 +112,11 @@ bench-peer: setup
 
 bench-quick: setup
 	$(PY) -m sluice.benchmarks.peer_trl --quick
+
+# TRL's ways to generate (padded generate, continuous batching, vLLM colocated), each in a
+# short GRPO run, 3 rounds (~8 minutes).
+bench-trl-generation: setup
+	$(PY) -m sluice.benchmarks.trl_generations --steps 6 --rounds 3 --write
 
 # torch vs DeepSpeed ZeRO-1/2/3 step time on one batch (~10 minutes).
 bench-engines: setup
@@ -170,18 +178,17 @@ $(INFRA_VENV)/bin/checkov:
 	python3.11 -m venv $(INFRA_VENV)
 	$(INFRA_VENV)/bin/python -m pip install --quiet "checkov==3.3.30"
 
-# The simulator: its calibration check against the modes table, then its predictions at
+# The simulator: the committed profile's calibration table, then its predictions at
 # 64-1024 accelerators; each writes a BENCHMARKS.md section (~2 minutes, pure Python).
 simulate: setup
 	$(PY) -m sluice.sim.calibrate --write
 	$(PY) -m sluice.sim.scale
 
-# Re-measure this machine's costs for the simulator: a short real sync run on the long-tail
-# config, then the streaming engine timed in-process (~2 minutes; run it on a quiet machine).
-SIM_RUN ?= sim-calibration
+# Fit the simulator to the last `make bench-modes` (runs/bench-modes): this machine's costs
+# from its first sync run and the streaming engine timed in-process, the BENCHMARKS.md
+# sections, then the calibration test against that measurement (~3 minutes, quiet machine).
 sim-profile: setup
-	rm -rf runs/$(SIM_RUN)  # this target's own run: a re-measure starts it afresh
-	$(VENV)/bin/sluice run configs/longtail.yaml --set mode=sync --set train.steps=60 \
-		--set name=$(SIM_RUN) --set eval.every=60 --set eval.prompts=64
-	$(PY) -m sluice.benchmarks.sim_profile --run runs/$(SIM_RUN) --policy runs/$(SIM_RUN)/policy \
+	$(PY) -m sluice.benchmarks.sim_profile --modes runs/bench-modes/modes.json \
 		--out sim/profiles/cpu2core.json
+	$(MAKE) --no-print-directory simulate
+	$(PYTEST) -m bench tests/bench/test_sim_calibration_fresh.py

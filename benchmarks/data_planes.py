@@ -49,7 +49,7 @@ import ray
 from ray.util.queue import Queue
 
 from sluice.benchmarks import params as params_bench
-from sluice.benchmarks.tables import markdown_table, measured_on
+from sluice.benchmarks.tables import markdown_table, measured_on, spread
 from sluice.rl.batching import Sample, collate
 from sluice.sim.report import write_section
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
@@ -258,21 +258,13 @@ RATIOS = [
 ]
 
 
-def _spread(values: list[float], unit: str = "x", digits: int = 1) -> str:
-    """``median (min-max)``."""
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}{unit}"
-    low, mid, high = min(values), statistics.median(values), max(values)
-    return f"{mid:.{digits}f}{unit} ({low:.{digits}f}-{high:.{digits}f})"
-
-
 def store_table(rows: list[dict[str, Any]]) -> str:
     header = ["row size", "rows", *(f"{v} samples/s" for v in VARIANTS), *(c for c, _, _ in RATIOS)]
     cells = []
     for r in rows:
         medians = [statistics.median(r[v]) for v in VARIANTS]
         ratios = [
-            _spread([a / b for a, b in zip(r[top], r[bottom], strict=True)])
+            spread([a / b for a, b in zip(r[top], r[bottom], strict=True)])
             for _, top, bottom in RATIOS
         ]
         cells.append(

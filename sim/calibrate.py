@@ -488,8 +488,9 @@ def main() -> None:
         [
             f"Profile `sim/profiles/{profile.name}.json` ({profile.notes}); simulated on "
             f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}.",
-            "Command: `make simulate` (`.venv/bin/python -m sluice.sim.calibrate --write`); "
-            "re-measure with `make sim-profile`.",
+            "Command: `make bench-modes` measures the modes and fits the profile to them "
+            "(`make sim-profile` re-fits it to the last measurement); this table: "
+            "`.venv/bin/python -m sluice.sim.calibrate --write`.",
             "",
             calibration_table(profile),
             "",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
+
+import pytest
 
 from sluice.benchmarks.modes import VARIANTS
-from sluice.benchmarks.sim_profile import modes_table, variants
-
-ROOT = Path(__file__).parents[3]
+from sluice.benchmarks.sim_profile import modes_measurement, variants
 
 
 def test_every_one_worker_benchmark_variant_becomes_a_policy_with_sluices_defaults():
@@ -27,21 +27,40 @@ def test_every_one_worker_benchmark_variant_becomes_a_policy_with_sluices_defaul
     assert policies["async k=2, no partial rollout"]["partial_rollout"] is False
 
 
-def test_modes_table_reads_the_measured_rows(tmp_path):
-    table = (
-        "<!-- modes:begin -->\n| variant | samples/s | tokens/s | x sync | step s | trainer "
-        "idle | rollout idle | mean staleness | held-out |\n|---|\n"
-        "| sync | 1,102.2 | 2492 | 1.00 | 1.220 | 0.48 | - | 0.00 | x |\n"
-        "| async k=2 | 130.2 | 3225 | 1.27 | 0.945 | 0.23 | 0.08 | 1.10 | x |\n"
-        "<!-- modes:end -->\n"
-    )
-    (tmp_path / "B.md").write_text(table)
-    rows = modes_table(tmp_path / "B.md")
-    assert rows["sync"] == {
-        "samples_per_s": 1102.2,
-        "step_s": 1.22,
-        "trainer_idle": 0.48,
-        "mean_staleness": 0.0,
+def test_the_measurement_gives_each_variants_medians_over_its_rounds(tmp_path):
+    def run(samples_per_s, staleness=0.0):
+        return {
+            "samples_per_s": samples_per_s,
+            "step_s": 1.0,
+            "trainer_idle": 0.5,
+            "staleness": staleness,
+        }
+
+    record = {
+        "commit": "abc1234",
+        "date": "2026-11-26 21:00 UTC",
+        "steps": 50,
+        "seeds": [0, 1, 2],
+        "sync_run": "runs/bench-modes/round-0/bench-sync",
+        "results": {
+            "sync": [run(100.0), run(120.0), run(90.0)],
+            "async k=2": [run(150.0, 1.5)],
+            "not a variant": [run(1.0)],
+        },
     }
-    assert rows["async k=2"]["mean_staleness"] == 1.10
-    assert set(modes_table(ROOT / "BENCHMARKS.md")) == {label for label, _ in VARIANTS}
+    (tmp_path / "modes.json").write_text(json.dumps(record))
+    stamp, rows = modes_measurement(tmp_path / "modes.json")
+    assert stamp["commit"] == "abc1234" and stamp["sync_run"].endswith("bench-sync")
+    assert rows["sync"]["samples_per_s"] == 100.0  # the median of the three rounds
+    assert rows["async k=2"] == {
+        "samples_per_s": 150.0,
+        "step_s": 1.0,
+        "trainer_idle": 0.5,
+        "mean_staleness": 1.5,
+    }
+    assert set(rows) == {"sync", "async k=2"}
+
+
+def test_a_missing_measurement_says_how_to_make_one(tmp_path):
+    with pytest.raises(SystemExit, match="make bench-modes"):
+        modes_measurement(tmp_path / "modes.json")

