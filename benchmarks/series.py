@@ -7,9 +7,13 @@ the run id in its ``summary.json``); ``trl_series`` reads ``benchmarks/trl_grpo.
 result. ``benchmarks/peer_trl.py`` builds the table from these, ``benchmarks/figures.py``
 the plots.
 
-The clock everything is plotted and timed against is the training clock: the steps'
-seconds laid end to end, held-out evaluations excluded (Sluice's and TRL's evaluations
-take different paths and times; neither is training).
+The clock everything is plotted and timed against is one wall clock for both systems: the
+seconds from the end of one step to the end of the next, everything the run does between
+them included (for Sluice the driver's work after the trainer's step: acknowledging,
+draining metrics, logging), held-out evaluations excluded (Sluice's and TRL's evaluations
+take different paths and times; neither is training). Sluice's step ends are the wall
+times it logged each step's metrics at, less the evaluations before them
+(``eval/seconds``); TRL's are timed by ``benchmarks/trl_grpo.py``'s callback.
 """
 
 from __future__ import annotations
@@ -123,22 +127,34 @@ def _metrics(db: Path, run_id: str) -> dict[str, dict[int, float]]:
     return out
 
 
-def _loop(db: Path, run_id: str, last_step: int) -> tuple[float, float]:
-    """From the step-0 held-out accuracy's logging to the last step's (epoch seconds)."""
+def _logged_at(db: Path, run_id: str) -> tuple[float, dict[int, float]]:
+    """When the step-0 held-out accuracy was logged, and each step's metrics (epoch s)."""
     with sqlite3.connect(db) as conn:
         (begin,) = conn.execute(
             "SELECT MIN(timestamp) FROM metrics WHERE run_uuid = ? AND key = 'eval/accuracy' "
             "AND step = 0",
             (run_id,),
         ).fetchone()
-        (end,) = conn.execute(
-            "SELECT MAX(timestamp) FROM metrics WHERE run_uuid = ? AND key = 'perf/step_s' "
-            "AND step = ?",
-            (run_id, last_step),
-        ).fetchone()
-    if begin is None or end is None:
-        raise ValueError(f"run {run_id} logged no step-0 accuracy or no step {last_step}")
-    return begin / 1000, end / 1000
+        ends = conn.execute(
+            "SELECT step, MAX(timestamp) FROM metrics WHERE run_uuid = ? AND key = "
+            "'perf/step_s' GROUP BY step",
+            (run_id,),
+        ).fetchall()
+    if begin is None or not ends:
+        raise ValueError(f"run {run_id} logged no step-0 accuracy or no step")
+    return begin / 1000, {int(step): ms / 1000 for step, ms in ends}
+
+
+def wall_steps(
+    begin: float, logged: dict[int, float], eval_s: dict[int, float], steps: list[int]
+) -> list[float]:
+    """Each step's seconds on the wall clock: from the previous step's logging (the first:
+    from ``begin``) to its own, less the evaluation it ran before logging."""
+    out, previous = [], begin
+    for step in steps:
+        out.append(logged[step] - previous - eval_s.get(step, 0.0))
+        previous = logged[step]
+    return out
 
 
 def sluice_series(label: str, run_dir: Path, root: Path) -> Series:
@@ -158,7 +174,15 @@ def sluice_series(label: str, run_dir: Path, root: Path) -> Series:
         values = m.get(key, {})
         return [values.get(s, default) for s in steps]
 
-    step_s, rollout_s = col("perf/step_s"), col("perf/rollout_s")
+    evals = m.get("eval/accuracy", {})
+    eval_s = m.get("eval/seconds", {})
+    if any(step and step not in eval_s for step in evals):
+        raise ValueError(
+            f"run {run_dir.name} logged no eval/seconds: its evaluations cannot be taken off "
+            "its wall clock (a run from before eval/seconds; run it again)"
+        )
+    begin, logged = _logged_at(root / "mlflow.db", summary["mlflow_run_id"])
+    step_s, rollout_s = wall_steps(begin, logged, eval_s, steps), col("perf/rollout_s")
     train_s, lease_s, compute_s = col("perf/train_s"), col("train/lease_s"), col("train/step_s")
     idle = col("rollout/worker0/idle_fraction", math.nan)
     streaming = summary["mode"] == "async"
@@ -199,10 +223,10 @@ def sluice_series(label: str, run_dir: Path, root: Path) -> Series:
         samples=col("train/samples"),
         tokens=col("train/tokens"),
         reward=m.get("rollout/reward", {}),
-        evals=m.get("eval/accuracy", {}),
+        evals=evals,
         phases=phases,
         staleness=staleness,
-        loop=_loop(root / "mlflow.db", summary["mlflow_run_id"], steps[-1]),
+        loop=(begin, logged[steps[-1]]),
     )
 
 

@@ -82,7 +82,10 @@ def rl_step(s: Session, tracker: MetricLogger) -> None:
     dropped = int(store["store/dropped"]) // cfg.rollout.samples_per_prompt
     metrics = {**s.rollouts.drain(step, dropped), **step_metrics(trained, times), **store}
     if step % cfg.eval.every == 0 or step == cfg.train.steps:
+        evaluating = time.monotonic()
         metrics.update(s.evaluate())
+        # How long training paused for it: benchmarks take it off the run's wall clock.
+        metrics["eval/seconds"] = time.monotonic() - evaluating
         s.end_accuracy = metrics["eval/accuracy"]
     tracker.log_metrics(step, metrics)
     log.info(step_line(step, cfg.train.steps, metrics))

@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from sluice.benchmarks.series import WARMUP_STEPS, WINDOW_STEPS, Series, sluice_series, trl_series
+from sluice.benchmarks.series import (
+    WARMUP_STEPS,
+    WINDOW_STEPS,
+    Series,
+    sluice_series,
+    trl_series,
+    wall_steps,
+)
 from sluice.benchmarks.trl_grpo import RESULT_FILE
 from sluice.tasks.tracking import MlflowLogger
 
@@ -45,11 +53,22 @@ def test_window_medians_skip_the_warm_up_and_a_short_tail():
     assert math.isnan(_series([1.0] * WARMUP_STEPS, {0: 0.2}).median_rate("samples"))
 
 
-def _log_run(root: Path, name: str, mode: str, steps: list[dict[str, float]]) -> Path:
-    """A Sluice run's MLflow metrics (the real logger, sqlite) and its summary.json."""
+@pytest.fixture
+def wall(monkeypatch):
+    """The logger's wall clock, set by the test: ``wall.now`` epoch seconds."""
+    clock = SimpleNamespace(now=1_000.0)
+    monkeypatch.setattr("sluice.tasks.tracking.time", SimpleNamespace(time=lambda: clock.now))
+    return clock
+
+
+def _log_run(root: Path, name: str, mode: str, steps: list[dict[str, float]], wall=None) -> Path:
+    """A Sluice run's MLflow metrics (the real logger, sqlite) and its summary.json; with
+    ``wall``, each step is logged its ``perf/step_s`` plus its ``eval/seconds`` later."""
     tracker = MlflowLogger(f"sqlite:///{root / 'mlflow.db'}", (root / "art").as_uri(), "e", name)
     tracker.log_metrics(0, {"eval/accuracy": 0.2})
     for step, metrics in enumerate(steps, start=1):
+        if wall is not None:
+            wall.now += metrics["perf/step_s"] + metrics.get("eval/seconds", 0.0)
         tracker.log_metrics(step, metrics)
     tracker.close()
     run_dir = root / name
@@ -74,20 +93,26 @@ def _step(**extra: float) -> dict[str, float]:
     }
 
 
-def test_a_sync_run_reads_back_with_its_phases_laid_out_from_each_step_start(tmp_path):
+def test_a_sync_run_reads_back_with_its_phases_laid_out_from_each_step_start(tmp_path, wall):
+    evaluated = {"eval/accuracy": 0.3, "eval/seconds": 5.0}
     run_dir = _log_run(
         tmp_path,
         "sync",
         "sync",
-        [_step(**{"train/staleness_count/0": 128.0}), _step(**{"train/staleness_count/0": 128.0})],
+        [
+            _step(**{"train/staleness_count/0": 128.0}),
+            _step(**{"train/staleness_count/0": 128.0}, **evaluated),
+        ],
+        wall,
     )
     run = sluice_series("Sluice sync", run_dir, tmp_path)
-    assert run.step_s == [2.0, 2.0]
-    assert run.samples_per_s == 128.0 / 2.0
-    assert run.evals == {0: 0.2}
+    # On the wall clock, from one step's logging to the next's, the evaluation taken off.
+    assert run.step_s == pytest.approx([2.0, 2.0])
+    assert run.samples_per_s == pytest.approx(128.0 / 2.0)
+    assert run.evals == {0: 0.2, 2: 0.3}
     assert run.staleness == {0: 256}
     # From the step-0 accuracy to the last step, as logged (epoch seconds, ms precision).
-    assert 0 <= run.loop[1] - run.loop[0] < 60
+    assert run.loop == pytest.approx((1_000.0, 1_009.0))
     spans = {(p.row, p.label): p.spans[0] for p in run.phases}
     # The trainer waits for the rollouts and its lease, then computes for train/step_s.
     assert spans["trainer", "waiting for data"] == pytest.approx((0.0, 0.85))
@@ -97,7 +122,7 @@ def test_a_sync_run_reads_back_with_its_phases_laid_out_from_each_step_start(tmp
     assert spans["rollout", "loading weights"] == pytest.approx((1.9, 0.1))
 
 
-def test_an_async_run_shows_the_workers_idle_share(tmp_path):
+def test_an_async_run_shows_the_workers_idle_share(tmp_path, wall):
     step = _step(
         **{
             "perf/rollout_s": 0.0,
@@ -106,12 +131,25 @@ def test_an_async_run_shows_the_workers_idle_share(tmp_path):
             "train/staleness_count/1": 96.0,
         }
     )
-    run = sluice_series("Sluice async", _log_run(tmp_path, "async", "async", [step]), tmp_path)
+    run = sluice_series(
+        "Sluice async", _log_run(tmp_path, "async", "async", [step], wall), tmp_path
+    )
     spans = {(p.row, p.label): p.spans[0] for p in run.phases}
     assert spans["rollout", "generating"] == pytest.approx((0.0, 1.5))
     assert spans["rollout", "idle (share of the step)"] == pytest.approx((1.5, 0.5))
     assert run.staleness == {0: 32, 1: 96}
     assert run.staleness_mean() == pytest.approx(0.75)
+
+
+def test_the_wall_clock_counts_what_the_driver_does_after_a_step():
+    # Logged at 12.5 and 15.0 s; step 2 evaluated for 1.0 s before its logging.
+    assert wall_steps(10.0, {1: 12.5, 2: 15.0}, {2: 1.0}, [1, 2]) == [2.5, 1.5]
+
+
+def test_a_run_that_did_not_time_its_evaluations_is_refused(tmp_path):
+    run_dir = _log_run(tmp_path, "old", "sync", [_step(**{"eval/accuracy": 0.3})])
+    with pytest.raises(ValueError, match="logged no eval/seconds"):
+        sluice_series("x", run_dir, tmp_path)
 
 
 def test_a_run_without_a_summary_is_named(tmp_path):

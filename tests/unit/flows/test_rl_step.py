@@ -141,6 +141,9 @@ def test_held_out_evaluation_runs_every_n_steps_and_at_the_end(step: int, evalua
     logged = tracker.logged[0][1]
     assert ("eval/accuracy" in logged) == evaluates
     assert ("eval/pass_at_4" in logged) == evaluates  # every held-out metric is logged
+    # How long training paused for it, so that benchmarks can take it off the wall clock.
+    assert ("eval/seconds" in logged) == evaluates
+    assert logged.get("eval/seconds", 0.0) >= 0.0
     assert s.end_accuracy == (0.5 if evaluates else None)
 
 
