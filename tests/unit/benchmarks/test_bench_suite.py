@@ -22,6 +22,7 @@ def test_the_section_gives_the_commit_and_each_targets_minutes_and_outcome():
     text = suite.section("abc1234", started, [("bench-data", 8.04, 0), ("bench-modes", 31.5, 2)])
     assert "every section below that names commit abc1234 came from it" in text
     assert "from 2026-11-26 21:00 to" in text and "40 minutes" in text
+    assert "`.venv/bin/python -m sluice.benchmarks.suite bench-data bench-modes`" in text
     assert "| `make bench-data` | 8.0 | ok |" in text
     assert "| `make bench-modes` | 31.5 | failed (2) |" in text
 

@@ -44,6 +44,7 @@ def test_the_measurement_gives_each_variants_medians_over_its_rounds(tmp_path):
         "sync_run": "runs/bench-modes/round-0/bench-sync",
         "results": {
             "sync": [run(100.0), run(120.0), run(90.0)],
+            "one_step": [run(150.0), run(240.0), run(90.0)],  # 1.5x, 2x, 1x sync
             "async k=2": [run(150.0, 1.5)],
             "not a variant": [run(1.0)],
         },
@@ -51,14 +52,17 @@ def test_the_measurement_gives_each_variants_medians_over_its_rounds(tmp_path):
     (tmp_path / "modes.json").write_text(json.dumps(record))
     stamp, rows = modes_measurement(tmp_path / "modes.json")
     assert stamp["commit"] == "abc1234" and stamp["sync_run"].endswith("bench-sync")
-    assert rows["sync"]["samples_per_s"] == 100.0  # the median of the three rounds
+    # The first round's sync, and each variant at its median ratio paired within a round.
+    assert rows["sync"]["samples_per_s"] == 100.0
     assert rows["async k=2"] == {
-        "samples_per_s": 150.0,
+        "samples_per_s": 150.0,  # ran once, beside the first round's sync
         "step_s": 1.0,
         "trainer_idle": 0.5,
         "mean_staleness": 1.5,
     }
-    assert set(rows) == {"sync", "async k=2"}
+    assert rows["one_step"]["samples_per_s"] == 150.0  # 100 x the median ratio 1.5
+    assert rows["one_step"]["step_s"] == 1.0
+    assert set(rows) == {"sync", "one_step", "async k=2"}
 
 
 def test_a_missing_measurement_says_how_to_make_one(tmp_path):
