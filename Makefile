@@ -89,7 +89,7 @@ check-gpu-install: setup
 # changes and writes the run's section (commit, machine, each target's minutes). The
 # targets' times on the quiet 2-core machine are in docs/development.md. `make
 # bench-quick`: the peer comparison on 30 steps, printed, plots under runs/bench-quick,
-# BENCHMARKS.md untouched (5.5 minutes).
+# BENCHMARKS.md untouched (5.3 minutes).
 BENCH_TARGETS := bench-data bench-micro-batch bench-modes bench-peer bench-trl-generation \
   bench-rewards bench-datasets bench-agentic bench-staleness bench-control bench-engines \
   bench-ranks bench-adapters bench-weights
@@ -104,7 +104,8 @@ bench-micro-batch: setup
 	$(PY) -m sluice.benchmarks.micro_batch --repeats 15
 
 # sync, one_step and async k=2 and 4 on the long-tail workload in 3 rounds (seeds 0-2), the
-# ablations once, then the simulator fitted to and checked against it (make sim-profile).
+# ablations once, then the simulator fitted to and checked against it (make sim-profile;
+# ~32 minutes in all).
 bench-modes: setup
 	$(PY) -m sluice.benchmarks.modes --steps 50 --rounds 3
 	$(MAKE) --no-print-directory sim-profile
@@ -120,7 +121,7 @@ bench-quick: setup
 	$(PY) -m sluice.benchmarks.peer_trl --quick
 
 # TRL's ways to generate (padded generate, continuous batching, vLLM colocated), each in a
-# short GRPO run, 3 rounds (~8 minutes).
+# short GRPO run, 3 rounds (~6 minutes).
 bench-trl-generation: setup
 	$(PY) -m sluice.benchmarks.trl_generations --steps 6 --rounds 3 --write
 
@@ -185,7 +186,7 @@ $(INFRA_VENV)/bin/checkov:
 	$(INFRA_VENV)/bin/python -m pip install --quiet "checkov==3.3.30"
 
 # The simulator: the committed profile's calibration table, then its predictions at
-# 64-1024 accelerators; each writes a BENCHMARKS.md section (~2 minutes, pure Python).
+# 64-1024 accelerators; each writes a BENCHMARKS.md section (~3 minutes, pure Python).
 simulate: setup
 	$(PY) -m sluice.sim.calibrate --write
 	$(PY) -m sluice.sim.scale
