@@ -32,7 +32,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from sluice.benchmarks.modes import CONFIG, VARIANTS, paired
+from sluice.benchmarks.modes import CONFIG, VARIANTS, median_result, paired
 from sluice.engines.messages import StreamSettings
 from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.sim.calibrate import (
@@ -169,11 +169,12 @@ def modes_measurement(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, f
     for label, runs in results.items():
         if label in dict(VARIANTS):
             ratio = statistics.median(paired(results, label, "sync"))
+            medians = median_result(runs)
             out[label] = {
                 "samples_per_s": results["sync"][0]["samples_per_s"] * ratio,
-                "step_s": statistics.median(r["step_s"] for r in runs),
-                "trainer_idle": statistics.median(r["trainer_idle"] for r in runs),
-                "mean_staleness": statistics.median(r["staleness"] for r in runs),
+                "step_s": medians["step_s"],
+                "trainer_idle": medians["trainer_idle"],
+                "mean_staleness": medians["staleness"],
             }
     return stamp, out
 
