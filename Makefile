@@ -88,8 +88,8 @@ check-gpu-install: setup
 # its plots in docs/images), from one commit: benchmarks/suite.py refuses uncommitted
 # changes and writes the run's section (commit, machine, each target's minutes). The
 # targets' times on the quiet 2-core machine are in docs/development.md. `make
-# bench-quick`: the peer comparison on 30 steps, printed, plots under runs/bench-quick,
-# BENCHMARKS.md untouched (5.3 minutes).
+# bench-quick`: the peer comparison on 30 steps, one round, printed, plots under
+# runs/bench-quick, BENCHMARKS.md untouched (3.3 minutes).
 BENCH_TARGETS := bench-data bench-micro-batch bench-modes bench-peer bench-peer-default \
   bench-trl-generation \
   bench-rewards bench-datasets bench-agentic bench-staleness bench-control bench-engines \
@@ -116,8 +116,8 @@ bench-agentic: setup
 	$(PY) -m sluice.benchmarks.agentic --steps 40 --write
 
 # Sluice async k=2 beside TRL's GRPO in 3 rounds (seeds 0-2): on the long tail, 100 steps,
-# 1,024 held-out prompts; on the default workload, 150 steps, its whole held-out split (448
-# prompts), a threshold of +6 points.
+# 1,024 held-out prompts (~19 minutes); on the default workload, 150 steps, nearly its whole
+# held-out split (448 prompts), a threshold of +6 points (~17 minutes).
 bench-peer: setup
 	$(PY) -m sluice.benchmarks.peer_trl --rounds 3
 
@@ -129,7 +129,7 @@ bench-quick: setup
 	$(PY) -m sluice.benchmarks.peer_trl --quick
 
 # TRL's ways to generate (padded generate, continuous batching, vLLM colocated), each in a
-# short GRPO run, 3 rounds (~6 minutes).
+# short GRPO run, 3 rounds (~5 minutes).
 bench-trl-generation: setup
 	$(PY) -m sluice.benchmarks.trl_generations --steps 6 --rounds 3 --write
 
