@@ -14,8 +14,11 @@ threshold and the final accuracy, as ratios Sluice/TRL paired within a round, me
 round; writes the table into BENCHMARKS.md (a section per config).
 
     .venv/bin/python -m sluice.benchmarks.peer_trl --rounds 3             # `make bench-peer`
-    .venv/bin/python -m sluice.benchmarks.peer_trl --config configs/default.yaml --gain 0.05
     .venv/bin/python -m sluice.benchmarks.peer_trl --quick                # `make bench-quick`
+
+``make bench-peer-default`` runs ``configs/default.yaml`` with ``--eval-prompts 448``: its
+held-out split holds 469 problems, and asking for more fails in the first run's checks,
+before Ray starts.
 
 ``--quick`` trains fewer steps, prints the table and leaves the plots under
 ``runs/bench-quick/`` instead of writing BENCHMARKS.md and docs/images.
