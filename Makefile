@@ -4,9 +4,12 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/default.yaml
-# Prefect's temporary API and vLLM's CPU backend both want the cores to themselves; one
-# pytest process keeps the default suite predictable on a 2-core machine.
 PYTEST := $(PY) -m pytest -p no:cacheprovider
+# `make test` runs in TEST_WORKERS pytest processes, a test file to each at a time. An
+# end-to-end run spends most of its start-up waiting on one core (imports, Prefect's
+# temporary API, vLLM's engine), so two of them side by side fill the 2 cores. Tests marked
+# `serial` (memory that a neighbour's load would disturb) run after, alone.
+TEST_WORKERS ?= 2
 
 .PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default \
   bench-quick bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
@@ -19,7 +22,9 @@ run: setup
 	$(VENV)/bin/sluice run $(CONFIG)
 
 test: setup
-	$(PYTEST) --durations=15 -m "not slow and not gpu and not ui and not bench"
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+	  -m "not slow and not gpu and not ui and not bench and not serial"
+	$(PYTEST) -m "serial and not slow and not gpu and not ui and not bench"
 
 # The multi-node Ray test (marker `slow`): a cluster of five nodes on 127.0.0.1 that grows,
 # loses a node and regrows under a real job (~3 minutes). CI runs it after `make test`.

@@ -24,6 +24,7 @@ from sluice.engines.torch_trainer import TorchTrainer
 from sluice.rl.batching import Sample
 from sluice.rl.config import LoraConfig
 from sluice.storage.checkpoints import CheckpointStore
+from tests.support.cli import child_env
 
 pytestmark = pytest.mark.integration
 
@@ -139,9 +140,7 @@ def _resume_elsewhere(policy: Path, tmp_path: Path, engine: str) -> dict[str, to
     of its own (a world of one: no process group is left in the test's process, where a
     later test's library would find it) and one more step is taken."""
     out = tmp_path / "resumed.safetensors"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    env = child_env(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     done = subprocess.run(
         [sys.executable, "-c", RESUME, engine, str(policy), str(tmp_path), str(out)],
         env=env, capture_output=True, text=True, timeout=300, check=False,

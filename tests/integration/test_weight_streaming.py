@@ -2,7 +2,8 @@
 
 Runs the real entry point (``benchmarks/weights.py``) in a process of its own, since it
 starts its own Ray session (Ray's object freeing set to 10 ms, so the object store shows
-what the service holds rather than what Ray has yet to free).
+what the service holds rather than what Ray has yet to free). Marked ``serial``: with a
+test beside it loading the cores, Ray frees late and a pull's peak showed two versions.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 def test_a_pull_adds_less_than_a_bucket_and_a_relay_holds_one_version(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,17 @@ SMALL_RUN = (
     "eval.every=2",
     "eval.prompts=32",
 )
+
+# What torch.distributed reads to join a group. A DeepSpeed test that formed a world of one
+# in the test process left them set, and its store still listens on MASTER_PORT: a child
+# that inherited them would try to join that group (EADDRINUSE).
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child process, less the rendezvous variables."""
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    return env | extra
 
 
 def sluice(

@@ -1,4 +1,8 @@
-"""Consumed batches and old weight versions leave Ray's object store: no slow leak."""
+"""Consumed batches and old weight versions leave Ray's object store: no slow leak.
+
+Marked ``serial``: what it reads is how much the store holds once Ray has freed, which a
+test loading the cores beside it would delay.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from sluice.storage.params import ParameterService
 from sluice.storage.schema import batch_from_rows
 from sluice.storage.trajectory_store import StoreClient, create_store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 STEPS = 300
 GROUPS, GROUP = 4, 8

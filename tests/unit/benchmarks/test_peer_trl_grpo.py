@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from sluice.engines.policy import check_policy_folder
 from sluice.envs.prompts import PromptStream
 from sluice.rl.config import load_config
 from sluice.tasks.environment import make_environment
+from tests.support.cli import child_env
 
 ROOT = Path(__file__).parents[3]
 
@@ -105,7 +105,7 @@ def test_two_real_trl_steps_record_every_step_and_save_a_policy_sluice_loads(tmp
     command += ["--steps=2", "--eval-every=1", "--threads=1", f"--out={out}"]
     command += [arg for s in settings for arg in ("--set", s)]
     done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ)
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env()
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = read_result(out)
