@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # `serial` (memory that a neighbour's load would disturb) run after, alone.
 TEST_WORKERS ?= 2
 
-.PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default \
+.PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
   bench-quick bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
@@ -96,7 +96,7 @@ check-gpu-install: setup
 # bench-quick`: the peer comparison on 30 steps, one round, printed, plots under
 # runs/bench-quick, BENCHMARKS.md untouched (3.3 minutes).
 BENCH_TARGETS := bench-data bench-micro-batch bench-modes bench-peer bench-peer-default \
-  bench-trl-generation \
+  bench-peer-agentic bench-trl-generation \
   bench-rewards bench-datasets bench-agentic bench-staleness bench-control bench-engines \
   bench-ranks bench-adapters bench-weights
 bench: setup
@@ -122,13 +122,19 @@ bench-agentic: setup
 
 # Sluice async k=2 beside TRL's GRPO in 3 rounds (seeds 0-2): on the long tail, 100 steps,
 # 1,024 held-out prompts (~19 minutes); on the default workload, 150 steps, nearly its whole
-# held-out split (448 prompts), a threshold of +6 points (~17 minutes).
+# held-out split (448 prompts), a threshold of +6 points (~17 minutes); on the agentic
+# workload, 40 steps, 512 held-out episodes every 10 steps, +6 points, TRL playing the
+# episodes with benchmarks/trl_episodes.py.
 bench-peer: setup
 	$(PY) -m sluice.benchmarks.peer_trl --rounds 3
 
 bench-peer-default: setup
 	$(PY) -m sluice.benchmarks.peer_trl --config configs/default.yaml --rounds 3 --steps 150 \
 	  --eval-every 25 --eval-prompts 448 --gain 0.06
+
+bench-peer-agentic: setup
+	$(PY) -m sluice.benchmarks.peer_trl --config configs/agentic.yaml --rounds 3 --steps 40 \
+	  --eval-every 10 --eval-prompts 512 --gain 0.06
 
 bench-quick: setup
 	$(PY) -m sluice.benchmarks.peer_trl --quick

@@ -430,6 +430,7 @@ def table(rounds: list[Round], gain: float, hf_finals: list[float], plan: Plan) 
 SECTIONS = {
     "longtail": ("peer-trl", "Against TRL"),
     "default": ("peer-trl-default", "Against TRL: the default workload"),
+    "agentic": ("peer-trl-agentic", "Against TRL: the agentic workload"),
 }
 """BENCHMARKS.md section (key, title) by config stem; others get ``peer-trl-<stem>``."""
 

@@ -14,6 +14,11 @@ run of that config, and record what the comparison needs:
   stops while it runs, as Sluice's throughput excludes its evaluations;
 - the trained policy, saved as a folder ``sluice eval --policy`` reads.
 
+On a multi-turn environment (the agentic workload, ``configs/agentic.yaml``) TRL plays
+the episodes through its ``rollout_func`` (``benchmarks/trl_episodes.py``): the reward is
+the environment's at each episode's end, the environment's tokens are kept out of the loss
+(``env_mask``), and held-out accuracy is the share of greedy episodes it calls correct.
+
 Prompts: the first ``steps x prompts_per_step`` prompts of the same ``PromptStream`` a
 Sluice batch run draws, in its order (TRL's shuffling off), so step i trains on the prompts
 Sluice's ``sync`` step i trains on. Rewards: ``envs.score``, Sluice's verifier. Optimiser:
@@ -52,12 +57,15 @@ from transformers import (
     TrainingArguments,
 )
 
+from sluice.benchmarks import trl_episodes
+from sluice.engines.episodes import EpisodeSteps
 from sluice.engines.policy import greedy_accuracy, prepare_policy, save_policy
 from sluice.envs import Environment, Problem, score
+from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.prompts import PromptStream
 from sluice.envs.scoring import VerifierScorer
 from sluice.rl.config import RunConfig, load_config
-from sluice.tasks.environment import make_environment
+from sluice.tasks.environment import episode_limits, make_environment, step_spec
 
 log = logging.getLogger("sluice.peer")
 
@@ -114,6 +122,15 @@ class TrlResult:
     eval_steps: list[int] = field(default_factory=list)
     eval_accuracy: list[float] = field(default_factory=list)
     eval_s: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """A multi-turn environment's steps (run isolated) and an episode's limits."""
+
+    steps: EpisodeSteps
+    limits: EpisodeLimits
+    max_new_tokens: int
 
 
 @dataclass
@@ -186,6 +203,26 @@ class SluiceReward:
         return rewards
 
 
+class EpisodeReward(SluiceReward):
+    """A TRL reward function that returns each episode's reward, which the environment
+    gave at its end (``trl_episodes.EpisodeRollout`` passes it as an extra field)."""
+
+    __name__ = "sluice_episode"
+
+    def __call__(  # type: ignore[override]
+        self,
+        episode_reward: list[float],
+        episode_correct: list[bool],
+        sampled_tokens: list[int],
+        **_: Any,
+    ) -> list[float]:
+        self.tally.completions += len(episode_reward)
+        self.tally.tokens += sum(sampled_tokens)
+        self.tally.reward_sum += sum(episode_reward)
+        self.tally.correct += sum(episode_correct)
+        return list(episode_reward)
+
+
 class Recorder(TrainerCallback):
     """Times every optimiser step and evaluates held-out accuracy with the clock stopped."""
 
@@ -198,16 +235,26 @@ class Recorder(TrainerCallback):
         env: Environment,
         heldout: list[Problem],
         eval_every: int,
+        episodes: Episodes | None = None,
     ) -> None:
         self.result, self.reward, self.clock, self.tokenizer = result, reward, clock, tokenizer
         self.env, self.heldout, self.eval_every = env, heldout, eval_every
         self.scorer = VerifierScorer(env)
         self.max_new = max(len(p.answer) for p in heldout) + 4  # as tasks/session.py
+        self.episodes = episodes
         self.since = time.monotonic()
+
+    def _accuracy(self, model: torch.nn.Module) -> float:
+        if self.episodes is None:
+            return greedy_accuracy(model, self.tokenizer, self.scorer, self.heldout, self.max_new)
+        e = self.episodes  # an episode's budget, as a Sluice evaluation's
+        return trl_episodes.accuracy(
+            model, self.tokenizer, e.steps, self.heldout, e.limits, e.max_new_tokens
+        )
 
     def _evaluate(self, model: torch.nn.Module, step: int) -> None:
         started = time.monotonic()
-        accuracy = greedy_accuracy(model, self.tokenizer, self.scorer, self.heldout, self.max_new)
+        accuracy = self._accuracy(model)
         self.result.eval_steps.append(step)
         self.result.eval_accuracy.append(accuracy)
         self.result.eval_s.append(time.monotonic() - started)
@@ -247,11 +294,15 @@ class Recorder(TrainerCallback):
         self.since = time.monotonic()
 
 
-def prompt_dataset(cfg: RunConfig, env: Environment, steps: int) -> Dataset:
-    """The prompts a Sluice batch run trains on, in its order, as TRL's dataset."""
+def train_problems(cfg: RunConfig, env: Environment, steps: int) -> list[Problem]:
+    """The problems a Sluice batch run trains on, in its order."""
     seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
     stream = PromptStream(env, cfg.env.train_prompts, seed)
-    problems = stream.take(steps * cfg.rollout.prompts_per_step)
+    return stream.take(steps * cfg.rollout.prompts_per_step)
+
+
+def prompt_dataset(problems: list[Problem]) -> Dataset:
+    """``problems`` as TRL's dataset."""
     return Dataset.from_dict(
         {
             "prompt": [p.prompt for p in problems],
@@ -320,24 +371,46 @@ def train(
     torch.set_num_threads(threads)
     started = time.monotonic()
     env, signature = make_environment(cfg.env)
-    policy_dir = prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(policy_dir)
-    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-    heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
-    reward, clock = SluiceReward(env), GenerationClock()
-    result = TrlResult(steps=steps, threads=threads, load_s=0.0)
-    trainer = timed_trainer(clock)(
-        model=model,
-        reward_funcs=reward,
-        args=grpo_config(cfg, steps, out, generation),
-        train_dataset=prompt_dataset(cfg, env, steps),
-        processing_class=tokenizer,
-        optimizers=sluice_optimizer(model, cfg),
-        callbacks=[Recorder(result, reward, clock, tokenizer, env, heldout, eval_every)],
-    )
-    result.load_s = time.monotonic() - started
-    trainer.train()
-    save_policy(trainer.model, tokenizer, out / POLICY_FOLDER)
+    spec = step_spec(cfg)
+    steps_ = EpisodeSteps(spec, cfg.env.step_timeout_s) if spec is not None else None
+    try:
+        policy_dir = prepare_policy(
+            cfg.policy, env, signature, cfg.seed, cfg.cache_dir, steps=steps_
+        )
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(policy_dir)
+        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
+        problems = train_problems(cfg, env, steps)
+        clock = GenerationClock()
+        result = TrlResult(steps=steps, threads=threads, load_s=0.0)
+        episodes, rollout, reward = None, None, SluiceReward(env)
+        if steps_ is not None:  # a multi-turn environment: TRL plays its episodes
+            episodes = Episodes(steps_, episode_limits(cfg.env), cfg.rollout.max_new_tokens)
+            rollout = trl_episodes.EpisodeRollout(
+                steps_,
+                problems,
+                episodes.limits,
+                episodes.max_new_tokens,
+                cfg.rollout.temperature,
+            )
+            reward = EpisodeReward(env)
+        recorder = Recorder(result, reward, clock, tokenizer, env, heldout, eval_every, episodes)
+        trainer = timed_trainer(clock)(
+            model=model,
+            reward_funcs=reward,
+            args=grpo_config(cfg, steps, out, generation),
+            train_dataset=prompt_dataset(problems),
+            processing_class=tokenizer,
+            optimizers=sluice_optimizer(model, cfg),
+            callbacks=[recorder],
+            rollout_func=rollout,
+        )
+        result.load_s = time.monotonic() - started
+        trainer.train()
+        save_policy(trainer.model, tokenizer, out / POLICY_FOLDER)
+    finally:
+        if steps_ is not None:
+            steps_.close()
     return result
 
 
@@ -348,7 +421,7 @@ def probe(cfg: RunConfig, threads: int) -> float:
     policy_dir = prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(policy_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-    prompts = prompt_dataset(cfg, env, 1)["prompt"]
+    prompts = [p.prompt for p in train_problems(cfg, env, 1)]
     batch = tokenizer(
         [p for p in prompts for _ in range(cfg.rollout.samples_per_prompt)],
         return_tensors="pt",

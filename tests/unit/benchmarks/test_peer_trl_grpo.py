@@ -17,6 +17,7 @@ from sluice.benchmarks.trl_grpo import (
     prompt_dataset,
     read_result,
     sluice_optimizer,
+    train_problems,
 )
 from sluice.engines.policy import check_policy_folder
 from sluice.envs.prompts import PromptStream
@@ -49,7 +50,7 @@ def test_the_reward_is_sluices_verifier_and_counts_what_it_scored():
 def test_prompts_are_the_ones_a_sluice_batch_run_trains_on_in_its_order():
     cfg = load_config(ROOT / "configs/longtail.yaml", ["rollout.prompts_per_step=4"])
     env, _ = make_environment(cfg.env)
-    data = prompt_dataset(cfg, env, steps=3)
+    data = prompt_dataset(train_problems(cfg, env, steps=3))
     stream = PromptStream(env, cfg.env.train_prompts, cfg.seed)
     expected = stream.take(12)
     assert data["prompt"] == [p.prompt for p in expected]
