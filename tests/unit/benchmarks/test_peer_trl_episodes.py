@@ -2,29 +2,23 @@
 
 The episode logic (turns, masks, limits, rewards) is checked with a scripted model that
 plays each problem's reference episode, against the real calculator environment in its
-isolated step process; the last test runs TRL's real trainer for two steps on the agentic
-workload with the tiny policy.
+isolated step process; tests/unit/benchmarks/test_peer_trl_grpo.py runs TRL's real
+trainer on the agentic workload with it.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 
 from sluice.benchmarks.trl_episodes import EpisodeRollout, accuracy, play
-from sluice.benchmarks.trl_grpo import POLICY_FOLDER, read_result
 from sluice.engines.episodes import EpisodeSteps, StepSpec
-from sluice.engines.policy import EOS_ID, PAD_ID, build_tokenizer, check_policy_folder
+from sluice.engines.policy import EOS_ID, PAD_ID, build_tokenizer
 from sluice.envs import make_env
 from sluice.envs.multi_turn import EpisodeLimits, reference_turns
-from tests.support.cli import child_env
 
-ROOT = Path(__file__).parents[3]
 TOKENIZER = build_tokenizer()
 THREE_TURNS = EpisodeLimits(max_turns=3)
 
@@ -136,29 +130,3 @@ def test_the_rollout_answers_trl_with_one_episode_per_prompt(steps, problems):
     assert out["sampled_tokens"] == [sum(m) for m in out["env_mask"]]
     assert Trainer.model.training  # handed back in training mode
     assert accuracy(Trainer.model, TOKENIZER, steps, problems, THREE_TURNS, 160) == 1.0
-
-
-def test_two_real_trl_steps_on_the_agentic_workload(tmp_path, tiny_policy):
-    """TRL's trainer with the rollout function, the tiny policy and the calculator."""
-    out = tmp_path / "trl"
-    settings = [
-        f"policy.path={tiny_policy}",
-        "env.args={digits: 2}",  # no tool latency
-        "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=4",
-        "rollout.max_new_tokens=48",
-        "env.max_turn_tokens=24",
-        "eval.prompts=8",
-    ]
-    command = [sys.executable, "-m", "sluice.benchmarks.trl_grpo", "configs/agentic.yaml"]
-    command += ["--steps=2", "--eval-every=1", "--threads=1", f"--out={out}"]
-    command += [arg for s in settings for arg in ("--set", s)]
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env()
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    result = read_result(out)
-    assert result.samples == [8, 8]  # 2 prompts x 4 episodes per step
-    assert all(0 < t <= 8 * 48 for t in result.tokens)  # sampled tokens within the budget
-    assert result.eval_steps == [0, 1, 2]
-    check_policy_folder(out / POLICY_FOLDER)

@@ -92,23 +92,29 @@ def test_grpo_settings_match_the_sluice_run(tmp_path):
     assert args.shuffle_dataset is False
 
 
-def test_two_real_trl_steps_record_every_step_and_save_a_policy_sluice_loads(tmp_path, tiny_policy):
-    """The real entry point on a tiny budget: TRL's trainer, Sluice's policy and verifier."""
-    out = tmp_path / "trl"
-    settings = [
-        f"policy.path={tiny_policy}",
-        "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=4",
-        "rollout.max_new_tokens=8",
-        "eval.prompts=8",
-    ]
-    command = [sys.executable, "-m", "sluice.benchmarks.trl_grpo", "configs/default.yaml"]
+def train(config: str, out: Path, *settings: str) -> None:
+    """The real entry point on a tiny budget: two steps, an evaluation after each."""
+    command = [sys.executable, "-m", "sluice.benchmarks.trl_grpo", config]
     command += ["--steps=2", "--eval-every=1", "--threads=1", f"--out={out}"]
     command += [arg for s in settings for arg in ("--set", s)]
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env()
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_two_real_trl_steps_record_every_step_and_save_a_policy_sluice_loads(tmp_path, tiny_policy):
+    """TRL's trainer, Sluice's policy and verifier."""
+    out = tmp_path / "trl"
+    train(
+        "configs/default.yaml",
+        out,
+        f"policy.path={tiny_policy}",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=8",
+        "eval.prompts=8",
+    )
     result = read_result(out)
     assert result.steps == 2 and len(result.step_s) == 2
     assert result.samples == [8, 8]  # 2 prompts x 4 completions per step
@@ -119,6 +125,28 @@ def test_two_real_trl_steps_record_every_step_and_save_a_policy_sluice_loads(tmp
     check_policy_folder(out / POLICY_FOLDER)
     tokenizer_config = json.loads((out / POLICY_FOLDER / "tokenizer_config.json").read_text())
     assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"  # what vLLM reads
+
+
+def test_two_real_trl_steps_play_the_agentic_workloads_episodes(tmp_path, tiny_policy):
+    """TRL's trainer with the rollout function (benchmarks/trl_episodes.py), the tiny
+    policy and the calculator."""
+    out = tmp_path / "trl"
+    train(
+        "configs/agentic.yaml",
+        out,
+        f"policy.path={tiny_policy}",
+        "env.args={digits: 2}",  # no tool latency
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=48",
+        "env.max_turn_tokens=24",
+        "eval.prompts=8",
+    )
+    result = read_result(out)
+    assert result.samples == [8, 8]  # 2 prompts x 4 episodes per step
+    assert all(0 < t <= 8 * 48 for t in result.tokens)  # sampled tokens within the budget
+    assert result.eval_steps == [0, 1, 2]
+    check_policy_folder(out / POLICY_FOLDER)
 
 
 def test_a_missing_result_is_named(tmp_path):
