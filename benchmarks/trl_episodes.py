@@ -182,15 +182,12 @@ class EpisodeRollout:
             "sampled_tokens": [e.sampled for e in episodes],
         }
 
-
-def accuracy(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerFast,
-    steps: EpisodeSteps,
-    problems: list[Problem],
-    limits: EpisodeLimits,
-    max_new_tokens: int,
-) -> float:
-    """Fraction of ``problems`` whose greedy episode the environment calls correct."""
-    episodes = play(model, tokenizer, steps, problems, limits, max_new_tokens, 0.0)
-    return sum(e.correct for e in episodes) / len(problems)
+    def accuracy(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, problems: list[Problem]
+    ) -> float:
+        """Fraction of ``problems`` whose greedy episode, within the same limits, the
+        environment calls correct."""
+        episodes = play(
+            model, tokenizer, self.steps, problems, self.limits, self.max_new_tokens, 0.0
+        )
+        return sum(e.correct for e in episodes) / len(problems)

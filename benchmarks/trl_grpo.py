@@ -61,7 +61,6 @@ from sluice.benchmarks import trl_episodes
 from sluice.engines.episodes import EpisodeSteps
 from sluice.engines.policy import greedy_accuracy, prepare_policy, save_policy
 from sluice.envs import Environment, Problem, score
-from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.prompts import PromptStream
 from sluice.envs.scoring import VerifierScorer
 from sluice.rl.config import RunConfig, load_config
@@ -122,15 +121,6 @@ class TrlResult:
     eval_steps: list[int] = field(default_factory=list)
     eval_accuracy: list[float] = field(default_factory=list)
     eval_s: list[float] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Episodes:
-    """A multi-turn environment's steps (run isolated) and an episode's limits."""
-
-    steps: EpisodeSteps
-    limits: EpisodeLimits
-    max_new_tokens: int
 
 
 @dataclass
@@ -235,7 +225,7 @@ class Recorder(TrainerCallback):
         env: Environment,
         heldout: list[Problem],
         eval_every: int,
-        episodes: Episodes | None = None,
+        episodes: trl_episodes.EpisodeRollout | None = None,
     ) -> None:
         self.result, self.reward, self.clock, self.tokenizer = result, reward, clock, tokenizer
         self.env, self.heldout, self.eval_every = env, heldout, eval_every
@@ -247,10 +237,7 @@ class Recorder(TrainerCallback):
     def _accuracy(self, model: torch.nn.Module) -> float:
         if self.episodes is None:
             return greedy_accuracy(model, self.tokenizer, self.scorer, self.heldout, self.max_new)
-        e = self.episodes  # an episode's budget, as a Sluice evaluation's
-        return trl_episodes.accuracy(
-            model, self.tokenizer, e.steps, self.heldout, e.limits, e.max_new_tokens
-        )
+        return self.episodes.accuracy(model, self.tokenizer, self.heldout)
 
     def _evaluate(self, model: torch.nn.Module, step: int) -> None:
         started = time.monotonic()
@@ -372,10 +359,10 @@ def train(
     started = time.monotonic()
     env, signature = make_environment(cfg.env)
     spec = step_spec(cfg)
-    steps_ = EpisodeSteps(spec, cfg.env.step_timeout_s) if spec is not None else None
+    env_steps = EpisodeSteps(spec, cfg.env.step_timeout_s) if spec is not None else None
     try:
         policy_dir = prepare_policy(
-            cfg.policy, env, signature, cfg.seed, cfg.cache_dir, steps=steps_
+            cfg.policy, env, signature, cfg.seed, cfg.cache_dir, steps=env_steps
         )
         tokenizer = PreTrainedTokenizerFast.from_pretrained(policy_dir)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
@@ -383,18 +370,17 @@ def train(
         problems = train_problems(cfg, env, steps)
         clock = GenerationClock()
         result = TrlResult(steps=steps, threads=threads, load_s=0.0)
-        episodes, rollout, reward = None, None, SluiceReward(env)
-        if steps_ is not None:  # a multi-turn environment: TRL plays its episodes
-            episodes = Episodes(steps_, episode_limits(cfg.env), cfg.rollout.max_new_tokens)
+        rollout, reward = None, SluiceReward(env)
+        if env_steps is not None:  # a multi-turn environment: TRL plays its episodes
             rollout = trl_episodes.EpisodeRollout(
-                steps_,
+                env_steps,
                 problems,
-                episodes.limits,
-                episodes.max_new_tokens,
+                episode_limits(cfg.env),
+                cfg.rollout.max_new_tokens,  # an episode's budget, as a Sluice run's
                 cfg.rollout.temperature,
             )
             reward = EpisodeReward(env)
-        recorder = Recorder(result, reward, clock, tokenizer, env, heldout, eval_every, episodes)
+        recorder = Recorder(result, reward, clock, tokenizer, env, heldout, eval_every, rollout)
         trainer = timed_trainer(clock)(
             model=model,
             reward_funcs=reward,
@@ -409,8 +395,8 @@ def train(
         trainer.train()
         save_policy(trainer.model, tokenizer, out / POLICY_FOLDER)
     finally:
-        if steps_ is not None:
-            steps_.close()
+        if env_steps is not None:
+            env_steps.close()
     return result
 
 

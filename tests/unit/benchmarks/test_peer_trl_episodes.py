@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from sluice.benchmarks.trl_episodes import EpisodeRollout, accuracy, play
+from sluice.benchmarks.trl_episodes import EpisodeRollout, play
 from sluice.engines.episodes import EpisodeSteps, StepSpec
 from sluice.engines.policy import EOS_ID, PAD_ID, build_tokenizer
 from sluice.envs import make_env
@@ -129,4 +129,4 @@ def test_the_rollout_answers_trl_with_one_episode_per_prompt(steps, problems):
     assert out["episode_reward"] == [1.0] * 6 and out["episode_correct"] == [True] * 6
     assert out["sampled_tokens"] == [sum(m) for m in out["env_mask"]]
     assert Trainer.model.training  # handed back in training mode
-    assert accuracy(Trainer.model, TOKENIZER, steps, problems, THREE_TURNS, 160) == 1.0
+    assert rollout.accuracy(Trainer.model, TOKENIZER, problems) == 1.0
