@@ -7,11 +7,8 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 # `make test` runs in TEST_WORKERS pytest processes, a test file to each at a time; tests
 # marked `serial` (memory that a neighbour's load would disturb) run after, alone. Two
-# workers took 21-23 min against 34 for one, but in 1 of 2 runs a `sluice ledger --prompt`
-# beside another test's job aborted at exit ("terminate called without an active
-# exception", SIGABRT after its output was complete): one stays the default until that is
-# found. `TEST_WORKERS=2 make test` runs two.
-TEST_WORKERS ?= 1
+# processes take 21-23 min against 34 for one; `TEST_WORKERS=1 make test` runs one.
+TEST_WORKERS ?= 2
 
 .PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
   bench-quick bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -88,6 +88,17 @@ def _fail(message: str, debug: bool, error: BaseException) -> None:
         raise error
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def _end_report() -> NoReturn:
+    """End a command that has only read Arrow data and printed, skipping the interpreter's
+    teardown: Arrow's native thread pools torn down during finalisation can abort a process
+    whose output is complete ("terminate called without an active exception", exit -6;
+    apache/arrow#34314, seen once from `sluice ledger` beside a running job), which would
+    read as a failed command. Nothing is left to clean up but the output, flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _load(config: Path | None, overrides: list[str], debug: bool) -> RunConfig:
@@ -392,7 +403,7 @@ def ledger(
                 f" {k}={e[k]}" for k in ("version", "staleness", "reason") if e[k] is not None
             )
             typer.echo(f"{e['ts']:%H:%M:%S} {e['sample_id']} {e['event']}{extra}")
-        return
+        _end_report()
     summary = book.summary()
     typer.echo(f"{summary['events']} events, {summary['samples']} samples")
     for status, count in sorted(summary["final"].items()):
@@ -421,6 +432,7 @@ def ledger(
                 else f", {sent['open']} not ended yet (in flight, or the run stopped)"
             )
         )
+    _end_report()
 
 
 @app.command("simulate")
