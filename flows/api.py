@@ -17,10 +17,10 @@ from sluice.rl.config import ConfigError, RunConfig, apply_override, build_confi
 from sluice.storage.layout import RunLayout
 from sluice.tasks.environment import (
     check_agent,
-    check_context,
     check_environment,
     check_lora,
     check_model_folder,
+    check_prompts,
     check_rewards,
 )
 
@@ -60,8 +60,8 @@ def run(
 def check_run(cfg: RunConfig) -> None:
     """What a run needs that the config tree alone cannot say, checked before anything
     starts: its folders can be made, its model folder holds safetensors weights (and can
-    carry ``train.lora``'s adapters), its prompts and responses fit the context, and its
-    reward functions import and take what the run passes them."""
+    carry ``train.lora``'s adapters), the environment supplies its prompts and they fit the
+    context, and its reward functions import and take what the run passes them."""
     for what, folder in (("root", cfg.run_dir), ("cache", cfg.cache_dir)):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -73,6 +73,6 @@ def check_run(cfg: RunConfig) -> None:
     check_model_folder(cfg)
     check_lora(cfg)
     check_environment(cfg)
-    check_context(cfg)
+    check_prompts(cfg)
     check_rewards(cfg)
     check_agent(cfg)

@@ -259,22 +259,28 @@ def check_lora(cfg: RunConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
-def check_context(cfg: RunConfig) -> None:
-    """Every prompt the run draws, plus ``rollout.max_new_tokens``, fits the built-in
-    policy's context (``policy.max_positions``); a ConfigError naming the longest if not.
+def check_prompts(cfg: RunConfig) -> None:
+    """The environment supplies the run's training pool (``env.train_prompts``) and held-out
+    set (``eval.prompts``), and with the built-in policy every prompt the run draws, plus
+    ``rollout.max_new_tokens``, fits its context (``policy.max_positions``); a ConfigError
+    naming the setting to change if not.
 
     The built-in policy has one token per character and a BOS token. A model folder
     (``policy.path``) is checked by vLLM when it starts.
     """
-    if cfg.policy.path is not None:
-        return
     env, _ = make_environment(cfg.env, cfg.policy)
     seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
-    prompts = [
-        *env.problems("train", cfg.env.train_prompts, seed),
-        *env.problems("heldout", cfg.eval.prompts, cfg.seed + 1),
-    ]
-    longest = max(prompts, key=lambda p: len(p.prompt))
+    try:
+        train = env.problems("train", cfg.env.train_prompts, seed)
+    except ValueError as error:
+        raise ConfigError(f"env.train_prompts={cfg.env.train_prompts}: {error}") from None
+    try:
+        heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
+    except ValueError as error:
+        raise ConfigError(f"eval.prompts={cfg.eval.prompts}: {error}") from None
+    if cfg.policy.path is not None:
+        return
+    longest = max([*train, *heldout], key=lambda p: len(p.prompt))
     need = len(longest.prompt) + 1 + cfg.rollout.max_new_tokens
     if need > cfg.policy.max_positions:
         raise ConfigError(
@@ -400,7 +406,7 @@ def fitting(
     for the response: longer training prompts are passed over (recorded in the ledger),
     longer held-out ones left out of the evaluation (with a warning)."""
     if cfg.policy.path is None:
-        return prompts, heldout  # check_context made sure that every prompt fits
+        return prompts, heldout  # check_prompts made sure that every prompt fits
     context = model_context(cfg.policy.path)
     if context is None:
         return prompts, heldout

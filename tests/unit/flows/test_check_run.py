@@ -1,5 +1,6 @@
 """What a run needs beyond a valid config tree, checked before Prefect or Ray start
-(``flows/api.py: check_run``): folders it can make, and prompts that fit the context."""
+(``flows/api.py: check_run``): folders it can make, and prompts the environment supplies
+and that fit the context."""
 
 from __future__ import annotations
 
@@ -34,4 +35,13 @@ def test_the_longest_prompt_plus_the_response_must_fit_the_context(tmp_path: Pat
         [f"root={tmp_path}", "env.digits=3", "rollout.max_new_tokens=250", "env.scratch=false"],
     )
     with pytest.raises(ConfigError, match=r"longest prompt \(\d+ tokens.*more than policy"):
+        check_run(cfg)
+
+
+def test_a_held_out_set_larger_than_the_environment_holds_names_eval_prompts(
+    tmp_path: Path,
+) -> None:
+    # One-digit addition has 100 problems, a few of them held out.
+    cfg = load_config(None, [f"root={tmp_path}", "env.digits=1", "eval.prompts=100"])
+    with pytest.raises(ConfigError, match=r"^eval\.prompts=100: .*problem space too small"):
         check_run(cfg)
