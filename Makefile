@@ -120,8 +120,9 @@ bench-agentic: setup
 	$(PY) -m sluice.benchmarks.agentic --steps 40 --write
 
 # Sluice async k=2 beside TRL's GRPO in 3 rounds (seeds 0-2): on the long tail, 400 steps,
-# 1,024 held-out prompts every 50 (+3 points took Sluice ~300 steps there); on the default workload, 150 steps, nearly its whole
-# held-out split (448 prompts), a threshold of +6 points (~17 minutes); on the agentic
+# 1,024 held-out prompts every 50, +3 points (~81 minutes; in 100 steps neither system
+# reached it); on the default workload, 150 steps, nearly its whole held-out split (448
+# prompts), a threshold of +6 points (~17 minutes); on the agentic
 # workload, 40 steps, 512 held-out episodes every 10 steps, +6 points, TRL playing the
 # episodes with benchmarks/trl_episodes.py.
 bench-peer: setup
