@@ -7,7 +7,7 @@ CONFIG ?= configs/default.yaml
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 # `make test` runs in TEST_WORKERS pytest processes, a test file to each at a time; tests
 # marked `serial` (memory that a neighbour's load would disturb) run after, alone. Two
-# processes take 21-23 min against 34 for one; `TEST_WORKERS=1 make test` runs one.
+# processes took 21-30 min against 34 for one; `TEST_WORKERS=1 make test` runs one.
 TEST_WORKERS ?= 2
 
 .PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
@@ -122,8 +122,8 @@ bench-agentic: setup
 # Sluice async k=2 beside TRL's GRPO in 3 rounds (seeds 0-2): on the long tail, 400 steps,
 # 1,024 held-out prompts every 50, +3 points (~81 minutes; in 100 steps neither system
 # reached it); on the default workload, 150 steps, nearly its whole held-out split (448
-# prompts), a threshold of +6 points (~17 minutes); on the agentic
-# workload, 40 steps, 512 held-out episodes every 10 steps, +6 points, TRL playing the
+# prompts), a threshold of +6 points (~17 minutes); on the agentic workload, 40 steps,
+# 512 held-out episodes every 10 steps, +6 points, TRL playing the
 # episodes with benchmarks/trl_episodes.py.
 bench-peer: setup
 	$(PY) -m sluice.benchmarks.peer_trl --rounds 3 --steps 400 --eval-every 50
