@@ -89,17 +89,19 @@ check-gpu-install: setup
 	$(PYTEST) tests/unit/test_gpu_install.py
 
 # Every benchmark, each writing its own section of BENCHMARKS.md (the peer comparison also
-# its plots in docs/images), from one commit: benchmarks/suite.py refuses uncommitted
-# changes and writes the run's section (commit, machine, each target's minutes). The
-# targets' times on the quiet 2-core machine are in docs/development.md. `make
-# bench-quick`: the peer comparison on 30 steps, one round, printed, plots under
-# runs/bench-quick, BENCHMARKS.md untouched (3.3 minutes).
+# its plots in docs/images), at one commit: benchmarks/suite.py refuses uncommitted code,
+# skips a target whose sections already name the commit (an earlier sitting measured it) and
+# writes the run's section (commit, machine, each target's start and minutes). The targets
+# add up to about 5 hours on the 2-core machine (docs/development.md): `make bench
+# BENCH_STOP_BY=13:00` starts only what fits before 13:00 UTC, and the next `make bench` at
+# the same commit goes on from there. `make bench-quick`: the peer comparison on 30 steps,
+# one round, printed, plots under runs/bench-quick, BENCHMARKS.md untouched (3.3 minutes).
 BENCH_TARGETS := bench-data bench-micro-batch bench-modes bench-peer bench-peer-default \
   bench-peer-agentic bench-trl-generation \
   bench-rewards bench-datasets bench-agentic bench-staleness bench-control bench-engines \
   bench-ranks bench-adapters bench-weights
 bench: setup
-	$(PY) -m sluice.benchmarks.suite $(BENCH_TARGETS)
+	$(PY) -m sluice.benchmarks.suite $(if $(BENCH_STOP_BY),--stop-by $(BENCH_STOP_BY)) $(BENCH_TARGETS)
 
 bench-data: setup
 	$(PY) -m sluice.benchmarks.data_planes

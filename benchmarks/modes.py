@@ -27,8 +27,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sluice.benchmarks.tables import head_commit, markdown_table, measured_on, spread
-from sluice.sim.report import write_section
+from sluice.benchmarks.tables import markdown_table, measured_on, spread
+from sluice.sim.report import measured_commit, write_section
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -221,7 +221,7 @@ def measure(chosen: list[tuple[str, list[str]]], steps: int, seeds: list[int], o
             run = run_variant(label, [*overrides, f"seed={seed}"], steps, out / f"round-{n}")
             results.setdefault(label, []).append(run)
     record = {
-        "commit": head_commit(),
+        "commit": measured_commit(),
         "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         "config": CONFIG,
         "steps": steps,

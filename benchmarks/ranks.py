@@ -36,10 +36,10 @@ from importlib.metadata import version
 from pathlib import Path
 
 from sluice.benchmarks.engines import _trainer_settings, fixed_samples
-from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.benchmarks.tables import markdown_table
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.rl.config import PolicyConfig
-from sluice.sim.report import write_section
+from sluice.sim.report import measured_commit, write_section
 
 ROOT = Path(__file__).parents[1]
 # (label, --engine, --zero-stage)
@@ -143,7 +143,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     times = measure(args.rounds, args.steps, args.warmup)
     section = (
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"torch {version('torch')}, deepspeed {version('deepspeed')}; default policy "
         f"(1.08M parameters), float32, a 128-sample batch; {args.rounds} rounds of "

@@ -27,11 +27,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sluice.benchmarks.tables import head_commit, markdown_table
+from sluice.benchmarks.tables import markdown_table
 from sluice.envs import make_env
 from sluice.envs.rewards import RewardFunction
 from sluice.envs.scoring import Scorer, VerifierScorer, make_scorer
-from sluice.sim.report import write_section
+from sluice.sim.report import measured_commit, write_section
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/default.yaml"
@@ -107,7 +107,7 @@ def main() -> None:
     header = ["scoring", "µs per sample, median (min-max)", "trained samples/s",
               "ratio", "held-out % at the end"]  # fmt: skip
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    commit = head_commit()
+    commit = measured_commit()
     body = (
         f"Measured {when} at {commit} on {platform.node() or 'this machine'} "
         f"({platform.machine()}); `.venv/bin/python -m sluice.benchmarks.rewards --steps "

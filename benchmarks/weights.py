@@ -47,8 +47,8 @@ import numpy as np
 import ray
 import torch
 
-from sluice.benchmarks.tables import head_commit, markdown_table
-from sluice.sim.report import write_section
+from sluice.benchmarks.tables import markdown_table
+from sluice.sim.report import measured_commit, write_section
 from sluice.storage.params import ParameterService
 
 GB = 1e9
@@ -355,7 +355,7 @@ def main() -> None:
     finally:
         ray.shutdown()
     s = summary(result)
-    commit = head_commit()
+    commit = measured_commit()
     section = (
         f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {commit} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "

@@ -1,10 +1,38 @@
-"""Writing a table into its own section of BENCHMARKS.md (the benchmarks and the simulator)."""
+"""Writing a table into its own section of BENCHMARKS.md (the benchmarks and the simulator),
+reading a section back, and the commit a measurement names."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).parents[1] / "BENCHMARKS.md"
+ROOT = Path(__file__).parents[1]
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+# What a benchmark run writes, or a person writes about it: a commit that changes only these
+# leaves the measured code as it was, so measurements at it keep naming the commit before.
+RESULTS = ("BENCHMARKS.md", "README.md", "docs", "sim/profiles/cpu2core.json")
+
+
+def measured_commit(root: Path = ROOT) -> str:
+    """The short hash of the newest commit that changed code, that is, anything but
+    ``RESULTS``: the code a benchmark run measures. "unknown" outside a git checkout."""
+    out = subprocess.run(
+        ["git", "log", "-1", "--format=%h", "--", ".", *(f":(exclude){p}" for p in RESULTS)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() or "unknown"
+
+
+def read_section(key: str) -> str | None:
+    """What lies between a section's markers, or None when BENCHMARKS.md has no such section."""
+    begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
+    text = BENCHMARKS.read_text() if BENCHMARKS.exists() else ""
+    if begin not in text:
+        return None
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
 
 
 def write_section(key: str, title: str, body: str) -> None:

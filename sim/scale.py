@@ -35,6 +35,7 @@ from sluice.sim.hardware import (
     split,
 )
 from sluice.sim.lengths import draw_lengths
+from sluice.sim.report import measured_commit
 from sluice.sim.results import SimResult
 from sluice.sim.scenario import SKEW_HANDLING_OFF, LengthSpec, Scenario, build_scenario
 
@@ -218,7 +219,8 @@ def report(grid: dict[str, dict[int, dict[str, Cell]]], steps: int, elapsed: flo
     header = "| policy | " + " | ".join(f"{n} x{s}" for n, s in cells) + " |"
     rule = "|---|" + "---:|" * len(cells)
     lines = [
-        f"Simulated {datetime.now(UTC):%Y-%m-%d} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"Simulated {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
+        f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, numpy {np.__version__}; {steps} steps per run, "
         f"{GROUPS_PER_STEP} prompts x {GROUP} samples per step at every size, seed 0; "
         f"{elapsed:.0f} s for the whole grid.",

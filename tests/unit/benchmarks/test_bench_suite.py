@@ -1,15 +1,37 @@
-"""benchmarks/suite.py (`make bench`): no run from a checkout that differs from its commit,
-and the run's section names the commit and each target's minutes and outcome."""
+"""benchmarks/suite.py (`make bench`): no run from a checkout whose code differs from its
+commit; the commit sections name is the newest that changed code; a target already measured
+at it is not run again, and one that would end after --stop-by is not started; the run's
+section keeps the earlier sittings' rows."""
 
 import subprocess
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
 from sluice.benchmarks import suite
+from sluice.sim import report
 
 
-def test_a_checkout_with_uncommitted_changes_is_refused(monkeypatch):
+def git(root, *args):
+    out = subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def commit_all(root, message):
+    git(root, "add", "-A")
+    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+    return git(root, "rev-parse", "--short", "HEAD")
+
+
+@pytest.fixture
+def bench_md(tmp_path, monkeypatch):
+    path = tmp_path / "BENCHMARKS.md"
+    monkeypatch.setattr(report, "BENCHMARKS", path)
+    return path
+
+
+def test_a_checkout_with_uncommitted_code_is_refused(monkeypatch):
     monkeypatch.setattr(suite, "uncommitted", lambda: ["benchmarks/modes.py"])
     monkeypatch.setattr(suite, "run_targets", pytest.fail)  # nothing may run
     monkeypatch.setattr("sys.argv", ["suite", "bench-data"])
@@ -17,26 +39,101 @@ def test_a_checkout_with_uncommitted_changes_is_refused(monkeypatch):
         suite.main()
 
 
-def test_the_section_gives_the_commit_and_each_targets_minutes_and_outcome():
-    started = datetime(2026, 11, 26, 21, 0, tzinfo=UTC)
-    text = suite.section("abc1234", started, [("bench-data", 8.04, 0), ("bench-modes", 31.5, 2)])
-    assert "every section below that names commit abc1234 came from it" in text
-    assert "from 2026-11-26 21:00 to" in text and "40 minutes" in text
-    assert "`.venv/bin/python -m sluice.benchmarks.suite bench-data bench-modes`" in text
-    assert "| `make bench-data` | 8.0 | ok |" in text
-    assert "| `make bench-modes` | 31.5 | failed (2) |" in text
-
-
-def test_uncommitted_lists_tracked_changes_only(tmp_path, monkeypatch):
-    def git(*args):
-        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
-
-    git("init", "-q")
-    (tmp_path / "a.txt").write_text("1")
-    git("add", "a.txt")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+def test_uncommitted_lists_tracked_code_changes_only(tmp_path, monkeypatch):
+    (tmp_path / "docs").mkdir()
+    for name in ("a.txt", "BENCHMARKS.md", "docs/x.md"):
+        (tmp_path / name).write_text("1")
+    git(tmp_path, "init", "-q")
+    commit_all(tmp_path, "a")
     monkeypatch.setattr(suite, "ROOT", tmp_path)
     (tmp_path / "new.txt").write_text("untracked")  # outputs a run may leave: not counted
+    (tmp_path / "BENCHMARKS.md").write_text("2")  # an earlier sitting's sections
+    (tmp_path / "docs/x.md").write_text("2")
     assert suite.uncommitted() == []
     (tmp_path / "a.txt").write_text("2")
     assert suite.uncommitted() == ["a.txt"]
+
+
+def test_the_measured_commit_is_the_newest_that_changed_code(tmp_path):
+    git(tmp_path, "init", "-q")
+    (tmp_path / "a.py").write_text("1")
+    code = commit_all(tmp_path, "code")
+    (tmp_path / "BENCHMARKS.md").write_text("results")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/results.md").write_text("quoted")
+    commit_all(tmp_path, "results only")
+    assert report.measured_commit(tmp_path) == code
+    (tmp_path / "a.py").write_text("2")
+    assert report.measured_commit(tmp_path) == code  # uncommitted: the suite refuses it
+    newer = commit_all(tmp_path, "more code")
+    assert newer != code and report.measured_commit(tmp_path) == newer
+
+
+def test_targets_measured_at_the_commit_are_not_run_again(bench_md, monkeypatch):
+    bench_md.write_text(
+        "# Benchmarks\n\n## This run\n\n<!-- bench-run:begin -->\n"
+        + suite.section(
+            "abc1234",
+            ["bench-data", "bench-micro-batch"],
+            {"bench-data": suite.Row("2026-11-27 11:50", 8.04, "ok")},
+        )
+        + "\n<!-- bench-run:end -->\n\n## Data planes\n\n<!-- data-planes:begin -->\n"
+        "Measured 2026-11-27 at commit abc1234 on x86_64\n<!-- data-planes:end -->\n\n"
+        "## Trainer micro-batches\n\n<!-- micro-batch:begin -->\n"
+        "Measured 2026-11-20 at commit 0000000 on x86_64\n<!-- micro-batch:end -->\n"
+    )
+    ran = []
+
+    def run(cmd, cwd):
+        ran.append(cmd[-1])
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(suite, "uncommitted", list)
+    monkeypatch.setattr(suite, "measured_commit", lambda: "abc1234")
+    monkeypatch.setattr(suite.subprocess, "run", run)
+    monkeypatch.setattr("sys.argv", ["suite", "bench-data", "bench-micro-batch"])
+    suite.main()
+    assert ran == ["bench-micro-batch"]
+    text = report.read_section("bench-run")
+    assert "| `make bench-data` | 2026-11-27 11:50 | 8.0 | ok |" in text  # kept
+    assert "| `make bench-micro-batch` |" in text and "2 of 2 targets" in text
+    assert "Not measured" not in text
+
+
+def test_a_target_that_would_end_after_stop_by_is_not_started(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(
+        suite.subprocess,
+        "run",
+        lambda cmd, cwd: ran.append(cmd[-1]) or SimpleNamespace(returncode=2),
+    )
+    stop_by = datetime.now(UTC) + timedelta(minutes=5)
+    rows = suite.run_targets(["bench-modes", "bench-datasets"], stop_by)
+    assert ran == ["bench-datasets"]
+    assert rows["bench-datasets"].result == "failed (2)"
+    assert "not starting make bench-modes: it usually takes 36 min" in capsys.readouterr().out
+
+
+def test_the_section_gives_the_commit_each_targets_row_and_what_is_left():
+    text = suite.section(
+        "abc1234",
+        ["bench-data", "bench-modes", "bench-peer"],
+        {
+            "bench-data": suite.Row("2026-11-26 21:00", 8.04, "ok"),
+            "bench-modes": suite.Row("2026-11-27 09:10", 31.5, "failed (2)"),
+        },
+    )
+    assert "Every section below that names commit abc1234 was measured at it" in text
+    assert "2 of 3 targets, started from 2026-11-26 21:00 to 2026-11-27 09:10 UTC" in text
+    assert "40 minutes in all" in text
+    assert "`.venv/bin/python -m sluice.benchmarks.suite bench-data bench-modes bench-peer`" in text
+    assert "| `make bench-data` | 2026-11-26 21:00 | 8.0 | ok |" in text
+    assert "| `make bench-modes` | 2026-11-27 09:10 | 31.5 | failed (2) |" in text
+    assert "Not measured at this commit yet: `make bench-peer`." in text
+
+
+def test_every_bench_target_in_the_makefile_has_its_sections_and_usual_minutes():
+    makefile = (suite.ROOT / "Makefile").read_text()
+    targets = makefile.split("BENCH_TARGETS :=", 1)[1].split("\nbench:", 1)[0]
+    names = targets.replace("\\", " ").split()
+    assert sorted(names) == sorted(suite.SECTIONS) == sorted(suite.USUAL_MINUTES)
