@@ -94,12 +94,12 @@ check-gpu-install: setup
 # writes the run's section (commit, machine, each target's start and minutes). The targets
 # add up to about 5 hours on the 2-core machine (docs/development.md): `make bench
 # BENCH_STOP_BY=13:00` starts only what fits before 13:00 UTC, and the next `make bench` at
-# the same commit goes on from there. `make bench-quick`: the peer comparison on 30 steps,
-# one round, printed, plots under runs/bench-quick, BENCHMARKS.md untouched (3.3 minutes).
-BENCH_TARGETS := bench-data bench-micro-batch bench-modes bench-peer bench-peer-default \
-  bench-peer-agentic bench-trl-generation \
-  bench-rewards bench-datasets bench-agentic bench-staleness bench-control bench-engines \
-  bench-ranks bench-adapters bench-weights
+# the same commit goes on from there (longest first, so that a sitting fills up with the
+# short ones). `make bench-quick`: the peer comparison on 30 steps, one round, printed,
+# plots under runs/bench-quick, BENCHMARKS.md untouched (3.3 minutes).
+BENCH_TARGETS := bench-modes bench-peer bench-peer-agentic bench-staleness bench-agentic \
+  bench-peer-default bench-rewards bench-ranks bench-engines bench-data bench-trl-generation \
+  bench-weights bench-control bench-micro-batch bench-datasets bench-adapters
 bench: setup
 	$(PY) -m sluice.benchmarks.suite $(if $(BENCH_STOP_BY),--stop-by $(BENCH_STOP_BY)) $(BENCH_TARGETS)
 

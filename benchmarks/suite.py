@@ -54,7 +54,7 @@ SECTIONS = {
 USUAL_MINUTES = {
     "bench-data": 8,
     "bench-micro-batch": 1,
-    "bench-modes": 36,
+    "bench-modes": 40,
     "bench-peer": 81,
     "bench-peer-default": 17,
     "bench-peer-agentic": 59,

@@ -111,7 +111,7 @@ def test_a_target_that_would_end_after_stop_by_is_not_started(monkeypatch, capsy
     rows = suite.run_targets(["bench-modes", "bench-datasets"], stop_by)
     assert ran == ["bench-datasets"]
     assert rows["bench-datasets"].result == "failed (2)"
-    assert "not starting make bench-modes: it usually takes 36 min" in capsys.readouterr().out
+    assert "not starting make bench-modes: it usually takes 40 min" in capsys.readouterr().out
 
 
 def test_the_section_gives_the_commit_each_targets_row_and_what_is_left():
