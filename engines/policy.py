@@ -7,6 +7,11 @@ environment's own reference answers until held-out greedy accuracy reaches
 ``policy.warmstart_target`` (so RL starts from a base that is right sometimes; for a
 multi-turn environment, episodes played with its real observations), and caches
 the folder under ``<cache>/policies/<key>``: a second run with the same settings reuses it.
+The warm start is reproducible: seeded, on a fixed number of torch threads with
+deterministic kernels, so the same config and seed give the same weights bit for bit on
+machines of one kind; the cache key names what else decides them (torch and transformers
+versions, the CPU's vector instructions), so a cached policy is never one another machine
+kind would not have built.
 For an agent (``env.agent``) the tiny policy is a chat model: its tokenizer carries
 ``CHAT_TEMPLATE`` and the warm start learns the answers as assistant replies to the prompts
 as the template renders them. No hub is ever contacted.
@@ -22,9 +27,12 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -39,7 +47,11 @@ log = logging.getLogger(__name__)
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 # Bump when the way a policy is built changes, so stale cache entries are not reused.
-POLICY_FORMAT = 1
+POLICY_FORMAT = 2
+# torch threads of the warm start, whatever the machine's cores: a float sum's order
+# depends on how many threads split it, so a fixed count gives the same weights on a
+# 2-core and a 64-core machine of one CPU kind (two keep a 2-core machine busy).
+WARMSTART_THREADS = 2
 # The tiny policy's chat template, for agents: each message is its role and its text, an
 # assistant's reply ends with EOS (the token a sampled turn stops at), and the generation
 # prompt opens the assistant's turn. Printable ASCII only, as the character vocabulary is.
@@ -117,6 +129,17 @@ def check_policy_folder(folder: Path) -> None:
         )
 
 
+def build_platform() -> dict[str, str]:
+    """What besides the config and seed decides a warm start's weights: the libraries that
+    compute it and the CPU's vector instructions (AVX2 and AVX-512 kernels round
+    differently), so a policy built on one kind of machine is not reused on another."""
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def _policy_key(cfg: PolicyConfig, env_signature: str, seed: int, chat: bool) -> str:
     blob = json.dumps(
         {
@@ -124,11 +147,25 @@ def _policy_key(cfg: PolicyConfig, env_signature: str, seed: int, chat: bool) ->
             "env": env_signature,
             "seed": seed,
             "format": POLICY_FORMAT,
+            "platform": build_platform(),
             **({"chat": CHAT_TEMPLATE} if chat else {}),
         },
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def reproducible(threads: int = WARMSTART_THREADS) -> Iterator[None]:
+    """torch on ``threads`` threads with deterministic kernels, restored afterwards."""
+    before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        torch.use_deterministic_algorithms(before[1])
 
 
 def prepare_policy(
@@ -160,7 +197,8 @@ def prepare_policy(
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
     try:
         verdicts = scorer or VerifierScorer(env)
-        report = _build_and_warm_start(cfg, env, verdicts, seed, staging, chat, steps)
+        with reproducible():
+            report = _build_and_warm_start(cfg, env, verdicts, seed, staging, chat, steps)
         (staging / WARMSTART_FILE).write_text(json.dumps(report, indent=2))
         # Rename is atomic: a crash mid-build never leaves a half-written policy behind.
         os.replace(staging, folder)
@@ -368,4 +406,6 @@ def _build_and_warm_start(
         "heldout_accuracy": accuracy,
         "parameters": params,
         "seconds": round(time.monotonic() - start, 1),
+        "platform": build_platform(),
+        "threads": torch.get_num_threads(),
     }

@@ -62,6 +62,7 @@ from sluice.envs import Environment, Problem, RewardResult
 from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
 from sluice.envs.scoring import RecordedScorer, Scorer, VerifierScorer
 from sluice.rl.advantages import group_advantages
+from sluice.rl.batching import Sample
 from sluice.rl.config import LoraConfig, RolloutConfig
 from sluice.rl.dispatch import InFlight
 from sluice.storage.block_builder import VersionRuns, trajectory_block
@@ -298,6 +299,21 @@ class RolloutWorker:
         """Completions that come back to the caller (held-out evaluation), not to the store."""
         fault_point("worker.evaluate")  # tests: a worker that dies during an evaluation
         return self.engine.generate(prompts, n, max_new_tokens, temperature, seed)
+
+    def sampled(
+        self, prompts: list[str], max_new_tokens: int, temperature: float, seed: int
+    ) -> list[Sample]:
+        """One sampled completion of each prompt, with the engine's log-prob of each token,
+        as the trainer reads samples: for comparing the two engines' log-probs of the same
+        tokens at one version (``Session.logprob_check``)."""
+        ids = self.engine.prompt_ids(prompts)
+        groups = self.engine.generate(prompts, 1, max_new_tokens, temperature, seed)
+        return [
+            Sample(list(prompt), c.token_ids, c.logprobs, 0.0)
+            for prompt, group in zip(ids, groups, strict=True)
+            for c in group
+            if c.token_ids
+        ]
 
     def play(
         self,
@@ -738,6 +754,11 @@ class RolloutWorkerClient:
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
     ) -> ObjectRef[list[list[Completion]]]:
         return self.handle.generate.remote(prompts, n, max_new_tokens, temperature, seed)
+
+    def sampled(
+        self, prompts: list[str], max_new_tokens: int, temperature: float, seed: int
+    ) -> ObjectRef[list[Sample]]:
+        return self.handle.sampled.remote(prompts, max_new_tokens, temperature, seed)
 
     def rollout(self, problems: list[Problem], shard: BatchShard) -> ObjectRef[RolloutStats]:
         return self.handle.rollout.remote(problems, shard)

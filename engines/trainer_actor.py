@@ -21,10 +21,12 @@ from the last checkpoint.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -38,7 +40,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from sluice.engines.cluster import gpus_each, pool_dtype, thread_env, visible_gpus
 from sluice.engines.ranks import Rendezvous, free_port, join, shares
 from sluice.engines.trainer_core import PolicyTrainer
-from sluice.rl.batching import TrainBatch
+from sluice.rl.batching import Sample, TrainBatch
 from sluice.rl.config import TrainConfig
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
 from sluice.storage.checkpoints import CheckpointStore
@@ -182,13 +184,27 @@ class Trainer:
             return ""
         return CheckpointStore(url, keep_last).save(step, files, {**meta, **counters})
 
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """The current policy's log-prob of each response token of ``samples`` (every rank
+        runs the forward pass: a sharded model gathers its layers in it; rank 0's answer
+        counts)."""
+        return self.engine.logprobs(samples)
+
     def save(self, folder: str) -> None:
         """Write the current policy as a model folder (rank 0; the others take part in
-        gathering the weights)."""
-        if self.rank == 0:
-            self.engine.save(folder)
-        else:
+        gathering the weights). The folder is written beside and swapped in whole, so one
+        saved again (the run's best policy) is never seen half-written."""
+        if self.rank != 0:
             self.engine.cpu_state()
+            return
+        out = Path(folder)
+        staging, old = out.with_name(f".{out.name}.partial"), out.with_name(f".{out.name}.old")
+        shutil.rmtree(staging, ignore_errors=True)
+        self.engine.save(str(staging))
+        if out.exists():
+            os.replace(out, old)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
 
     def free_port(self, address: str) -> int:
         """A port free on ``address`` for the group's rendezvous (rank 0)."""
@@ -262,6 +278,9 @@ class TrainerPool:
         self, url: str, keep_last: int, step: int, meta: dict[str, Any]
     ) -> ObjectRef[str]:
         return self._all("save_checkpoint", url, keep_last, step, meta)
+
+    def logprobs(self, samples: list[Sample]) -> ObjectRef[list[list[float]]]:
+        return self._all("logprobs", samples)
 
     def save(self, folder: str) -> ObjectRef[None]:
         return self._all("save", folder)

@@ -81,14 +81,22 @@ def rl_step(s: Session, tracker: MetricLogger) -> None:
     store = s.store_metrics.update(s.store.stats())
     dropped = int(store["store/dropped"]) // cfg.rollout.samples_per_prompt
     metrics = {**s.rollouts.drain(step, dropped), **step_metrics(trained, times), **store}
+    was_collapsed = s.health.collapsed
     if step % cfg.eval.every == 0 or step == cfg.train.steps:
         evaluating = time.monotonic()
         metrics.update(s.evaluate())
+        s.end_accuracy = metrics["eval/accuracy"]
+        if s.health.held_out(step, s.end_accuracy) and cfg.eval.keep_best:
+            s.save_policy(str(s.layout.best_policy))
         # How long training paused for it: benchmarks take it off the run's wall clock.
         metrics["eval/seconds"] = time.monotonic() - evaluating
-        s.end_accuracy = metrics["eval/accuracy"]
+    s.health.entropy(metrics["train/entropy"])
+    metrics.update(s.health.metrics())
+    warnings = s.health.warnings(s.end_accuracy)
     tracker.log_metrics(step, metrics)
-    log.info(step_line(step, cfg.train.steps, metrics))
+    log.info(step_line(step, cfg.train.steps, metrics, warnings))
+    if warnings and not was_collapsed:
+        log.warning("the run collapsed at step %d: %s", step, "; ".join(warnings))
 
 
 @flow(name="sluice-rl-job", log_prints=False)

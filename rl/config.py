@@ -594,6 +594,41 @@ class EvalConfig(_Section):
         "with a right one), beside the greedy eval/accuracy.",
     )
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for k > 1.")
+    collapse_drop: float = Field(
+        0.10,
+        gt=0.0,
+        le=1.0,
+        description="A held-out accuracy this far below the run's best so far (0.10: 10 "
+        "points) is a collapse: said in the step line, MLflow (health/*) and the summary, "
+        "which then points at the best policy (tasks/health.py).",
+    )
+    entropy_floor: float = Field(
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description="The policy's entropy under this share of its mean over the first 5 steps "
+        "is a collapse (the policy stopped exploring); 0 turns the check off.",
+    )
+    mismatch_prompts: int = Field(
+        16,
+        ge=0,
+        description="At each evaluation a rollout worker samples one answer to this many "
+        "held-out prompts and the trainer scores the same tokens at the same version: "
+        "eval/logprob_mismatch is the mean |difference| of their log-probs (0: no check).",
+    )
+    max_logprob_mismatch: float | None = Field(
+        None,
+        gt=0.0,
+        description="A mean log-prob difference above this between the trainer and the rollout "
+        "engine is warned about. Unset: 1e-3 when both run in float32 (they agree to about "
+        "1e-7; a weight push that missed one tensor differed by 6e-3), 0.05 when either runs "
+        "in bf16 (about 1e-2 apart when healthy).",
+    )
+    keep_best: bool = Field(
+        True,
+        description="Save the policy of the best held-out evaluation as best_policy/ in the "
+        "run folder whenever it improves, beside the final policy/.",
+    )
 
 
 class StorageConfig(_Section):

@@ -53,6 +53,10 @@ class RunLayout:
         return self.run_dir / "policy"
 
     @property
+    def best_policy(self) -> Path:
+        return self.run_dir / "best_policy"
+
+    @property
     def summary(self) -> Path:
         return self.run_dir / "summary.json"
 

@@ -51,15 +51,28 @@ class RunSummary:
     mlflow_uri: str
     mlflow_run_id: str
     policy: str
+    best_accuracy: float | None = None
+    best_step: int = 0
+    best_policy: str | None = None
+    # What collapsed by the end (tasks/health.py), one phrase each; empty: nothing.
+    collapse: tuple[str, ...] = ()
     model_version: str | None = None
     model_name: str | None = None
 
     def lines(self) -> list[str]:
         gain = 100 * (self.end_accuracy - self.start_accuracy)
+        best = []
+        if self.best_accuracy is not None and self.best_accuracy > self.end_accuracy:
+            where = f": {self.best_policy}" if self.best_policy else ""
+            best = [
+                f"best held-out {100 * self.best_accuracy:.1f}% at step {self.best_step}{where}"
+            ]
         return [
             f"held-out accuracy {100 * self.start_accuracy:.1f}% -> "
             f"{100 * self.end_accuracy:.1f}% ({gain:+.1f} points) in {self.steps} "
             f"{self.mode} steps",
+            *(f"COLLAPSED: {what}" for what in self.collapse),
+            *best,
             f"throughput {self.samples_per_s:.1f} samples/s, {self.tokens_per_s:.0f} tokens/s; "
             f"wall {self.wall_s:.0f} s",
             f"trained policy: {self.policy}",
@@ -186,7 +199,8 @@ def finish_run(job: Job, started: float) -> RunSummary:
         log.warning("ledger check found %d problem(s): %s", len(problems), "; ".join(problems[:5]))
     else:
         log.info("ledger check: every sample trained exactly once or dropped with a reason")
-    totals = session.totals
+    totals, health = session.totals, session.health
+    best_policy = layout.best_policy if job.cfg.eval.keep_best else None
     summary = RunSummary(
         run_dir=str(layout.run_dir),
         storage_url=redact(job.cfg.storage_url),
@@ -200,7 +214,13 @@ def finish_run(job: Job, started: float) -> RunSummary:
         mlflow_uri=tracker.tracking_uri,
         mlflow_run_id=tracker.run_id,
         policy=str(layout.final_policy),
+        best_accuracy=health.best_accuracy,
+        best_step=health.best_step,
+        best_policy=str(best_policy) if best_policy and best_policy.is_dir() else None,
+        collapse=tuple(health.warnings(session.end_accuracy)),
     )
+    if summary.collapse:
+        tracker.set_tag("sluice.collapsed", "; ".join(summary.collapse))
     layout.summary.write_text(json.dumps(asdict(summary), indent=2))
     tracker.log_artifact(str(layout.summary))
     tracker.flush()
@@ -220,6 +240,7 @@ def register_policy(job: Job, summary: RunSummary) -> str:
         job.tracker.run_id,
         Path(summary.policy),
         summary.end_accuracy,
+        {"collapsed": "; ".join(summary.collapse)} if summary.collapse else None,
     )
     log.info("registered %s version %s (alias challenger)", job.cfg.tracking.model_name, version)
     return version

@@ -49,9 +49,15 @@ def decide(champion: float | None, challenger: float, min_gain: float) -> Decisi
 
 
 def register_policy(
-    client: MlflowClient, model_name: str, run_id: str, folder: Path, accuracy: float
+    client: MlflowClient,
+    model_name: str,
+    run_id: str,
+    folder: Path,
+    accuracy: float,
+    extra_tags: dict[str, str] | None = None,
 ) -> str:
-    """Log ``folder`` as the run's policy artifact and register it; returns the version."""
+    """Log ``folder`` as the run's policy artifact and register it; returns the version.
+    ``extra_tags`` go on the version (a collapsed run's says what collapsed)."""
     client.log_artifacts(run_id, str(folder), POLICY_ARTIFACT)
     try:
         client.get_registered_model(model_name)
@@ -60,7 +66,7 @@ def register_policy(
             model_name, description="Policies trained by Sluice (safetensors model folders)."
         )
     source = f"{client.get_run(run_id).info.artifact_uri}/{POLICY_ARTIFACT}"
-    tags = {"heldout_accuracy": f"{accuracy:.6f}"}
+    tags = {"heldout_accuracy": f"{accuracy:.6f}", **(extra_tags or {})}
     if is_adapter(folder):
         tags["base_model"] = read_adapter(folder)[0]
     version = client.create_model_version(model_name, source, run_id, tags=tags).version

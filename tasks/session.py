@@ -37,6 +37,7 @@ from sluice.engines.trainer_core import MODEL_FILE
 from sluice.envs.prompts import training_prompts
 from sluice.rl.config import ConfigError, LoraConfig, RunConfig
 from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
+from sluice.storage.layout import RunLayout
 from sluice.storage.ledger import Ledger
 from sluice.storage.params import ParameterService
 from sluice.storage.trajectory_index import LeaseGrant
@@ -52,6 +53,7 @@ from sluice.tasks.environment import (
     scorer_factory,
     step_spec,
 )
+from sluice.tasks.health import LearningHealth
 from sluice.tasks.rollouts import Rollouts, evaluate, schedule
 from sluice.tasks.step_log import StoreMetrics, Totals
 from sluice.tasks.tracking import MetricLogger
@@ -60,6 +62,10 @@ log = logging.getLogger("sluice")
 
 # ray.kill is asynchronous; closing a session waits this long for its actors to be gone.
 ACTOR_EXIT_TIMEOUT_S = 30.0
+# Mean per-token log-prob differences between the trainer and a rollout engine on the same
+# tokens and version that are warned about: float32 engines agree to about 1e-7 here, bf16
+# ones to about 1e-2 (docs/results.md); a push that missed one tensor differed by 6e-3.
+MISMATCH_FLOAT32, MISMATCH_BF16 = 1e-3, 0.05
 # How often a wait looks for dead rollout workers (progress lines come every PROGRESS_EVERY_S).
 CHECK_EVERY_S = 1.0
 
@@ -69,6 +75,7 @@ class Session:
 
     def __init__(self, cfg: RunConfig, policy_dir: str, tracker: MetricLogger) -> None:
         self.cfg, self.policy_dir, self.tracker = cfg, policy_dir, tracker
+        self.layout = RunLayout(cfg.run_dir, cfg.cache_dir)
         self.schedule = schedule(cfg)
         self.env, _ = make_environment(cfg.env, cfg.policy)
         self.make_scorer = scorer_factory(self.env, cfg.reward, cfg.env)
@@ -79,6 +86,7 @@ class Session:
         self.step = 0  # the trainer's version
         self.start_accuracy: float | None = None
         self.end_accuracy: float | None = None
+        self.health = LearningHealth(cfg.eval.collapse_drop, cfg.eval.entropy_floor)
         self.totals = Totals()
         self.store_metrics = StoreMetrics()
         self.actors: list[Any] = []
@@ -122,8 +130,9 @@ class Session:
                 ", ".join(seen[1:]),
             )
         if checkpoint is None:
-            held_out = self._held_out(live)
+            held_out = self._held_out(live) | self.logprob_check(live)
             self.start_accuracy = self.end_accuracy = held_out["eval/accuracy"]
+            self.health.held_out(0, self.start_accuracy)
             log.info(
                 "step    0/%d | held-out %5.1f%% (starting policy)",
                 cfg.train.steps,
@@ -135,6 +144,7 @@ class Session:
             self.step = int(ray.get(self.trainer.restore(checkpoint.files, meta)))
             self.start_accuracy = meta.get("start_accuracy")
             self.end_accuracy = meta.get("end_accuracy")
+            self.health.restore(meta.get("health") or {})
             self.synced(live)
             held_groups = int(self.store.stats()["held"]) // cfg.rollout.samples_per_prompt
             self.rollouts.restore(meta["data_cursor"], self.step, held_groups)
@@ -265,10 +275,60 @@ class Session:
         self.store.drain(True)  # nothing consumes while paused: puts must not wait for room
         self.rollouts.pause()  # async: workers hand vLLM back, then load the version
         workers = self.synced(self.rollouts.live())  # async: one whose node is gone is out
-        held_out = self._held_out(workers)
+        held_out = self._held_out(workers) | self.logprob_check(workers)
         self.store.drain(False)
         self.rollouts.resume()
         return held_out
+
+    def logprob_check(self, workers: list[RolloutWorkerClient]) -> dict[str, float]:
+        """The trainer's log-probs of tokens a rollout worker has just sampled against the
+        worker's own, with both on the same version (the workers are synced): the mean and
+        largest difference per token (``eval/logprob_mismatch``, ``..._max``). Two engines
+        that agree differ by rounding (float32: about 1e-6; bf16: about 1e-2); a weight push
+        that lost or mangled a tensor, or a precision the config did not ask for, shows here
+        before it shows in learning. Peers gate their CI on it; ``make test`` does too."""
+        e = self.cfg.eval
+        if not e.mismatch_prompts or not workers:
+            return {}
+        prompts = [p.prompt for p in self.heldout[: e.mismatch_prompts]]
+        seed = self.cfg.seed * 1_000_003 + self.step
+        try:
+            samples = ray.get(
+                workers[0].sampled(prompts, self.eval_tokens, self.cfg.rollout.temperature, seed)
+            )
+        except (RayActorError, ActorUnavailableError) as error:
+            log.warning("log-prob check skipped: its rollout worker died (%s)", error)
+            return {}
+        if not samples:
+            return {}
+        trained = ray.get(self.trainer.logprobs(samples))
+        diffs = [
+            abs(a - b)
+            for sample, theirs in zip(samples, trained, strict=True)
+            for a, b in zip(sample.behaviour_logprobs, theirs, strict=True)
+        ]
+        mean, bound = sum(diffs) / len(diffs), self.mismatch_bound()
+        if mean > bound:
+            log.warning(
+                "the trainer and the rollout engine disagree at version %d: log-probs of the "
+                "same tokens differ by %.2e on average (max %.2e; eval.max_logprob_mismatch is "
+                "%.2e): check the weight push and both engines' dtype",
+                self.step,
+                mean,
+                max(diffs),
+                bound,
+            )
+        return {"eval/logprob_mismatch": mean, "eval/logprob_mismatch_max": max(diffs)}
+
+    def mismatch_bound(self) -> float:
+        """``eval.max_logprob_mismatch``, or what suits the two pools' precision."""
+        if self.cfg.eval.max_logprob_mismatch is not None:
+            return self.cfg.eval.max_logprob_mismatch
+        dtypes = {
+            pool_dtype(self.cfg.rollout.dtype, self.worker_gpus),
+            pool_dtype(self.cfg.train.dtype, self.train_gpus),
+        }
+        return MISMATCH_FLOAT32 if dtypes == {"float32"} else MISMATCH_BF16
 
     def _held_out(self, workers: list[RolloutWorkerClient]) -> dict[str, float]:
         e = self.cfg.eval
@@ -291,6 +351,7 @@ class Session:
             "data_cursor": self.rollouts.cursor(),
             "start_accuracy": self.start_accuracy,
             "end_accuracy": self.end_accuracy,
+            "health": self.health.state(),
             "mlflow_run_id": self.tracker.run_id,
             # A LoRA checkpoint holds the adapter alone: what it adapts, and how.
             "lora": adapter_meta(self.cfg.train.lora),
@@ -304,6 +365,10 @@ class Session:
         log.info("checkpoint %s", url)
         return url
 
+    def save_policy(self, policy_dir: str) -> None:
+        """Write the trainer's current policy as a model folder (replaced whole if there)."""
+        ray.get(self.trainer.save(policy_dir))
+
     def finish(self, policy_dir: str) -> int:
         """Stop the rollouts, drop what is left untrained (recorded), save the policy."""
         self.store.drain(True)  # the workers finish what they hold; nothing consumes it
@@ -311,7 +376,7 @@ class Session:
         left = int(ray.get(self.store.handle.close.remote("the run ended before it was trained")))
         if left:
             log.info("%d generated samples were left untrained (recorded as dropped)", left)
-        ray.get(self.trainer.save(policy_dir))
+        self.save_policy(policy_dir)
         return left
 
     # -- wiring ----------------------------------------------------------------------------

@@ -47,8 +47,11 @@ def step_metrics(train: dict[str, float], times: StepTimes) -> dict[str, float]:
     }
 
 
-def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    """The step's one line on the console."""
+def step_line(
+    step: int, total: int, metrics: dict[str, float], warnings: list[str] | None = None
+) -> str:
+    """The step's one line on the console; ``warnings`` (a collapse, ``tasks/health.py``)
+    go at its end."""
     acc = metrics.get("eval/accuracy")
     shown = f" | held-out {100 * acc:5.1f}%" if acc is not None else ""
     reward = metrics.get("rollout/reward")  # async: no group may have finished this step
@@ -57,7 +60,7 @@ def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
         f"step {step:>4}/{total} | reward {rewarded}{shown} | "
         f"loss {metrics['train/loss']:+.4f} | kl {metrics['train/kl_behaviour']:.2e} | "
         f"entropy {metrics['train/entropy']:.3f} | {metrics['perf/tokens_per_s']:6.0f} tok/s | "
-        f"{metrics['perf/step_s']:.2f} s"
+        f"{metrics['perf/step_s']:.2f} s" + "".join(f" | COLLAPSE: {w}" for w in warnings or ())
     )
 
 

@@ -102,6 +102,9 @@ class MlflowLogger:
             chunk, self._pending = self._pending[:1000], self._pending[1000:]
             self.client.log_batch(self.run_id, metrics=chunk)
 
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
+
     def log_artifact(self, path: str, folder: str | None = None) -> None:
         self.client.log_artifact(self.run_id, path, folder)
 

@@ -11,6 +11,7 @@ from sluice.engines.policy import (
     CHAT_TEMPLATE,
     EOS_ID,
     build_model,
+    build_platform,
     build_tokenizer,
     chat_prompt,
     check_policy_folder,
@@ -91,6 +92,37 @@ def test_prepare_policy_builds_once_then_reuses(tmp_path):
     other = prepare_policy(cfg, env, "sig", seed=1, cache_dir=tmp_path)
     assert other != first
     assert not list((tmp_path / "policies").glob(".building-*"))
+
+
+def test_a_warm_start_is_the_same_bit_for_bit_whatever_the_callers_threads(tmp_path):
+    """Same config and seed on one machine kind: the same weights and the same stopping
+    step, built from a process on 1 thread and on 3 (the warm start fixes its own)."""
+    env = AdditionEnv(digits=2)
+    cfg = TINY.model_copy(update={"warmstart_max_steps": 12, "warmstart_eval_every": 4})
+    before = torch.get_num_threads()
+    folders = []
+    try:
+        for threads, cache in ((1, "a"), (3, "b")):
+            torch.set_num_threads(threads)
+            folders.append(prepare_policy(cfg, env, "sig", seed=5, cache_dir=tmp_path / cache))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before
+    first, second = ((f / "model.safetensors").read_bytes() for f in folders)
+    assert first == second
+    reports = [json.loads((f / "warmstart.json").read_text()) for f in folders]
+    assert reports[0]["steps"] == reports[1]["steps"] == 12
+    assert reports[0]["heldout_accuracy"] == reports[1]["heldout_accuracy"]
+    assert reports[0]["platform"] == build_platform()
+
+
+def test_the_cache_key_names_the_machine_kind(tmp_path, monkeypatch):
+    """A policy built with other kernels (another CPU's vector instructions) is not reused."""
+    env = AdditionEnv(digits=2)
+    here = prepare_policy(TINY, env, "sig", seed=0, cache_dir=tmp_path)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "OTHER")
+    elsewhere = prepare_policy(TINY, env, "sig", seed=0, cache_dir=tmp_path)
+    assert elsewhere != here
 
 
 def test_prepare_policy_uses_a_given_folder(tmp_path):

@@ -10,6 +10,8 @@ import pytest
 
 from sluice.flows.rl_job import rl_step
 from sluice.rl.config import RunConfig, build_config
+from sluice.storage.layout import RunLayout
+from sluice.tasks.health import LearningHealth
 from sluice.tasks.step_log import StoreMetrics, Totals
 
 TRAINED = {
@@ -82,6 +84,11 @@ class FakeSession:
         self.trainer = FakeTrainer(self.calls)
         self.totals, self.store_metrics = Totals(), StoreMetrics()
         self.end_accuracy: float | None = None
+        self.health = LearningHealth(cfg.eval.collapse_drop, cfg.eval.entropy_floor)
+        self.layout = RunLayout(cfg.run_dir, cfg.cache_dir)
+
+    def save_policy(self, folder: str) -> None:
+        self.calls("save_policy", folder)
 
     def wait(self, ref: Any, what: str) -> Any:
         return ref
@@ -161,3 +168,25 @@ def test_throughput_totals_add_up_over_steps() -> None:
         rl_step(s, tracker)  # type: ignore[arg-type]
     assert (s.totals.samples, s.totals.tokens) == (48, 480)
     assert s.totals.loop_s > 0
+
+
+def test_a_new_best_is_saved_and_a_collapse_is_said_in_the_step_line(caplog) -> None:
+    s, tracker = FakeSession(_cfg(), step=4), FakeTracker()
+    with caplog.at_level("INFO", logger="sluice"):
+        rl_step(s, tracker)  # type: ignore[arg-type]  # held-out 0.5: the first, so the best
+    assert ("save_policy", str(s.layout.best_policy)) in s.calls.log
+    assert tracker.logged[-1][1]["eval/best_accuracy"] == 0.5
+    s.health.held_out(2, 0.8)  # an earlier best far above what the next evaluation finds
+    s.calls.log.clear()
+    s.step = 9
+    with caplog.at_level("INFO", logger="sluice"):
+        rl_step(s, tracker)  # type: ignore[arg-type]
+    assert "save_policy" not in s.calls.names
+    assert tracker.logged[-1][1]["health/accuracy_collapsed"] == 1.0
+    step_line = next(r.message for r in caplog.records if r.message.startswith("step   10/10"))
+    assert step_line.endswith(
+        "| COLLAPSE: held-out 50.0% is 30.0 points below its best (80.0% at step 2)"
+    )
+    assert any(
+        r.levelname == "WARNING" and "collapsed at step 10" in r.message for r in caplog.records
+    )
