@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-learning bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -158,6 +158,14 @@ bench-rewards: setup
 # A 1M-row Parquet data set: time to the first prompts and the driver's memory (~2 minutes).
 bench-datasets: setup
 	$(PY) -m sluice.benchmarks.datasets --write
+
+# The default run's held-out curves, seeds 0-2: async (stale_by last_token and first_token)
+# and one_step, 1,600 steps each (~5 hours here; records in benchmarks/results/learning/,
+# a run already measured at the commit is not run again; LEARNING_STEPS=400 for a shorter
+# grid). Writes docs/results.md's table. Not part of `make bench`.
+LEARNING_STEPS ?= 1600
+bench-learning: setup
+	$(PY) -m sluice.benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write
 
 # async with the staleness bound dating groups by their first token against their last, seeds
 # 0-2 (~20 minutes).

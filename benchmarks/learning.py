@@ -26,6 +26,7 @@ from statistics import median
 
 import torch
 
+from sluice.benchmarks.suite import uncommitted
 from sluice.benchmarks.tables import markdown_table
 from sluice.sim.report import measured_commit
 
@@ -61,8 +62,8 @@ def _series(db: sqlite3.Connection, run_id: str, key: str) -> dict[int, float]:
     return {int(step): float(value) for step, value in rows}
 
 
-def run_one(label: str, seed: int, steps: int, root: Path) -> dict:
-    """Run one variant and seed; its record."""
+def run_one(label: str, seed: int, steps: int, root: Path, commit: str) -> dict:
+    """Run one variant and seed at ``commit`` (the checkout's); its record."""
     name = slug(label, seed)
     settings = [*VARIANTS[label], f"seed={seed}", f"train.steps={steps}", f"name={name}"]
     cmd = [sys.executable, "-m", "sluice.flows.cli", "run", CONFIG]
@@ -96,7 +97,7 @@ def run_one(label: str, seed: int, steps: int, root: Path) -> dict:
         "samples_per_s": summary["samples_per_s"],
         "wall_s": round(wall, 1),
         "collapse": summary.get("collapse", []),
-        "commit": measured_commit(),
+        "commit": commit,
         "date": f"{datetime.now(UTC):%Y-%m-%d}",
         "machine": f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), "
         f"{platform.machine()}",
@@ -116,7 +117,7 @@ def table(records: list[dict], steps: int) -> str:
         runs = [r for r in records if r["variant"] == label and r["steps"] == steps]
         if not runs:
             continue
-        cells = [f"{label} ({len(runs)} seeds)"]
+        cells = [f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"]
         for mark in marks:
             values = [100 * r["heldout"][str(mark)] for r in runs if str(mark) in r["heldout"]]
             if not values:
@@ -130,8 +131,8 @@ def table(records: list[dict], steps: int) -> str:
     machines = sorted({r["machine"] for r in records})
     lines = [
         f"Records: `benchmarks/results/learning/` (commit {', '.join(commits)}; "
-        f"{'; '.join(machines)}). Command: "
-        f"`.venv/bin/python -m sluice.benchmarks.learning --steps {steps} --seeds 0 1 2 --write`.",
+        f"{'; '.join(machines)}).",
+        f"Command: `.venv/bin/python -m sluice.benchmarks.learning --steps {steps} --seeds 0 1 2`.",
         "",
         *markdown_table(["variant", *(str(m) for m in marks)], rows),
     ]
@@ -155,6 +156,9 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT / "runs" / "bench-learning")
     parser.add_argument("--write", action="store_true", help="write docs/results.md's table")
     args = parser.parse_args()
+    changed = uncommitted()
+    if changed:  # a record names the commit it measured: that must be the code that ran
+        raise SystemExit(f"commit these first, the records name a commit: {', '.join(changed)}")
     RECORDS.mkdir(parents=True, exist_ok=True)
     commit = measured_commit()
     for seed in args.seeds:  # a seed's variants side by side, so a sitting compares them
@@ -165,7 +169,7 @@ def main() -> None:
                 if old["commit"] == commit and old["steps"] == args.steps:
                     print(f"{label}, seed {seed}: already measured at {commit}")
                     continue
-            record = run_one(label, seed, args.steps, args.root / commit)
+            record = run_one(label, seed, args.steps, args.root / commit, commit)
             path.write_text(json.dumps(record, indent=1) + "\n")
     body = table(load_records(), args.steps)
     print(body)

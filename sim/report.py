@@ -10,7 +10,13 @@ ROOT = Path(__file__).parents[1]
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 # What a benchmark run writes, or a person writes about it: a commit that changes only these
 # leaves the measured code as it was, so measurements at it keep naming the commit before.
-RESULTS = ("BENCHMARKS.md", "README.md", "docs", "sim/profiles/cpu2core.json")
+RESULTS = (
+    "BENCHMARKS.md",
+    "README.md",
+    "docs",
+    "sim/profiles/cpu2core.json",
+    "benchmarks/results",
+)
 
 
 def measured_commit(root: Path = ROOT) -> str:

@@ -284,7 +284,7 @@ class Session:
         """The trainer's log-probs of tokens a rollout worker has just sampled against the
         worker's own, with both on the same version (the workers are synced): the mean and
         largest difference per token (``eval/logprob_mismatch``, ``..._max``). Two engines
-        that agree differ by rounding (float32: about 1e-6; bf16: about 1e-2); a weight push
+        that agree differ by rounding (float32: about 1e-7; bf16: about 1e-2); a weight push
         that lost or mangled a tensor, or a precision the config did not ask for, shows here
         before it shows in learning. Peers gate their CI on it; ``make test`` does too."""
         e = self.cfg.eval

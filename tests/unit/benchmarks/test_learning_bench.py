@@ -1,0 +1,40 @@
+"""The learning-curve table: the median and range over seeds at each mark, per variant."""
+
+from sluice.benchmarks.learning import slug, table
+
+
+def _record(variant: str, seed: int, curve: dict[int, float]) -> dict:
+    return {
+        "variant": variant,
+        "seed": seed,
+        "steps": 400,
+        "heldout": {str(k): v for k, v in curve.items()},
+        "commit": "abc1234",
+        "machine": "a CPU (AVX2), x86_64",
+    }
+
+
+def test_the_table_gives_the_median_and_range_of_the_seeds():
+    records = [
+        _record("one_step", 0, {0: 0.332, 200: 0.41, 400: 0.457}),
+        _record("one_step", 1, {0: 0.164, 200: 0.25, 400: 0.30}),
+        _record("one_step", 2, {0: 0.203, 200: 0.29, 400: 0.35}),
+        _record("async, stale_by last_token", 0, {0: 0.332, 400: 0.473}),
+    ]
+    lines = table(records, 400).splitlines()
+    assert "commit abc1234" in lines[0] and "a CPU (AVX2)" in lines[0]
+    assert lines[1].startswith("Command: `.venv/bin/python -m sluice.benchmarks.learning")
+    header, rows = lines[3], lines[5:]
+    assert header.startswith("| variant | 0 | 50 | 100 |")
+    last_token, one_step = rows
+    # seeds 0-2 at step 0: 33.2, 16.4, 20.3 -> median 20.3, range 16.4-33.2
+    assert one_step.startswith(
+        "| one_step (3 seeds) | 20.3% (16.4-33.2) | - | - | - | 29.0% (25.0-41.0)"
+    )
+    assert one_step.endswith("| 35.0% (30.0-45.7) |")
+    assert last_token.startswith("| async, stale_by last_token (1 seed) | 33.2% |")
+    assert "async, stale_by first_token" not in "\n".join(rows)  # no records: no row
+
+
+def test_run_names_are_folder_safe():
+    assert slug("async, stale_by last_token", 2) == "async--stale-by-last-token-s2"
