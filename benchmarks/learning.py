@@ -34,7 +34,7 @@ ROOT = Path(__file__).parents[1]
 CONFIG = "configs/default.yaml"
 RECORDS = ROOT / "benchmarks" / "results" / "learning"
 RESULTS_DOC = ROOT / "docs" / "results.md"
-MARKER = "learning-curves"
+MARKER = "learning-curves"  # docs/results.md: one table per run length, learning-curves-<steps>
 # (label, overrides): the default first.
 VARIANTS: dict[str, list[str]] = {
     "async, stale_by last_token": ["mode=async", "stale_by=last_token"],
@@ -45,6 +45,11 @@ VARIANTS: dict[str, list[str]] = {
 
 def slug(label: str, seed: int) -> str:
     return "".join(c if c.isalnum() else "-" for c in label).strip("-") + f"-s{seed}"
+
+
+def record_path(label: str, seed: int, steps: int) -> Path:
+    """One record per variant, seed and length: a 400-step run does not replace a 1,600."""
+    return RECORDS / f"{slug(label, seed)}-{steps}steps.json"
 
 
 def cpu_name() -> str:
@@ -111,10 +116,11 @@ def load_records() -> list[dict]:
 
 def table(records: list[dict], steps: int) -> str:
     """Median (min-max) held-out accuracy over the seeds at every 200 steps, per variant."""
+    records = [r for r in records if r["steps"] == steps]
     marks = list(range(0, steps + 1, max(steps // 8, 1)))
     rows = []
     for label in VARIANTS:
-        runs = [r for r in records if r["variant"] == label and r["steps"] == steps]
+        runs = [r for r in records if r["variant"] == label]
         if not runs:
             continue
         cells = [f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"]
@@ -139,8 +145,8 @@ def table(records: list[dict], steps: int) -> str:
     return "\n".join(lines)
 
 
-def write_doc(body: str) -> None:
-    begin, end = f"<!-- {MARKER}:begin -->", f"<!-- {MARKER}:end -->"
+def write_doc(body: str, steps: int) -> None:
+    begin, end = f"<!-- {MARKER}-{steps}:begin -->", f"<!-- {MARKER}-{steps}:end -->"
     text = RESULTS_DOC.read_text()
     if begin not in text:
         raise SystemExit(f"{RESULTS_DOC} has no {begin} marker")
@@ -155,15 +161,18 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--root", type=Path, default=ROOT / "runs" / "bench-learning")
     parser.add_argument("--write", action="store_true", help="write docs/results.md's table")
+    parser.add_argument(
+        "--table-only", action="store_true", help="run nothing: the table of the kept records"
+    )
     args = parser.parse_args()
-    changed = uncommitted()
+    changed = [] if args.table_only else uncommitted()
     if changed:  # a record names the commit it measured: that must be the code that ran
         raise SystemExit(f"commit these first, the records name a commit: {', '.join(changed)}")
     RECORDS.mkdir(parents=True, exist_ok=True)
     commit = measured_commit()
-    for seed in args.seeds:  # a seed's variants side by side, so a sitting compares them
+    for seed in [] if args.table_only else args.seeds:  # a seed's variants side by side
         for label in args.variants:
-            path = RECORDS / f"{slug(label, seed)}.json"
+            path = record_path(label, seed, args.steps)
             if path.exists():
                 old = json.loads(path.read_text())
                 if old["commit"] == commit and old["steps"] == args.steps:
@@ -174,7 +183,7 @@ def main() -> None:
     body = table(load_records(), args.steps)
     print(body)
     if args.write:
-        write_doc(body)
+        write_doc(body, args.steps)
 
 
 if __name__ == "__main__":

@@ -301,11 +301,15 @@ class RolloutWorker:
         return self.engine.generate(prompts, n, max_new_tokens, temperature, seed)
 
     def sampled(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, seed: int
+        self, prompts: list[str], max_new_tokens: int, temperature: float, seed: int, version: int
     ) -> list[Sample]:
         """One sampled completion of each prompt, with the engine's log-prob of each token,
         as the trainer reads samples: for comparing the two engines' log-probs of the same
-        tokens at one version (``Session.logprob_check``)."""
+        tokens at one version (``Session.logprob_check``). Nothing when this worker does not
+        hold ``version`` (restarted since the last sync): its log-probs would be of other
+        weights."""
+        if self.engine.version() != version:
+            return []
         ids = self.engine.prompt_ids(prompts)
         groups = self.engine.generate(prompts, 1, max_new_tokens, temperature, seed)
         return [
@@ -756,9 +760,9 @@ class RolloutWorkerClient:
         return self.handle.generate.remote(prompts, n, max_new_tokens, temperature, seed)
 
     def sampled(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, seed: int
+        self, prompts: list[str], max_new_tokens: int, temperature: float, seed: int, version: int
     ) -> ObjectRef[list[Sample]]:
-        return self.handle.sampled.remote(prompts, max_new_tokens, temperature, seed)
+        return self.handle.sampled.remote(prompts, max_new_tokens, temperature, seed, version)
 
     def rollout(self, problems: list[Problem], shard: BatchShard) -> ObjectRef[RolloutStats]:
         return self.handle.rollout.remote(problems, shard)

@@ -200,7 +200,11 @@ def finish_run(job: Job, started: float) -> RunSummary:
     else:
         log.info("ledger check: every sample trained exactly once or dropped with a reason")
     totals, health = session.totals, session.health
-    best_policy = layout.best_policy if job.cfg.eval.keep_best else None
+    best_policy: str | None = None
+    if health.best_step == 0:  # the policy the run started from
+        best_policy = session.policy_dir
+    elif job.cfg.eval.keep_best and layout.best_policy.is_dir():
+        best_policy = str(layout.best_policy)
     summary = RunSummary(
         run_dir=str(layout.run_dir),
         storage_url=redact(job.cfg.storage_url),
@@ -216,7 +220,7 @@ def finish_run(job: Job, started: float) -> RunSummary:
         policy=str(layout.final_policy),
         best_accuracy=health.best_accuracy,
         best_step=health.best_step,
-        best_policy=str(best_policy) if best_policy and best_policy.is_dir() else None,
+        best_policy=best_policy,
         collapse=tuple(health.warnings(session.end_accuracy)),
     )
     if summary.collapse:

@@ -292,14 +292,16 @@ class Session:
             return {}
         prompts = [p.prompt for p in self.heldout[: e.mismatch_prompts]]
         seed = self.cfg.seed * 1_000_003 + self.step
+        temperature, step = self.cfg.rollout.temperature, self.step
         try:
             samples = ray.get(
-                workers[0].sampled(prompts, self.eval_tokens, self.cfg.rollout.temperature, seed)
+                workers[0].sampled(prompts, self.eval_tokens, temperature, seed, step)
             )
         except (RayActorError, ActorUnavailableError) as error:
             log.warning("log-prob check skipped: its rollout worker died (%s)", error)
             return {}
-        if not samples:
+        if not samples:  # the worker restarted and does not hold this version yet
+            log.warning("log-prob check skipped: its rollout worker is not at version %d", step)
             return {}
         trained = ray.get(self.trainer.logprobs(samples))
         diffs = [

@@ -1,15 +1,15 @@
 """The learning-curve table: the median and range over seeds at each mark, per variant."""
 
-from sluice.benchmarks.learning import slug, table
+from sluice.benchmarks.learning import record_path, slug, table
 
 
-def _record(variant: str, seed: int, curve: dict[int, float]) -> dict:
+def _record(variant: str, seed: int, curve: dict[int, float], steps: int = 400) -> dict:
     return {
         "variant": variant,
         "seed": seed,
-        "steps": 400,
+        "steps": steps,
         "heldout": {str(k): v for k, v in curve.items()},
-        "commit": "abc1234",
+        "commit": "abc1234" if steps == 400 else "def5678",
         "machine": "a CPU (AVX2), x86_64",
     }
 
@@ -20,9 +20,10 @@ def test_the_table_gives_the_median_and_range_of_the_seeds():
         _record("one_step", 1, {0: 0.164, 200: 0.25, 400: 0.30}),
         _record("one_step", 2, {0: 0.203, 200: 0.29, 400: 0.35}),
         _record("async, stale_by last_token", 0, {0: 0.332, 400: 0.473}),
+        _record("one_step", 0, {0: 0.332, 1600: 0.55}, steps=1600),  # another table's
     ]
     lines = table(records, 400).splitlines()
-    assert "commit abc1234" in lines[0] and "a CPU (AVX2)" in lines[0]
+    assert "commit abc1234;" in lines[0] and "a CPU (AVX2)" in lines[0]
     assert lines[1].startswith("Command: `.venv/bin/python -m sluice.benchmarks.learning")
     header, rows = lines[3], lines[5:]
     assert header.startswith("| variant | 0 | 50 | 100 |")
@@ -38,3 +39,4 @@ def test_the_table_gives_the_median_and_range_of_the_seeds():
 
 def test_run_names_are_folder_safe():
     assert slug("async, stale_by last_token", 2) == "async--stale-by-last-token-s2"
+    assert record_path("one_step", 0, 1600).name == "one-step-s0-1600steps.json"

@@ -214,6 +214,22 @@ def test_a_restarted_worker_loads_the_batchs_version_before_it_generates():
     assert engine.loaded == [3]  # nothing to load the second time
 
 
+def test_a_worker_samples_for_the_logprob_check_only_at_the_trainers_version():
+    """A restarted worker still on the policy folder's weights would compare other weights
+    with the trainer's: it answers nothing, and the check is skipped rather than failed."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    engine = _Engine()
+    worker = RolloutWorker(lambda: engine, env, lambda: VerifierScorer(env), _Puts(), _Relay())
+    assert worker.sampled(["1+1="], 4, 1.0, 0, version=3) == []
+    engine.load_weights(None, 3)
+    (sample,) = worker.sampled(["1+1="], 4, 1.0, 0, version=3)
+    assert (sample.prompt_ids, sample.response_ids, sample.behaviour_logprobs) == (
+        [1, 2],
+        [5],
+        [-0.5],
+    )
+
+
 class _HeldScorer:
     """An isolated scorer whose first call waits until the test lets it go."""
 
