@@ -599,15 +599,24 @@ class EvalConfig(_Section):
         gt=0.0,
         le=1.0,
         description="A held-out accuracy this far below the run's best so far (0.10: 10 "
-        "points) is a collapse: said in the step line, MLflow (health/*) and the summary, "
-        "which then points at the best policy (tasks/health.py).",
+        "points), or half as far when that is half of what the run had gained, is a "
+        "collapse: said in the step line, MLflow (health/*) and the summary, which then "
+        "points at the best policy (tasks/health.py).",
     )
     entropy_floor: float = Field(
         0.1,
         ge=0.0,
         lt=1.0,
-        description="The policy's entropy under this share of its mean over the first 5 steps "
-        "is a collapse (the policy stopped exploring); 0 turns the check off.",
+        description="The policy's entropy (mean of the last 20 steps) under this share of its "
+        "mean over the first 5 steps is a collapse once held-out accuracy has also set no new "
+        "best for collapse_patience evaluations (the policy stopped exploring and improving); "
+        "0 turns the check off.",
+    )
+    collapse_patience: int = Field(
+        5,
+        ge=1,
+        description="Evaluations without a new best held-out accuracy after which low entropy "
+        "(entropy_floor) counts as a collapse.",
     )
     mismatch_prompts: int = Field(
         16,

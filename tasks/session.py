@@ -86,7 +86,9 @@ class Session:
         self.step = 0  # the trainer's version
         self.start_accuracy: float | None = None
         self.end_accuracy: float | None = None
-        self.health = LearningHealth(cfg.eval.collapse_drop, cfg.eval.entropy_floor)
+        self.health = LearningHealth(
+            cfg.eval.collapse_drop, cfg.eval.entropy_floor, cfg.eval.collapse_patience
+        )
         self.totals = Totals()
         self.store_metrics = StoreMetrics()
         self.actors: list[Any] = []

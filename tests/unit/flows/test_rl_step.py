@@ -84,7 +84,9 @@ class FakeSession:
         self.trainer = FakeTrainer(self.calls)
         self.totals, self.store_metrics = Totals(), StoreMetrics()
         self.end_accuracy: float | None = None
-        self.health = LearningHealth(cfg.eval.collapse_drop, cfg.eval.entropy_floor)
+        self.health = LearningHealth(
+            cfg.eval.collapse_drop, cfg.eval.entropy_floor, cfg.eval.collapse_patience
+        )
         self.layout = RunLayout(cfg.run_dir, cfg.cache_dir)
 
     def save_policy(self, folder: str) -> None:
