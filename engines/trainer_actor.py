@@ -51,10 +51,16 @@ from sluice.storage.urls import Credentials
 
 
 def build_engine(
-    train: TrainConfig, model_dir: str, seed: int, before_update: Callable[[], object] | None
+    train: TrainConfig,
+    model_dir: str,
+    seed: int,
+    before_update: Callable[[], object] | None,
+    temperature: float = 1.0,
 ) -> PolicyTrainer:
-    """The training engine ``train.engine`` names, set up from the ``train`` section."""
+    """The training engine ``train.engine`` names, set up from the ``train`` section, its
+    policy the model's distribution at the rollouts' sampling ``temperature``."""
     settings: dict[str, Any] = {
+        "temperature": temperature,
         "lr": train.lr,
         "clip_eps": train.clip_eps,
         "warmup_steps": train.warmup_steps,
@@ -64,6 +70,7 @@ def build_engine(
         "weight_decay": train.weight_decay,
         "micro_batch": train.micro_batch,
         "micro_batch_tokens": train.micro_batch_tokens,
+        "logits_chunk": train.logits_chunk_tokens,
         "packing": train.packing,
         "loss": train.loss,
         "is_cap": train.is_cap,
@@ -102,6 +109,7 @@ class Trainer:
         params: ParameterService | None,
         credentials: Credentials | None = None,
         rank: int = 0,
+        temperature: float = 1.0,
     ) -> None:
         if credentials:
             credentials.apply()  # checkpoints under an s3:// url
@@ -109,7 +117,7 @@ class Trainer:
         # Rank 0 publishes; one publisher for the actor's life: it holds the staging buffers
         # and the snapshot in flight, which the next optimiser step must wait for.
         self.params = params if rank == 0 else None
-        self.rank = rank
+        self.rank, self.temperature = rank, temperature
         self._engine: PolicyTrainer | None = None
 
     def address(self) -> tuple[str, str]:
@@ -121,7 +129,9 @@ class Trainer:
         if place.world > 1:
             join(place, self.train_cfg.collective_timeout_s)
         before = self.params.wait_snapshot if self.params else None
-        self._engine = build_engine(self.train_cfg, self.model_dir, self.seed, before)
+        self._engine = build_engine(
+            self.train_cfg, self.model_dir, self.seed, before, self.temperature
+        )
 
     @property
     def engine(self) -> PolicyTrainer:
@@ -299,12 +309,15 @@ def launch_trainer(
     params: ParameterService,
     env_vars: dict[str, str],
     gpus: float | None = None,
+    temperature: float = 1.0,
 ) -> TrainerPool:
     """The training pool's ``train.ranks`` actors, each on a node that offers
     ``train.cpus``, ``train.gpus_per_rank`` and ``train.resources``; several ranks are
     placed together as one placement group (``train.placement``: packed on few nodes or
     spread over many). ``gpus``: the GPUs each asks for, if the caller resolved them
-    (``gpus_each``) already. Start them with ``TrainerPool.start`` once Ray placed them."""
+    (``gpus_each``) already. ``temperature``: the rollouts' sampling temperature, which the
+    trained policy's log-probs divide the logits by, as vLLM's do. Start them with
+    ``TrainerPool.start`` once Ray placed them."""
     gpus = gpus_each(train.gpus_per_rank) if gpus is None else gpus
     train = train.model_copy(update={"dtype": pool_dtype(train.dtype, gpus)})
     ask: dict[str, Any] = {
@@ -326,7 +339,7 @@ def launch_trainer(
             )
         handles.append(
             TrainerActor.options(**ask, **where).remote(
-                train, model_dir, seed, params, Credentials.here(), rank
+                train, model_dir, seed, params, Credentials.here(), rank, temperature
             )
         )
     return TrainerPool(handles, group)

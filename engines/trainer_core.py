@@ -32,21 +32,30 @@ from sluice.engines.lora import (
     load_adapter_state,
     write_adapter,
 )
+from sluice.engines.output_head import OutputHead
 from sluice.engines.ranks import all_max, all_sum, rank_and_world
 from sluice.rl.batching import Sample, TrainBatch, collate, micro_batches, pack
 from sluice.rl.config import LoraConfig
 from sluice.rl.losses import (
     LOSS_NAMES,
-    entropy_from_logits,
+    chunked_token_stats,
     kl_k3,
     logprob_mismatch,
+    masked_mean,
     policy_loss,
-    token_logprobs,
+    token_stats,
 )
 from sluice.storage.torch_state import bytes_to_tensors, tensors_to_bytes
 
 # Files that travel with the weights when the trained policy is saved as a model folder.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# transformers 5 keeps a chat template in its own file: without it a saved policy of a chat
+# model would render prompts differently from the one it was trained from.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 MODEL_FILE = "model.safetensors"
 # Token-weighted means over a batch, summed micro-batch by micro-batch.
 SUM_METRICS = (
@@ -59,6 +68,7 @@ SUM_METRICS = (
     "logprob_mismatch",
 )
 NO_TOKEN_LIMIT = 1 << 62  # micro_batch_tokens when the config sets no limit
+LOGITS_CHUNK = 1024  # response tokens whose vocabulary logits a pass holds at once
 # train.dtype -> the autocast dtype of the forward passes (None: plain float32).
 AUTOCAST: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
 
@@ -170,6 +180,8 @@ class PolicyTrainer(ABC):
         device: str | None = None,
         packing: bool = False,
         lora: LoraConfig | None = None,
+        logits_chunk: int = LOGITS_CHUNK,
+        temperature: float = 1.0,
     ) -> None:
         if loss not in LOSS_NAMES:
             raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSS_NAMES)}")
@@ -201,6 +213,14 @@ class PolicyTrainer(ABC):
         self._micro_batch = micro_batch
         self._micro_tokens = micro_batch_tokens
         self._packing = packing
+        self._logits_chunk = logits_chunk
+        if temperature <= 0:
+            raise ValueError(f"temperature must be above 0, got {temperature}")
+        # The policy is softmax(logits / temperature): the distribution rollouts sample from.
+        self._temperature = temperature
+        # The vocabulary projection, applied outside the model's forward to the trained
+        # positions alone, a chunk at a time (None: the model's logits are used whole).
+        self._head = OutputHead.of(self.model, self.device)
         # What the forward pass calls: the model, or an engine that wraps it.
         self._network: Callable[..., Any] = self.model
         # Called right before the weights change in place: a weight publish may still be
@@ -267,13 +287,36 @@ class PolicyTrainer(ABC):
         return cut(batch, self._micro_batch, self._micro_tokens)
 
     def _forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of the targets (float32) and the logits, on the trainer's device."""
+        """The log-prob of each target and the entropy of the policy where it was sampled,
+        [B, T-1] float32 on the trainer's device, 0 where ``batch.mask`` is 0.
+
+        Logits are computed at the masked (response) positions only, never the prompt's,
+        and ``train.logits_chunk_tokens`` of them at a time (``rl.losses.chunked_token_stats``):
+        a micro-batch of 8k tokens at a 150k vocabulary would otherwise hold several 5 GB
+        tensors. The entropy carries gradients only under ``entropy_coef``."""
         with torch.autocast(
             self.device.type, dtype=self._autocast or torch.float32, enabled=bool(self._autocast)
         ):
-            out = self._network(**model_inputs(batch))
-        logits = out.logits[:, :-1].float()
-        return token_logprobs(logits, batch.targets), logits
+            at = batch.mask.bool()
+            if self._head is None:
+                out = self._network(**model_inputs(batch))
+                logprobs, entropy = token_stats(
+                    out.logits[:, :-1][at], batch.targets[at], self._temperature
+                )
+                entropy = entropy if self._entropy_coef else entropy.detach()
+            else:
+                with self._head.bypassed():
+                    out = self._network(**model_inputs(batch))
+                logprobs, entropy = chunked_token_stats(
+                    self._head.module,
+                    out.logits[:, :-1][at],
+                    batch.targets[at],
+                    self._logits_chunk,
+                    entropy_grad=bool(self._entropy_coef),
+                    temperature=self._temperature,
+                )
+        blank = torch.zeros(at.shape, dtype=torch.float32, device=at.device)
+        return blank.masked_scatter(at, logprobs), blank.masked_scatter(at, entropy)
 
     def step(self, samples: list[Sample]) -> dict[str, float]:
         return self.step_batch(collate(samples, self._pad_id))
@@ -323,7 +366,7 @@ class PolicyTrainer(ABC):
         """Forward and backward over one part, its loss weighted by its share of the
         batch's ``total_tokens`` (times the world size); adds its metrics to ``step``."""
         sums = step.sums
-        logprobs, logits = self._forward(part)
+        logprobs, entropies = self._forward(part)
         # The proximal policy is this trainer's before the update. One optimiser step per
         # batch means every micro-batch sees those weights, so it is this very forward pass,
         # detached: no extra forward. (Several steps per batch would need a no-grad pass
@@ -340,13 +383,15 @@ class PolicyTrainer(ABC):
             self._clip_eps,
             self._is_cap,
         )
-        entropy = entropy_from_logits(logits, part.mask)
+        entropy = masked_mean(entropies, part.mask)
         # Each micro-batch weighs by its share of tokens: the sum is the batch token mean.
         share = part.mask.sum() / total_tokens.to(part.mask.device)
         backward((out.loss - self._entropy_coef * entropy) * share * self._world)
         with torch.no_grad():
             sums["loss"] += float(out.loss * share)
-            sums["kl_behaviour"] += float(kl_k3(proximal, part.old_logprobs, part.mask) * share)
+            # KL(behaviour || trainer), estimated on the behaviour policy's own samples.
+            kl = kl_k3(part.old_logprobs, proximal, part.mask)
+            sums["kl_behaviour"] += float(kl * share)
             sums["entropy"] += float(entropy * share)
             sums["clip_fraction"] += float(out.clip_fraction * share)
             sums["is_weight_mean"] += float(out.weight_mean * share)

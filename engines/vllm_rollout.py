@@ -119,6 +119,10 @@ class VLLMRolloutEngine:
             max_model_len=max_model_len,
             load_format="safetensors",  # never a pickled pytorch_model.bin
             worker_extension_cls="sluice.engines.vllm_weight_sync.WeightSyncExtension",
+            # The log-prob of each sampled token under the distribution it was sampled
+            # from (after temperature), as the trainer computes it; vLLM's default is the
+            # raw logits', which differ from it at any temperature but 1.
+            logprobs_mode="processed_logprobs",
             **args,  # type: ignore[arg-type]
         )
         self._tokenizer = self._llm.get_tokenizer()

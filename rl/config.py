@@ -537,6 +537,14 @@ class TrainConfig(_Section):
         "(a part's activations then stay in the core's cache; see BENCHMARKS.md); on GPUs "
         "raise it to what memory allows (8k-32k).",
     )
+    logits_chunk_tokens: int = Field(
+        1024,
+        ge=16,
+        description="Response tokens whose vocabulary logits the trainer holds at once, in "
+        "the forward and the backward pass (the prompt's logits are never computed). At a "
+        "49k vocabulary 1,024 tokens are 200 MB of float32 logits; the peak no longer grows "
+        "with micro_batch_tokens beyond this (make bench-vocab).",
+    )
     packing: bool = Field(
         False,
         description="Pack samples end to end into rows of up to micro_batch_tokens tokens "

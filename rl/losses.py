@@ -6,10 +6,12 @@ the response tokens a loss applies to; padding and prompt tokens carry mask 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 LossName = Literal["ppo", "decoupled_ppo", "tis"]
 LOSS_NAMES: tuple[str, ...] = get_args(LossName)
@@ -220,14 +222,48 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor
     return masked_mean(torch.exp(delta) - delta - 1.0, mask)
 
 
-def entropy_from_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean per-token entropy (nats) of the distributions ``logits`` [batch, tokens, vocab]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    entropy = -(logp.exp() * logp).sum(dim=-1)
-    return masked_mean(entropy, mask)
+def token_stats(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of each target id and the entropy (nats) of each distribution
+    softmax(logits / temperature): logits [..., vocab] (any dtype; computed in float32),
+    targets [...]."""
+    logits = logits.float()
+    logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
+    chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return chosen, -(logp.exp() * logp).sum(dim=-1)
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each target id: logits [batch, tokens, vocab], targets [batch, tokens]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+def chunked_token_stats(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int,
+    entropy_grad: bool,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_stats`` of ``head(hidden)``, [tokens, hidden] -> [tokens] each, holding the
+    vocabulary logits of at most ``chunk`` tokens at a time, in the backward pass too.
+
+    With gradients on, each chunk runs under activation checkpointing: the forward keeps
+    only its input (``chunk x hidden``), and the backward recomputes that chunk's logits,
+    so a micro-batch's peak holds one chunk's ``chunk x vocab`` float32 tensors whatever
+    its length. The values and gradients are ``token_stats``' of the whole logits.
+    ``entropy_grad`` False: the entropy is a metric only, detached from the graph.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 token, got {chunk}")
+
+    def stats(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_stats(head(h), t, temperature)
+
+    logprobs, entropies = [], []
+    for start in range(0, max(int(hidden.shape[0]), 1), chunk):
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(stats, h, t, use_reentrant=False)
+        else:
+            lp, ent = stats(h, t)
+        logprobs.append(lp)
+        entropies.append(ent if entropy_grad else ent.detach())
+    return torch.cat(logprobs), torch.cat(entropies)

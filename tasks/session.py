@@ -417,7 +417,13 @@ class Session:
             dtype=pool_dtype(cfg.rollout.dtype, self.worker_gpus),
         )
         self.trainer: TrainerPool = launch_trainer(
-            cfg.train, self.policy_dir, cfg.seed, params, env_vars, self.train_gpus
+            cfg.train,
+            self.policy_dir,
+            cfg.seed,
+            params,
+            env_vars,
+            self.train_gpus,
+            temperature=cfg.rollout.temperature,
         )
         self.workers: list[RolloutWorkerClient] = launch_rollout_workers(
             cfg.rollout,

@@ -64,6 +64,15 @@ def _stale(samples, shift):
     ]
 
 
+def test_kl_to_the_behaviour_policy_grows_with_the_log_gap_not_its_exponential(trainer):
+    """Tokens the behaviour policy sampled that the trainer now finds 12 nats less likely
+    (a policy that moved far from its rollouts): KL(behaviour || trainer) on the behaviour's
+    samples is r - 1 - log r with r = e^-12, about 11, where the estimator for the
+    trainer's own samples read e^12 - 13, about 1.6e5 (a real model's run logged 2.6e3)."""
+    metrics = trainer.step(_stale(_samples(trainer, [1.0, -1.0]), -12.0))
+    assert metrics["kl_behaviour"] == pytest.approx(math.exp(-12.0) - 1.0 + 12.0, rel=1e-3)
+
+
 @pytest.mark.parametrize("loss", ["ppo", "decoupled_ppo", "tis"], ids=["ppo", "decoupled", "tis"])
 def test_every_loss_raises_logprob_of_rewarded_response(trainer, loss):
     learner = _trainer(trainer._model_dir, loss=loss, is_cap=2.0)
@@ -127,8 +136,10 @@ def test_micro_batches_give_the_same_step_as_one_batch(tmp_path, trainer):
     whole = _trainer(trainer._model_dir, micro_batch=64)
     trainer.step(samples)  # micro_batch=2: two passes
     whole.step(samples)
+    # Equal up to float32 rounding: the output head multiplies each pass's response rows
+    # as one matrix, so its sums run in another order when the rows are split (2e-6 seen).
     for name, tensor in whole.model.state_dict().items():
-        torch.testing.assert_close(trainer.model.state_dict()[name], tensor, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(trainer.model.state_dict()[name], tensor, atol=5e-6, rtol=1e-5)
 
 
 def test_weights_blob_round_trips(trainer):

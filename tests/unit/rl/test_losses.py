@@ -6,15 +6,15 @@ import torch
 
 from sluice.rl.losses import (
     LOSS_NAMES,
+    chunked_token_stats,
     decoupled_ppo_loss,
-    entropy_from_logits,
     kl_k3,
     logprob_mismatch,
     masked_mean,
     policy_loss,
     ppo_clip_loss,
     tis_loss,
-    token_logprobs,
+    token_stats,
 )
 
 E = math.e
@@ -92,14 +92,64 @@ def test_entropy_uniform_and_peaked():
     vocab = 8
     uniform = torch.zeros(1, 1, vocab)
     peaked = torch.tensor([[[100.0] + [0.0] * (vocab - 1)]])
-    mask = torch.ones(1, 1)
-    assert entropy_from_logits(uniform, mask).item() == pytest.approx(math.log(vocab), rel=1e-6)
-    assert entropy_from_logits(peaked, mask).item() == pytest.approx(0.0, abs=1e-6)
+    target = torch.zeros(1, 1, dtype=torch.long)
+    assert token_stats(uniform, target)[1].item() == pytest.approx(math.log(vocab), rel=1e-6)
+    assert token_stats(peaked, target)[1].item() == pytest.approx(0.0, abs=1e-6)
 
 
-def test_token_logprobs_picks_target():
+def test_token_stats_picks_the_targets_logprob():
     logits = torch.log(torch.tensor([[[0.1, 0.2, 0.7]]]))
-    assert token_logprobs(logits, torch.tensor([[2]])).item() == pytest.approx(math.log(0.7))
+    assert token_stats(logits, torch.tensor([[2]]))[0].item() == pytest.approx(math.log(0.7))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_chunked_stats_equal_the_whole_logits_in_values_and_gradients(chunk):
+    torch.manual_seed(0)
+    tokens, width, vocab = 64, 16, 300
+    head = torch.nn.Linear(width, vocab, bias=False)
+    hidden = torch.randn(tokens, width, requires_grad=True)
+    targets = torch.randint(vocab, (tokens,))
+    weights = torch.randn(tokens)  # a loss that weighs each token's log-prob and entropy
+
+    def grads(lp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.autograd.grad((weights * lp).sum() + 0.3 * ent.sum(), [hidden, head.weight])
+
+    whole_lp, whole_ent = token_stats(head(hidden), targets)
+    lp, ent = chunked_token_stats(head, hidden, targets, chunk, entropy_grad=True)
+    torch.testing.assert_close(lp, whole_lp)
+    torch.testing.assert_close(ent, whole_ent)
+    for mine, theirs in zip(grads(lp, ent), grads(whole_lp, whole_ent), strict=True):
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_a_metric_entropy_leaves_the_graph():
+    head = torch.nn.Linear(4, 10, bias=False)
+    hidden = torch.randn(5, 4, requires_grad=True)
+    lp, ent = chunked_token_stats(head, hidden, torch.zeros(5, dtype=torch.long), 2, False)
+    assert lp.requires_grad and not ent.requires_grad
+    with torch.no_grad():  # evaluation: nothing kept for a backward pass
+        lp, _ = chunked_token_stats(head, hidden, torch.zeros(5, dtype=torch.long), 2, True)
+    assert not lp.requires_grad
+
+
+def test_chunked_stats_hold_one_chunk_of_logits_for_the_backward():
+    """What autograd keeps between forward and backward: the chunks' inputs, not a
+    [tokens, vocab] tensor (the backward recomputes each chunk's logits)."""
+    head = torch.nn.Linear(8, 5000, bias=False)
+    hidden = torch.randn(512, 8, requires_grad=True)
+    targets = torch.zeros(512, dtype=torch.long)
+    kept: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        chunked_token_stats(head, hidden, targets, 64, entropy_grad=False)
+    assert max(kept) < 512 * 5000 // 4  # no whole-logits tensor saved
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_stats(head(hidden), targets)
+    assert max(kept) >= 512 * 5000  # the unchunked path saves them
 
 
 def test_masked_mean_empty_mask_is_zero():
