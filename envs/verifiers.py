@@ -62,6 +62,24 @@ def math_answer(completion: str, answer: str) -> dict[str, Any]:
     return {"reward": float(right), "correct": right, "parsed": float(bool(given))}
 
 
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_number(completion: str, answer: str) -> dict[str, Any]:
+    """1.0 when the last number in the completion equals the reference answer (a number):
+    "23 + 45 = 68" is right for 68, and so is "68". Stricter than ``math_answer`` for
+    arithmetic: math-verify evaluates an expression, so a reply that only restates the
+    question ("23 + 45") would count as right, and a policy learns to do just that."""
+    found = _NUMBER.findall(completion)
+    if not found:
+        return {"reward": 0.0, "correct": False, "parsed": 0.0}
+    try:
+        right = float(found[-1].replace(",", "")) == float(str(answer).replace(",", ""))
+    except ValueError:  # "1,2,3" is not one number
+        right = False
+    return {"reward": float(right), "correct": right, "parsed": 1.0}
+
+
 def addition(prompt: str, completion: str) -> dict[str, Any]:
     """The built-in addition environment's verifier as a reward function (for a data file
     of addition problems: it reads the operands from the prompt)."""

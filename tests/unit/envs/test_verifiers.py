@@ -8,6 +8,7 @@ from sluice.envs import make_env
 from sluice.envs.verifiers import (
     addition,
     exact_match,
+    final_number,
     format_reward,
     math_answer,
     normalized_match,
@@ -43,6 +44,24 @@ def test_exact_and_normalised_match(
 def test_math_answer_accepts_equivalent_forms(completion: str, answer: str, right: bool) -> None:
     out = math_answer(completion, answer)
     assert (out["reward"], out["correct"]) == (float(right), right)
+
+
+@pytest.mark.parametrize(
+    ("completion", "right"),
+    [
+        ("23 + 45 = 68", True),
+        ("68", True),
+        ("The sum is 68.", True),
+        ("It is 70, not 68", True),  # the last number decides
+        ("23 + 45", False),  # restating the question, which math_answer would accept
+        ("23 + 45 = 78", False),
+        ("sixty-eight", False),
+    ],
+)
+def test_final_number_reads_the_last_number(completion: str, right: bool) -> None:
+    assert final_number(completion, "68")["correct"] is right
+    assert math_answer("23 + 45", "68")["correct"]  # why arithmetic needs final_number
+    assert final_number("1,234", "1234")["correct"] and final_number("-7", "-7")["correct"]
 
 
 def test_format_reward_and_the_overlong_penalty() -> None:
