@@ -1,0 +1,204 @@
+"""The trainer's peak memory and step time at real vocabularies, logits whole against chunked.
+
+Two models: SmolLM2-135M-Instruct (vocabulary 49,152; ``make model`` writes its folder) and
+a generated 2-layer llama with Qwen2.5's vocabulary (151,936) and Qwen2.5-0.5B's width.
+Each micro-batch of 1,024, 4,096 and 8,192 tokens (rows of a 128-token prompt and an
+896-token response) is trained by the torch engine with the logits computed:
+
+- **whole**: as the trainer did before ``train.logits_chunk_tokens`` (the model's logits at
+  every position, log-softmax over all of them, the entropy in the graph);
+- **chunked**: as it does now (the response positions only, 1,024 tokens at a time, the
+  backward recomputing each chunk; the entropy a metric).
+
+Each setting runs in its own process, under a 20 GiB address-space limit (a setting that
+needs more reports "out of memory" instead of taking the machine): one step allocates the
+optimiser's state, the peak resident memory is reset (``/proc/self/clear_refs``), and the
+next steps give the peak above that baseline and the median step time.
+
+    .venv/bin/python -m sluice.benchmarks.vocab --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from sluice.benchmarks.tables import markdown_table, measured_on
+from sluice.sim.report import write_section
+
+ROOT = Path(__file__).parents[1]
+SMOLLM2 = ROOT / "models" / "smollm2-135m-instruct"
+TOKENS = (1024, 4096, 8192)
+PROMPT, RESPONSE = 128, 896
+VARIANTS = ("whole", "chunked")
+LIMIT_BYTES = 20 << 30
+GIB = 1 << 30
+
+
+def qwen_vocab_model(folder: Path) -> Path:
+    """A 2-layer llama at Qwen2.5-0.5B's width with its vocabulary, random, tied."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if (folder / "config.json").is_file():
+        return folder
+    config = LlamaConfig(
+        vocab_size=151_936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=2,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def whole_logits_forward(trainer, batch):  # type: ignore[no-untyped-def]
+    """The trainer's forward pass before chunking, verbatim in what it holds: logits of
+    every position in float32, log-softmax over all of them, the entropy's graph kept."""
+    from sluice.engines.trainer_core import model_inputs
+
+    out = trainer._network(**model_inputs(batch))
+    logits = out.logits[:, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    chosen = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return chosen, entropy
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str, float]:
+    """One setting, in this process: peak bytes above the post-warm-up baseline, step times."""
+    from sluice.engines.torch_trainer import TorchTrainer
+    from sluice.rl.batching import Sample
+
+    trainer = TorchTrainer(
+        str(model), lr=1e-5, clip_eps=0.2, grad_clip=1.0, micro_batch=64, threads=2, seed=0,
+        micro_batch_tokens=tokens,
+    )  # fmt: skip
+    if variant == "whole":
+        trainer._forward = lambda batch: whole_logits_forward(trainer, batch)  # type: ignore[method-assign]
+    vocab = int(trainer.model.config.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    rows = tokens // (PROMPT + RESPONSE)
+    samples = [
+        Sample(
+            torch.randint(vocab, (PROMPT,), generator=gen).tolist(),
+            torch.randint(vocab, (RESPONSE,), generator=gen).tolist(),
+            [-5.0] * RESPONSE,
+            1.0 if i % 2 else -1.0,
+        )
+        for i in range(rows)
+    ]
+    trainer.step(samples)  # AdamW's state is allocated by the first step
+    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
+    base = _status("VmRSS")
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        trainer.step(samples)
+        times.append(time.perf_counter() - start)
+    return {"peak_bytes": _status("VmHWM") - base, "step_s": statistics.median(times)}
+
+
+def run_setting(model: Path, tokens: int, variant: str, steps: int) -> dict[str, float] | None:
+    """``measure_one`` in a child under the address-space limit; None when it ran out."""
+    code = (
+        "import json, resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({LIMIT_BYTES}, {LIMIT_BYTES}))\n"
+        "from sluice.benchmarks.vocab import measure_one\n"
+        f"print(json.dumps(measure_one(__import__('pathlib').Path({str(model)!r}), "
+        f"{tokens}, {variant!r}, {steps})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        if "memory" in done.stderr.lower() or "alloc" in done.stderr.lower():
+            return None
+        raise RuntimeError(f"{model.name} {tokens} {variant}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(results: dict[tuple[str, int, str], dict[str, float] | None]) -> list[list[str]]:
+    rows = []
+    for (name, tokens, variant), r in results.items():
+        if variant != "chunked":
+            continue
+        whole = results.get((name, tokens, "whole"))
+        vocab = 49_152 if name.startswith("SmolLM2") else 151_936
+        logits_gib = tokens * vocab * 4 / GIB
+        cells = [name, f"{tokens:,}", f"{logits_gib:.2f}"]
+        for x in (whole, r):
+            cells.append("out of memory" if x is None else f"{x['peak_bytes'] / GIB:.2f}")
+        for x in (whole, r):
+            cells.append("-" if x is None else f"{x['step_s']:.1f}")
+        ok = whole is not None and r is not None
+        cells.append(f"{r['step_s'] / whole['step_s']:.2f}" if ok else "-")  # type: ignore[index]
+        rows.append(cells)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per setting")
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md's section")
+    args = parser.parse_args()
+    if not SMOLLM2.is_dir():
+        raise SystemExit(f"{SMOLLM2} is missing: `make model` writes it")
+    with tempfile.TemporaryDirectory() as tmp:
+        models = {
+            "SmolLM2-135M": SMOLLM2,
+            "Qwen2.5 vocabulary, 2 layers": qwen_vocab_model(Path(tmp) / "qwen-vocab"),
+        }
+        results: dict[tuple[str, int, str], dict[str, float] | None] = {}
+        for name, folder in models.items():
+            for tokens in args.tokens:
+                for variant in VARIANTS:
+                    r = run_setting(folder, tokens, variant, args.steps)
+                    results[(name, tokens, variant)] = r
+                    print(name, tokens, variant, r, flush=True)
+    header = [
+        "model",
+        "micro-batch tokens",
+        "one logits tensor (GiB)",
+        "peak, whole (GiB)",
+        "peak, chunked (GiB)",
+        "step s, whole",
+        "step s, chunked",
+        "chunked / whole",
+    ]
+    lines = [
+        f"{measured_on('torch', 'transformers')} "
+        f"({torch.backends.cpu.get_cpu_capability()}); 2 torch threads, {args.steps} timed "
+        "steps per setting after one warm-up, each setting in its own process under a 20 GiB "
+        "address-space limit. Peak: resident memory above the process's after the warm-up "
+        "step (model, gradients and AdamW state excluded).",
+        "Command: `.venv/bin/python -m sluice.benchmarks.vocab --write` (`make bench-vocab`).",
+        "",
+        *markdown_table(header, table(results)),
+    ]
+    body = "\n".join(lines)
+    print(body)
+    if args.write:
+        write_section("vocab-memory", "Logits memory at real vocabularies", body)
+
+
+if __name__ == "__main__":
+    main()
