@@ -43,7 +43,6 @@ from sluice.rl.losses import (
     logprob_mismatch,
     masked_mean,
     policy_loss,
-    token_stats,
 )
 from sluice.storage.torch_state import bytes_to_tensors, tensors_to_bytes
 
@@ -298,23 +297,21 @@ class PolicyTrainer(ABC):
             self.device.type, dtype=self._autocast or torch.float32, enabled=bool(self._autocast)
         ):
             at = batch.mask.bool()
-            if self._head is None:
+            if self._head is None:  # the model's own logits, whole
                 out = self._network(**model_inputs(batch))
-                logprobs, entropy = token_stats(
-                    out.logits[:, :-1][at], batch.targets[at], self._temperature
-                )
-                entropy = entropy if self._entropy_coef else entropy.detach()
+                head: Callable[[torch.Tensor], torch.Tensor] = torch.nn.Identity()
             else:
                 with self._head.bypassed():
                     out = self._network(**model_inputs(batch))
-                logprobs, entropy = chunked_token_stats(
-                    self._head.module,
-                    out.logits[:, :-1][at],
-                    batch.targets[at],
-                    self._logits_chunk,
-                    entropy_grad=bool(self._entropy_coef),
-                    temperature=self._temperature,
-                )
+                head = self._head.module
+            logprobs, entropy = chunked_token_stats(
+                head,
+                out.logits[:, :-1][at],
+                batch.targets[at],
+                self._logits_chunk,
+                entropy_grad=bool(self._entropy_coef),
+                temperature=self._temperature,
+            )
         blank = torch.zeros(at.shape, dtype=torch.float32, device=at.device)
         return blank.masked_scatter(at, logprobs), blank.masked_scatter(at, entropy)
 
