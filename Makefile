@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: model test-real setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-vocab bench-learning bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-vocab bench-real bench-learning bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -178,6 +178,14 @@ LEARNING_STEPS ?= 1600
 # (BENCHMARKS.md; needs `make model`; not part of `make bench`).
 bench-vocab: model
 	$(PY) -m sluice.benchmarks.vocab --write
+
+# SmolLM2-135M-Instruct (configs/smollm2.yaml): Sluice sync, one_step and async beside TRL's
+# GRPO on the same model, prompts, reward and seed, 2 rounds of 20 steps, held-out accuracy
+# on 256 prompts every 5, threshold +15 points (~3 hours here; needs `make model`; not part
+# of `make bench`).
+bench-real: model
+	$(PY) -m sluice.benchmarks.peer_trl --config configs/smollm2.yaml --sluice sync one_step async \
+	  --rounds 2 --steps 20 --eval-every 5 --eval-prompts 256 --gain 0.15
 
 bench-learning: setup
 	$(PY) -m sluice.benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write

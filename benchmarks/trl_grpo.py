@@ -1,6 +1,7 @@
 """TRL's GRPO trainer on Sluice's workload: the peer run that ``benchmarks/peer_trl.py`` drives.
 
-One process, one job: train the policy folder Sluice builds for a config (``prepare_policy``,
+One process, one job: train the policy a Sluice run of a config starts from
+(``tasks/job.py: prepare_policy_task``: the config's model folder or the cached tiny policy,
 loaded with transformers from the folder, no hub) with ``trl.GRPOTrainer`` on the same
 environment, prompts, group size, response length, learning rate and schedule as a Sluice
 run of that config, and record what the comparison needs:
@@ -21,7 +22,8 @@ the environment's at each episode's end, the environment's tokens are kept out o
 
 Prompts: the first ``steps x prompts_per_step`` prompts of the same ``PromptStream`` a
 Sluice batch run draws, in its order (TRL's shuffling off), so step i trains on the prompts
-Sluice's ``sync`` step i trains on. Rewards: ``envs.score``, Sluice's verifier. Optimiser:
+Sluice's ``sync`` step i trains on, chat messages rendered with the model folder's template.
+Rewards: the run's scorer (``tasks/environment.py: scorer_factory``). Optimiser:
 AdamW with Sluice's linear warm-up (``engines/torch_trainer.py``), handed to the trainer.
 
 ``--probe`` instead times one generation of the first step's batch (16 prompts x 8
@@ -59,12 +61,19 @@ from transformers import (
 
 from sluice.benchmarks import trl_episodes
 from sluice.engines.episodes import EpisodeSteps
-from sluice.engines.policy import greedy_accuracy, prepare_policy, save_policy
-from sluice.envs import Environment, Problem, score
+from sluice.engines.policy import greedy_accuracy, save_policy
+from sluice.envs import Environment, Problem
 from sluice.envs.prompts import PromptStream
-from sluice.envs.scoring import VerifierScorer
+from sluice.envs.scoring import Scorer
 from sluice.rl.config import RunConfig, load_config
-from sluice.tasks.environment import episode_limits, make_environment, step_spec
+from sluice.tasks.environment import (
+    episode_limits,
+    eval_tokens,
+    make_environment,
+    scorer_factory,
+    step_spec,
+)
+from sluice.tasks.job import prepare_policy_task
 
 log = logging.getLogger("sluice.peer")
 
@@ -158,16 +167,18 @@ def timed_trainer(clock: GenerationClock) -> type:
 
 
 class SluiceReward:
-    """A TRL reward function that scores with Sluice's verifier (``envs.score``).
+    """A TRL reward function that scores with the run's scorer: the environment's verifier,
+    or the config's reward functions in their isolated pool, as a Sluice run scores.
 
     TRL passes the dataset's extra columns as lists beside the completions; ``prompt_id``
-    and ``answer`` rebuild the ``Problem`` the verifier expects.
+    finds the ``Problem`` (with its data fields) the scorer expects.
     """
 
     __name__ = "sluice_verifier"  # TRL names each reward function's metrics by this
 
-    def __init__(self, env: Environment) -> None:
-        self.env = env
+    def __init__(self, scorer: Scorer, problems: list[Problem]) -> None:
+        self.scorer = scorer
+        self.problems = {p.prompt_id: p for p in problems}
         self.tally = Tally()
 
     def __call__(
@@ -176,15 +187,15 @@ class SluiceReward:
         completions: list[str],
         completion_ids: list[list[int]],
         prompt_id: list[str],
-        answer: list[str],
         **_: Any,
     ) -> list[float]:
+        verdicts = self.scorer.score(
+            [self.problems[pid] for pid in prompt_id],
+            [[text] for text in completions],
+            [[len(ids)] for ids in completion_ids],
+        )
         rewards = []
-        for prompt, text, ids, pid, ref in zip(
-            prompts, completions, completion_ids, prompt_id, answer, strict=True
-        ):
-            problem = Problem(pid, self.env.name, prompt, ref, "train")
-            verdict = score(self.env, problem, text)
+        for (verdict,), ids in zip(verdicts, completion_ids, strict=True):
             rewards.append(verdict.reward)
             self.tally.completions += 1
             self.tally.tokens += len(ids)
@@ -222,15 +233,15 @@ class Recorder(TrainerCallback):
         reward: SluiceReward,
         clock: GenerationClock,
         tokenizer: PreTrainedTokenizerFast,
-        env: Environment,
+        scorer: Scorer,
         heldout: list[Problem],
+        max_new: int,
         eval_every: int,
         episodes: trl_episodes.EpisodeRollout | None = None,
     ) -> None:
         self.result, self.reward, self.clock, self.tokenizer = result, reward, clock, tokenizer
-        self.env, self.heldout, self.eval_every = env, heldout, eval_every
-        self.scorer = VerifierScorer(env)
-        self.max_new = max(len(p.answer) for p in heldout) + 4  # as tasks/session.py
+        self.scorer, self.heldout, self.eval_every = scorer, heldout, eval_every
+        self.max_new = max_new  # a Sluice run's (tasks/environment.py: eval_tokens)
         self.episodes = episodes
         self.since = time.monotonic()
 
@@ -357,20 +368,19 @@ def train(
     """Run TRL's GRPO on ``cfg``'s workload for ``steps`` steps; save the policy under ``out``."""
     torch.set_num_threads(threads)
     started = time.monotonic()
-    env, signature = make_environment(cfg.env)
+    env, _ = make_environment(cfg.env, cfg.policy)
     spec = step_spec(cfg)
     env_steps = EpisodeSteps(spec, cfg.env.step_timeout_s) if spec is not None else None
+    scorer = scorer_factory(env, cfg.reward, cfg.env)()
     try:
-        policy_dir = prepare_policy(
-            cfg.policy, env, signature, cfg.seed, cfg.cache_dir, steps=env_steps
-        )
+        policy_dir = prepare_policy_task.fn(cfg)  # the policy a Sluice run of cfg starts from
         tokenizer = PreTrainedTokenizerFast.from_pretrained(policy_dir)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         heldout = env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
         problems = train_problems(cfg, env, steps)
         clock = GenerationClock()
         result = TrlResult(steps=steps, threads=threads, load_s=0.0)
-        rollout, reward = None, SluiceReward(env)
+        rollout, reward = None, SluiceReward(scorer, problems)
         if env_steps is not None:  # a multi-turn environment: TRL plays its episodes
             rollout = trl_episodes.EpisodeRollout(
                 env_steps,
@@ -379,8 +389,11 @@ def train(
                 cfg.rollout.max_new_tokens,  # an episode's budget, as a Sluice run's
                 cfg.rollout.temperature,
             )
-            reward = EpisodeReward(env)
-        recorder = Recorder(result, reward, clock, tokenizer, env, heldout, eval_every, rollout)
+            reward = EpisodeReward(scorer, problems)
+        max_new = eval_tokens(cfg, heldout)
+        recorder = Recorder(
+            result, reward, clock, tokenizer, scorer, heldout, max_new, eval_every, rollout
+        )
         trainer = timed_trainer(clock)(
             model=model,
             reward_funcs=reward,
@@ -395,6 +408,7 @@ def train(
         trainer.train()
         save_policy(trainer.model, tokenizer, out / POLICY_FOLDER)
     finally:
+        scorer.close()
         if env_steps is not None:
             env_steps.close()
     return result
@@ -403,8 +417,8 @@ def train(
 def probe(cfg: RunConfig, threads: int) -> float:
     """Median seconds of one HF ``generate`` of the first step's batch with ``threads``."""
     torch.set_num_threads(threads)
-    env, signature = make_environment(cfg.env)
-    policy_dir = prepare_policy(cfg.policy, env, signature, cfg.seed, cfg.cache_dir)
+    env, _ = make_environment(cfg.env, cfg.policy)
+    policy_dir = prepare_policy_task.fn(cfg)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(policy_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     prompts = [p.prompt for p in train_problems(cfg, env, 1)]

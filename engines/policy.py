@@ -257,16 +257,23 @@ def greedy_accuracy(
     tokenizer.padding_side = "left"
     texts = prompts if prompts is not None else [p.prompt for p in problems]
     encoded = tokenizer(texts, return_tensors="pt", padding=True)
+    pad = PAD_ID if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    eos = EOS_ID if tokenizer.eos_token_id is None else tokenizer.eos_token_id
     out = model.generate(
         **encoded,
         max_new_tokens=max_new_tokens,
         do_sample=False,
-        pad_token_id=PAD_ID,
-        eos_token_id=EOS_ID,
+        pad_token_id=pad,
+        eos_token_id=eos,
     )
     generated = out[:, encoded["input_ids"].shape[1] :]
     texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
-    lengths = (generated != PAD_ID).sum(dim=1).tolist()
+    # A reply's length: up to and with its end-of-sequence token (a model folder may pad
+    # with its EOS, as SmolLM2 does).
+    ended = (generated == eos).int()
+    lengths = torch.where(
+        ended.any(dim=1), ended.argmax(dim=1) + 1, torch.full_like(ended[:, 0], generated.shape[1])
+    ).tolist()
     model.train()
     results = scorer.score(problems, [[t] for t in texts], [[n] for n in lengths])
     return sum(r[0].correct for r in results) / len(problems)

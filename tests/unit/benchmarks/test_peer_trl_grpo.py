@@ -21,6 +21,7 @@ from sluice.benchmarks.trl_grpo import (
 )
 from sluice.engines.policy import check_policy_folder
 from sluice.envs.prompts import PromptStream
+from sluice.envs.scoring import VerifierScorer
 from sluice.rl.config import load_config
 from sluice.tasks.environment import make_environment
 from tests.support.cli import child_env
@@ -28,11 +29,11 @@ from tests.support.cli import child_env
 ROOT = Path(__file__).parents[3]
 
 
-def test_the_reward_is_sluices_verifier_and_counts_what_it_scored():
+def test_the_reward_is_the_runs_scorer_and_counts_what_it_scored():
     cfg = load_config(ROOT / "configs/longtail.yaml")
     env, _ = make_environment(cfg.env)
     problems = env.problems("train", 2, 0)
-    reward = SluiceReward(env)
+    reward = SluiceReward(VerifierScorer(env), problems)
     scores = reward(
         prompts=[p.prompt for p in problems],
         completions=[problems[0].answer, "no|7"],
@@ -145,6 +146,26 @@ def test_two_real_trl_steps_play_the_agentic_workloads_episodes(tmp_path, tiny_p
     result = read_result(out)
     assert result.samples == [8, 8]  # 2 prompts x 4 episodes per step
     assert all(0 < t <= 8 * 48 for t in result.tokens)  # sampled tokens within the budget
+    assert result.eval_steps == [0, 1, 2]
+    check_policy_folder(out / POLICY_FOLDER)
+
+
+def test_two_real_trl_steps_on_the_real_model_config_with_a_chat_folder(tmp_path, bpe_policy):
+    """configs/smollm2.yaml's workload (chat messages rendered by the folder's template, the
+    final_number reward in its pool) on a tiny ChatML folder: TRL's reward is the config's
+    reward, and its held-out decode has the run's token budget."""
+    out = tmp_path / "trl"
+    train(
+        "configs/smollm2.yaml",
+        out,
+        f"policy.path={bpe_policy}",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "eval.prompts=8",
+    )
+    result = read_result(out)
+    assert result.samples == [8, 8]
+    assert all(0 < t <= 8 * 16 for t in result.tokens)  # max_new_tokens 16
     assert result.eval_steps == [0, 1, 2]
     check_policy_folder(out / POLICY_FOLDER)
 
