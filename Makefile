@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: model test-real setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-vocab bench-real bench-learning bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-vocab bench-real bench-real-sync bench-learning bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -186,6 +186,13 @@ bench-vocab: model
 bench-real: model
 	$(PY) -m sluice.benchmarks.peer_trl --config configs/smollm2.yaml --sluice sync one_step async \
 	  --rounds 2 --steps 20 --eval-every 5 --eval-prompts 256 --gain 0.15
+
+# A version of SmolLM2-135M-Instruct pushed: the publish and pull of its weights with the
+# relay's and the puller's memory, then full weights against a rank-16 LoRA adapter synced
+# into vLLM (~5 minutes; needs `make model`; not part of `make bench`).
+bench-real-sync: model
+	$(PY) -m sluice.benchmarks.weights --model models/smollm2-135m-instruct --write
+	$(PY) -m sluice.benchmarks.adapters --config configs/smollm2.yaml --write
 
 bench-learning: setup
 	$(PY) -m sluice.benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write

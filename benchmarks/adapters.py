@@ -16,11 +16,16 @@ version, so both see the same machine state:
   batch (16 addition prompts x 8 samples, up to 32 tokens) with what it loaded, which
   shows what serving an adapter costs per batch.
 
+``--config configs/smollm2.yaml`` measures the second on that config's model folder instead
+(SmolLM2-135M-Instruct: its 270 MB-a-version bf16 weights, 540 MB in the fp32 sync here,
+against an adapter), with its first step's prompts, into a section of its own.
+
 Prints a markdown table with the median and the range over the versions after the first
 (whose page faults are apart); ``--write`` also puts it in BENCHMARKS.md (section
 "LoRA adapters against full weights").
 
     .venv/bin/python -m sluice.benchmarks.adapters --write
+    .venv/bin/python -m sluice.benchmarks.adapters --config configs/smollm2.yaml --write
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import gc
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -47,6 +53,7 @@ from sluice.sim.report import measured_commit, write_section
 from sluice.storage.params import ParameterService
 
 MIB = 1 << 20
+SECTION = ("lora-adapters", "LoRA adapters against full weights")
 LORA = LoraConfig(
     rank=16,
     alpha=32,
@@ -117,12 +124,12 @@ def sync_at_scale(repeats: int) -> dict[str, list[dict[str, float]]]:
     return runs
 
 
-def sync_on_the_tiny_policy(
-    policy: Path, prompts: list[str], repeats: int
+def sync_into_vllm(
+    policy: Path, prompts: list[str], max_new_tokens: int, repeats: int
 ) -> dict[str, list[dict[str, float]]]:
-    """The real trainer -> parameter service -> vLLM sync of the default policy, full
-    weights and adapter, and a batch generated after each; each engine built in turn (vLLM
-    holds one engine a process)."""
+    """The real trainer -> parameter service -> vLLM sync of a policy folder, full weights
+    and adapter, and a batch (8 samples a prompt) generated after each; each engine built in
+    turn (vLLM holds one engine a process)."""
     from sluice.engines.torch_trainer import TorchTrainer
     from sluice.engines.vllm_rollout import VLLMRolloutEngine
 
@@ -147,7 +154,7 @@ def sync_on_the_tiny_policy(
             pulled_at = time.perf_counter()
             engine.load_weights(pulled, version)
             done = time.perf_counter()
-            engine.generate(prompts, 8, 32, 1.0, seed=version)
+            engine.generate(prompts, 8, max_new_tokens, 1.0, seed=version)
             runs[kind].append(
                 {
                     "publish_s": published - start,
@@ -169,12 +176,16 @@ def _ms(runs: list[dict[str, float]], key: str | Callable[[dict[str, float]], fl
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
-def table(scale: dict[str, list[dict[str, float]]], tiny: dict[str, list[dict[str, float]]]) -> str:
+Measured = dict[str, list[dict[str, float]]]
+"""Each kind's ("full", "adapter") versions, one dict of seconds and bytes each."""
+
+
+def table(measured: list[tuple[str, Measured]]) -> str:
+    """``measured``: (model, runs) pairs; runs with vLLM load times were synced into vLLM."""
     rows = []
-    for where, runs, keys in (
-        ("1.1B llama, bf16", scale, ("publish_s", "pull_s")),
-        ("tiny default policy, fp32, into vLLM", tiny, ("publish_s", "pull_s", "load_s")),
-    ):
+    for where, runs in measured:
+        keys = ("publish_s", "pull_s", "load_s") if "load_s" in runs["full"][0] else (
+            "publish_s", "pull_s")  # fmt: skip
         for kind in ("full", "adapter"):
             r = runs[kind]
             cells = [_ms(r, k) for k in keys] + ["-"] * (3 - len(keys))
@@ -201,16 +212,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=6, help="versions of each kind")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="sync this config's model folder (policy.path) into vLLM and generate its "
+        "batch, instead of the 1.1B shapes and the tiny default policy",
+    )
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM in this process
-    from sluice.engines.policy import prepare_policy
-    from sluice.rl.config import EnvConfig, PolicyConfig
-    from sluice.tasks.environment import make_environment
-
-    env, signature = make_environment(EnvConfig(digits=2, scratch=True))  # the default run's
-    prompts = [p.prompt for p in env.problems("train", 16, 0)]
-    cache = Path(tempfile.mkdtemp(prefix="sluice-bench-adapters-"))
-    policy = prepare_policy(PolicyConfig(warmstart_max_steps=0), env, signature, 0, cache)
+    policy, prompts, max_new, label = _workload(args.config)
     load_before = os.getloadavg()[0]
     ray.init(
         address="local",
@@ -222,10 +232,13 @@ def main() -> None:
         log_to_driver=False,
     )
     try:
-        scale = sync_at_scale(args.repeats)
-        tiny = sync_on_the_tiny_policy(policy, prompts, args.repeats)
+        measured = [] if args.config else [("1.1B llama, bf16", sync_at_scale(args.repeats))]
+        measured.append((label, sync_into_vllm(policy, prompts, max_new, args.repeats)))
     finally:
         ray.shutdown()
+    command = " ".join([".venv/bin/python -m sluice.benchmarks.adapters", *sys.argv[1:]])
+    key, title = SECTION if args.config is None else (
+        f"{SECTION[0]}-{args.config.stem}", f"{SECTION[1]}: `{args.config}`")  # fmt: skip
     section = (
         f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -234,12 +247,34 @@ def main() -> None:
         f"median [min-max] of versions 2-{args.repeats}; load average {load_before:.1f} "
         f"before, {os.getloadavg()[0]:.1f} after. Adapter: rank {LORA.rank} on "
         f"{', '.join(LORA.target_modules)}.\n"
-        "Command: `make bench-adapters` (`.venv/bin/python -m sluice.benchmarks.adapters "
-        "--write`).\n\n" + table(scale, tiny)
+        f"Command: `{command}`.\n\n" + table(measured)
     )
     print(section)
     if args.write:
-        write_section("lora-adapters", "LoRA adapters against full weights", section)
+        write_section(key, title, section)
+
+
+def _workload(config: Path | None) -> tuple[Path, list[str], int, str]:
+    """The policy folder to sync into vLLM, a batch's prompts, their token budget and the
+    table's label: the config's model folder and first step's prompts, else the tiny
+    default policy (no warm start) on the default run's prompts."""
+    from sluice.engines.policy import prepare_policy
+    from sluice.rl.config import EnvConfig, PolicyConfig, load_config
+    from sluice.tasks.environment import make_environment
+
+    if config is not None:
+        cfg = load_config(config)
+        if not cfg.policy.path:
+            raise SystemExit(f"{config}: policy.path is not set; give a config with a model folder")
+        env, _ = make_environment(cfg.env, cfg.policy)
+        prompts = [p.prompt for p in env.problems("train", cfg.rollout.prompts_per_step, 0)]
+        label = f"{Path(cfg.policy.path).name}, fp32, into vLLM"
+        return Path(cfg.policy.path), prompts, cfg.rollout.max_new_tokens, label
+    env, signature = make_environment(EnvConfig(digits=2, scratch=True))  # the default run's
+    prompts = [p.prompt for p in env.problems("train", 16, 0)]
+    cache = Path(tempfile.mkdtemp(prefix="sluice-bench-adapters-"))
+    policy = prepare_policy(PolicyConfig(warmstart_max_steps=0), env, signature, 0, cache)
+    return policy, prompts, 32, "tiny default policy, fp32, into vLLM"
 
 
 if __name__ == "__main__":

@@ -22,10 +22,15 @@ and the object store's bytes in use. Ray frees an object's memory in batches eve
 ``--free-period-ms`` (default 10 ms), so the object store shows what the service holds,
 not what Ray has yet to free.
 
+``--model DIR`` takes the shapes from a model folder's config.json instead (for
+SmolLM2-135M-Instruct, the tied embedding published under both of its names, as Sluice's
+trainer publishes it), into a section of its own.
+
 Prints a markdown table and a JSON line of the numbers; ``--write`` also puts the table
 in BENCHMARKS.md (section "Weights that stream").
 
     .venv/bin/python -m sluice.benchmarks.weights --write
+    .venv/bin/python -m sluice.benchmarks.weights --model models/smollm2-135m-instruct --write
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -90,6 +96,17 @@ def llama_shapes(layers: int, hidden: int, intermediate: int, vocab: int) -> dic
     )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
+    return {name: list(t.shape) for name, t in model.state_dict().items()}
+
+
+def folder_shapes(folder: Path) -> dict[str, list[int]]:
+    """The state dict's names and shapes of a model folder's architecture (its config.json,
+    on meta): what Sluice's trainer publishes for it, a tied embedding under both names."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
     return {name: list(t.shape) for name, t in model.state_dict().items()}
 
 
@@ -332,12 +349,19 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=LLAMA_1B["hidden_size"])
     parser.add_argument("--intermediate", type=int, default=LLAMA_1B["intermediate_size"])
     parser.add_argument("--vocab", type=int, default=LLAMA_1B["vocab_size"])
+    parser.add_argument(
+        "--model", type=Path, help="a model folder whose shapes to use instead (its config.json)"
+    )
     parser.add_argument("--free-period-ms", type=int, default=10)
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    shapes = llama_shapes(args.layers, args.hidden, args.intermediate, args.vocab)
+    shapes = (
+        folder_shapes(args.model)
+        if args.model
+        else llama_shapes(args.layers, args.hidden, args.intermediate, args.vocab)
+    )
     params = sum(int(np.prod(s)) for s in shapes.values())
     ray.init(
         address="local",
@@ -356,14 +380,14 @@ def main() -> None:
         ray.shutdown()
     s = summary(result)
     commit = measured_commit()
+    command = " ".join([".venv/bin/python -m sluice.benchmarks.weights", *sys.argv[1:]])
     section = (
         f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {commit} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"torch {package_version('torch')}, ray {package_version('ray')}; {args.repeats} "
         f"versions (GB/s: medians of versions {WARMUP + 1}-{args.repeats}; memory: peaks over "
         f"all); load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after.\n"
-        "Command: `make bench-weights` (`.venv/bin/python -m sluice.benchmarks.weights "
-        "--write`).\n\n" + table(result, s)
+        f"Command: `{command}`.\n\n" + table(result, s)
     )
     print(section)
     line = json.dumps(result | {"summary": s})
@@ -371,7 +395,10 @@ def main() -> None:
     if args.json:
         args.json.write_text(line)
     if args.write:
-        write_section("weights-streaming", "Weights that stream", section)
+        key, title = "weights-streaming", "Weights that stream"
+        if args.model:
+            key, title = f"{key}-{args.model.name}", f"{title}: {args.model.name}"
+        write_section(key, title, section)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct end to end (``make test-real``, which runs ``make model`` first):
 a few steps of ``configs/smollm2.yaml`` with full weights and with LoRA, the weight push of a
 real model with tied embeddings, its ChatML template and a 49k vocabulary. The trainer's
-log-probs of tokens vLLM has just sampled must be vLLM's own at the same version."""
+log-probs of tokens vLLM has just sampled must be vLLM's own at the same version, in float32
+and in bfloat16."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice.tasks.session import MISMATCH_BF16
 from tests.support.cli import ROOT, sluice
 
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
@@ -70,3 +72,12 @@ def test_lora_adapters_train_push_and_agree(tmp_path):
     )
     assert len(mismatch) == 2 and max(mismatch) < MAX_MISMATCH, mismatch
     assert (Path(summary["policy"]) / "adapter_model.safetensors").is_file()
+
+
+def test_bf16_engines_agree_within_the_bf16_bound(tmp_path):
+    """vLLM and the trainer both in bfloat16 (the trainer under autocast over float32
+    weights), the weights on the wire in bfloat16: the log-probs still agree within the bound
+    a bf16 run warns at."""
+    summary, mismatch = _run(tmp_path, "bf16", "rollout.dtype=bfloat16", "train.dtype=bfloat16")
+    assert summary["steps"] == 2
+    assert len(mismatch) == 2 and max(mismatch) < MISMATCH_BF16, mismatch
