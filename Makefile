@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: model test-real setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-vocab bench-real bench-real-sync bench-learning bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-vocab bench-real bench-real-sync bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -196,6 +196,11 @@ bench-real-sync: model
 
 bench-learning: setup
 	$(PY) -m sluice.benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write
+
+# SmolLM2-135M-Instruct's held-out curve, configs/smollm2.yaml as it is, seeds 0-2 (~3 hours
+# here; records in benchmarks/results/smollm2/, the table in docs/results.md; needs `make model`).
+bench-learning-real: model
+	$(PY) -m sluice.benchmarks.learning --config configs/smollm2.yaml --steps 60 --seeds 0 1 2 --write
 
 # async with the staleness bound dating groups by their first token against their last, seeds
 # 0-2 (~20 minutes).

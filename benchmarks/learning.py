@@ -1,14 +1,19 @@
-"""Learning curves of the default run: held-out accuracy against RL steps, per mode and seed.
+"""Learning curves of a config: held-out accuracy against RL steps, per mode and seed.
 
-Runs ``sluice run configs/default.yaml`` once per variant and seed (``async`` with
-``stale_by`` last_token and first_token, ``one_step``), each with the seed's own
-warm-started policy, and keeps one record per run under ``benchmarks/results/learning/``
-(the held-out curve, staleness counts, throughput, the commit, machine and command). A
-run whose record already names the measured commit is not run again, so the grid (nine
-runs of ~30 minutes here) can be measured in several sittings. ``--write`` puts
-the table of medians and ranges over the seeds into docs/results.md between markers.
+Runs ``sluice run CONFIG`` once per variant and seed and keeps one record per run (the
+held-out curve and the seconds of RL each evaluation came after, staleness counts,
+throughput, the commit, machine and command). For the default config the variants are
+``async`` with ``stale_by`` last_token and first_token, and ``one_step``, each seed with its
+own warm-started policy, the records under ``benchmarks/results/learning/``; for another
+config (``--config configs/smollm2.yaml``) the variant is the config as it is, the records
+under ``benchmarks/results/<config's name>/``. A run whose record already names the
+measured commit is not run again, so a grid (nine runs of ~30 minutes here) can be
+measured in several sittings. ``--write`` puts the table of medians and ranges over the
+seeds into docs/results.md between markers (``learning-curves-<steps>``, or
+``<config's name>-curves-<steps>``).
 
     .venv/bin/python -m sluice.benchmarks.learning --steps 1600 --seeds 0 1 2 --write
+    .venv/bin/python -m sluice.benchmarks.learning --config configs/smollm2.yaml --steps 60 --write
 """
 
 from __future__ import annotations
@@ -40,16 +45,27 @@ VARIANTS: dict[str, list[str]] = {
     "async, stale_by last_token": ["mode=async", "stale_by=last_token"],
     "async, stale_by first_token": ["mode=async", "stale_by=first_token"],
     "one_step": ["mode=one_step"],
+    "as configured": [],
 }
+DEFAULT_VARIANTS = list(VARIANTS)[:3]
+"""What the default config's grid runs; another config's runs "as configured"."""
+
+
+def records_dir(config: str) -> Path:
+    return RECORDS if config == CONFIG else RECORDS.parent / Path(config).stem
+
+
+def marker(config: str, steps: int) -> str:
+    return f"{MARKER if config == CONFIG else Path(config).stem + '-curves'}-{steps}"
 
 
 def slug(label: str, seed: int) -> str:
     return "".join(c if c.isalnum() else "-" for c in label).strip("-") + f"-s{seed}"
 
 
-def record_path(label: str, seed: int, steps: int) -> Path:
+def record_path(label: str, seed: int, steps: int, config: str = CONFIG) -> Path:
     """One record per variant, seed and length: a 400-step run does not replace a 1,600."""
-    return RECORDS / f"{slug(label, seed)}-{steps}steps.json"
+    return records_dir(config) / f"{slug(label, seed)}-{steps}steps.json"
 
 
 def cpu_name() -> str:
@@ -59,19 +75,34 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def _series(db: sqlite3.Connection, run_id: str, key: str) -> dict[int, float]:
+def _series(
+    db: sqlite3.Connection, run_id: str, key: str, column: str = "value"
+) -> dict[int, float]:
     rows = db.execute(
-        "SELECT step, value FROM metrics WHERE run_uuid = ? AND key = ? ORDER BY step",
+        f"SELECT step, {column} FROM metrics WHERE run_uuid = ? AND key = ? ORDER BY step",
         (run_id, key),
     ).fetchall()
     return {int(step): float(value) for step, value in rows}
 
 
-def run_one(label: str, seed: int, steps: int, root: Path, commit: str) -> dict:
-    """Run one variant and seed at ``commit`` (the checkout's); its record."""
+def rl_seconds(logged_ms: dict[int, float], eval_s: dict[int, float]) -> dict[int, float]:
+    """Seconds of RL before each evaluation: its logging time since step 0's, less the
+    evaluations' own seconds up to it (``eval/seconds``; step 0's is before the clock)."""
+    start = logged_ms[min(logged_ms)]
+    out = {}
+    for step, ms in sorted(logged_ms.items()):
+        evaluating = sum(s for at, s in eval_s.items() if 0 < at <= step)
+        out[step] = round((ms - start) / 1000 - evaluating, 1)
+    return out
+
+
+def run_one(
+    label: str, seed: int, steps: int, root: Path, commit: str, config: str = CONFIG
+) -> dict:
+    """Run one variant and seed of ``config`` at ``commit`` (the checkout's); its record."""
     name = slug(label, seed)
     settings = [*VARIANTS[label], f"seed={seed}", f"train.steps={steps}", f"name={name}"]
-    cmd = [sys.executable, "-m", "sluice.flows.cli", "run", CONFIG]
+    cmd = [sys.executable, "-m", "sluice.flows.cli", "run", config]
     for setting in [*settings, f"root={root}"]:
         cmd += ["--set", setting]
     print(f"running {label}, seed {seed}, {steps} steps ...", flush=True)
@@ -83,6 +114,8 @@ def run_one(label: str, seed: int, steps: int, root: Path, commit: str) -> dict:
     with sqlite3.connect(root / "mlflow.db") as db:
         run_id = summary["mlflow_run_id"]
         curve = _series(db, run_id, "eval/accuracy")
+        logged = _series(db, run_id, "eval/accuracy", "timestamp")
+        eval_s = _series(db, run_id, "eval/seconds")
         staleness = {
             key.rsplit("/", 1)[1]: sum(_series(db, run_id, key).values())
             for (key,) in db.execute(
@@ -93,10 +126,12 @@ def run_one(label: str, seed: int, steps: int, root: Path, commit: str) -> dict:
         }
         entropy = _series(db, run_id, "train/entropy")
     return {
+        "config": config,
         "variant": label,
         "seed": seed,
         "steps": steps,
         "heldout": {str(k): v for k, v in sorted(curve.items())},
+        "rl_seconds": {str(k): v for k, v in rl_seconds(logged, eval_s).items()},
         "entropy_first_last": [entropy[min(entropy)], entropy[max(entropy)]],
         "staleness_counts": staleness,
         "samples_per_s": summary["samples_per_s"],
@@ -106,47 +141,68 @@ def run_one(label: str, seed: int, steps: int, root: Path, commit: str) -> dict:
         "date": f"{datetime.now(UTC):%Y-%m-%d}",
         "machine": f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), "
         f"{platform.machine()}",
-        "command": "sluice run " + CONFIG + "".join(f" --set {s}" for s in settings),
+        "command": "sluice run " + config + "".join(f" --set {s}" for s in settings),
     }
 
 
-def load_records() -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*.json"))]
+def load_records(config: str = CONFIG) -> list[dict]:
+    """The kept records of ``config``'s runs (a folder's other JSON files left out)."""
+    found = [json.loads(p.read_text()) for p in sorted(records_dir(config).glob("*.json"))]
+    return [r for r in found if "variant" in r and r.get("config", CONFIG) == config]
 
 
-def table(records: list[dict], steps: int) -> str:
-    """Median (min-max) held-out accuracy over the seeds at every 200 steps, per variant."""
+def _cell(values: list[float], unit: str, digits: int) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}{unit}"
+    low, high = min(values), max(values)
+    return f"{median(values):.{digits}f}{unit} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def table(records: list[dict], steps: int, config: str = CONFIG) -> str:
+    """Median (min-max) held-out accuracy over the seeds per variant: every eighth of the
+    run, or at every evaluation in a run of 100 steps or fewer, with the minutes of RL
+    before it where the records have them."""
     records = [r for r in records if r["steps"] == steps]
-    marks = list(range(0, steps + 1, max(steps // 8, 1)))
+    if steps <= 100:
+        marks = sorted({int(k) for r in records for k in r["heldout"]})
+    else:
+        marks = list(range(0, steps + 1, max(steps // 8, 1)))
     rows = []
     for label in VARIANTS:
         runs = [r for r in records if r["variant"] == label]
         if not runs:
             continue
-        cells = [f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"]
+        seeds = f"{len(runs)} seed{'s' if len(runs) > 1 else ''}"
+        accuracy = [f"{label} ({seeds})"]
+        minutes = [f"{label}: minutes of RL"]
         for mark in marks:
-            values = [100 * r["heldout"][str(mark)] for r in runs if str(mark) in r["heldout"]]
-            if not values:
-                cells.append("-")
-            elif len(values) == 1:
-                cells.append(f"{values[0]:.1f}%")
-            else:
-                cells.append(f"{median(values):.1f}% ({min(values):.1f}-{max(values):.1f})")
-        rows.append(cells)
+            at = str(mark)
+            accuracy.append(
+                _cell([100 * r["heldout"][at] for r in runs if at in r["heldout"]], "%", 1)
+            )
+            timed = [r["rl_seconds"][at] / 60 for r in runs if at in r.get("rl_seconds", {})]
+            minutes.append(_cell(timed, "", 0))
+        rows.append(accuracy)
+        if any(cell != "-" for cell in minutes[1:]):
+            rows.append(minutes)
     commits = sorted({r["commit"] for r in records})
     machines = sorted({r["machine"] for r in records})
+    folder = records_dir(config).relative_to(ROOT)
+    which = "" if config == CONFIG else f"--config {config} "
     lines = [
-        f"Records: `benchmarks/results/learning/` (commit {', '.join(commits)}; "
-        f"{'; '.join(machines)}).",
-        f"Command: `.venv/bin/python -m sluice.benchmarks.learning --steps {steps} --seeds 0 1 2`.",
+        f"Records: `{folder}/` (commit {', '.join(commits)}; {'; '.join(machines)}).",
+        f"Command: `.venv/bin/python -m sluice.benchmarks.learning {which}--steps {steps} "
+        "--seeds 0 1 2`.",
         "",
         *markdown_table(["variant", *(str(m) for m in marks)], rows),
     ]
     return "\n".join(lines)
 
 
-def write_doc(body: str, steps: int) -> None:
-    begin, end = f"<!-- {MARKER}-{steps}:begin -->", f"<!-- {MARKER}-{steps}:end -->"
+def write_doc(body: str, name: str) -> None:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     text = RESULTS_DOC.read_text()
     if begin not in text:
         raise SystemExit(f"{RESULTS_DOC} has no {begin} marker")
@@ -158,7 +214,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--steps", type=int, default=1600)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--config", default=CONFIG, help="the config to run (default: %(default)s)")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        help=f"default: {', '.join(DEFAULT_VARIANTS)} for {CONFIG}, else as configured",
+    )
     parser.add_argument("--root", type=Path, default=ROOT / "runs" / "bench-learning")
     parser.add_argument("--write", action="store_true", help="write docs/results.md's table")
     parser.add_argument(
@@ -168,22 +230,24 @@ def main() -> None:
     changed = [] if args.table_only else uncommitted()
     if changed:  # a record names the commit it measured: that must be the code that ran
         raise SystemExit(f"commit these first, the records name a commit: {', '.join(changed)}")
-    RECORDS.mkdir(parents=True, exist_ok=True)
+    variants = args.variants or (DEFAULT_VARIANTS if args.config == CONFIG else ["as configured"])
+    records_dir(args.config).mkdir(parents=True, exist_ok=True)
     commit = measured_commit()
     for seed in [] if args.table_only else args.seeds:  # a seed's variants side by side
-        for label in args.variants:
-            path = record_path(label, seed, args.steps)
+        for label in variants:
+            path = record_path(label, seed, args.steps, args.config)
             if path.exists():
                 old = json.loads(path.read_text())
                 if old["commit"] == commit and old["steps"] == args.steps:
                     print(f"{label}, seed {seed}: already measured at {commit}")
                     continue
-            record = run_one(label, seed, args.steps, args.root / commit, commit)
+            root = args.root / commit
+            record = run_one(label, seed, args.steps, root, commit, args.config)
             path.write_text(json.dumps(record, indent=1) + "\n")
-    body = table(load_records(), args.steps)
+    body = table(load_records(args.config), args.steps, args.config)
     print(body)
     if args.write:
-        write_doc(body, args.steps)
+        write_doc(body, marker(args.config, args.steps))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from openai import AsyncOpenAI
 
+from sluice.envs.verifiers import final_number
+
 
 def final(text: str) -> str:
     """The result a reply ends with: what follows its last ``|`` (the addition
@@ -37,3 +39,29 @@ async def show_your_work(base_url: str, prompt: str, answer: str) -> dict:
         text = reply.choices[0].message.content or ""
     correct = final(text) == final(answer)
     return {"reward": float(correct), "correct": correct, "asked_again": float(asked_again)}
+
+
+async def ask_for_the_number(base_url: str, messages: list[dict], answer: str) -> dict:
+    """A chat model's two turns (``smollm2_agent.yaml``): the data row's own messages; when
+    the reply holds no number, ask once more for just the number. Scored by the reply's last
+    number, as ``sluice.envs.verifiers:final_number`` scores a single turn."""
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages = list(messages)
+    reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=16)
+    text = reply.choices[0].message.content or ""
+    asked_again = not final_number(text, answer)["parsed"]
+    if asked_again:
+        messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": "Answer with just the number."},
+        ]
+        reply = await client.chat.completions.create(
+            model="policy", messages=messages, max_tokens=16
+        )
+        text = reply.choices[0].message.content or ""
+    verdict = final_number(text, answer)
+    return {
+        "reward": verdict["reward"],
+        "correct": verdict["correct"],
+        "asked_again": float(asked_again),
+    }

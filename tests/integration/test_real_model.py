@@ -10,12 +10,14 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from sluice.tasks.session import MISMATCH_BF16
-from tests.support.cli import ROOT, sluice
+from tests.support.cli import ROOT, child_env, sluice
 
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
+EXAMPLE = ROOT / "examples" / "my_project"
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
@@ -36,11 +38,13 @@ RUN = (
 )
 
 
-def _run(root: Path, name: str, *settings: str) -> tuple[dict, list[float]]:
-    args = ["run", "configs/smollm2.yaml", "--set", f"root={root}", "--set", f"name={name}"]
+def _run(
+    root: Path, name: str, *settings: str, config: str = "configs/smollm2.yaml"
+) -> tuple[dict, list[float]]:
+    args = ["run", config, "--set", f"root={root}", "--set", f"name={name}"]
     for setting in (*RUN, *settings):
         args += ["--set", setting]
-    result = sluice(*args, timeout=1500)
+    result = sluice(*args, env=child_env(PYTHONPATH=str(EXAMPLE)), timeout=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((root / name / "summary.json").read_text())
     with sqlite3.connect(root / "mlflow.db") as db:
@@ -81,3 +85,18 @@ def test_bf16_engines_agree_within_the_bf16_bound(tmp_path):
     summary, mismatch = _run(tmp_path, "bf16", "rollout.dtype=bfloat16", "train.dtype=bfloat16")
     assert summary["steps"] == 2
     assert len(mismatch) == 2 and max(mismatch) < MISMATCH_BF16, mismatch
+
+
+def test_an_agent_plays_it_through_the_endpoint_and_its_chatml_template(tmp_path):
+    """examples/my_project/smollm2_agent.yaml: the user's openai-client agent talks to the
+    instruct model through the rollout worker's endpoint; every episode's tokens are what
+    the template rendered and the model sampled, so the trainer's log-probs still agree."""
+    summary, mismatch = _run(
+        tmp_path, "agent", "rollout.max_new_tokens=64", config=str(EXAMPLE / "smollm2_agent.yaml")
+    )
+    assert summary["steps"] == 2
+    assert len(mismatch) == 2 and max(mismatch) < MAX_MISMATCH, mismatch
+    rows = pq.read_table(tmp_path / "agent" / "trajectories", columns=["loss_mask", "reason"])
+    assert rows.column("reason").null_count == rows.num_rows  # no agent failed
+    masks = [m for m in rows.column("loss_mask").to_pylist() if m is not None]
+    assert masks and all(m[0] == 1 for m in masks)  # each episode starts with the model's reply

@@ -1,6 +1,6 @@
 """The learning-curve table: the median and range over seeds at each mark, per variant."""
 
-from sluice.benchmarks.learning import record_path, slug, table
+from sluice.benchmarks.learning import record_path, rl_seconds, slug, table
 
 
 def _record(variant: str, seed: int, curve: dict[int, float], steps: int = 400) -> dict:
@@ -40,3 +40,31 @@ def test_the_table_gives_the_median_and_range_of_the_seeds():
 def test_run_names_are_folder_safe():
     assert slug("async, stale_by last_token", 2) == "async--stale-by-last-token-s2"
     assert record_path("one_step", 0, 1600).name == "one-step-s0-1600steps.json"
+
+
+def test_rl_seconds_leave_out_the_evaluations():
+    logged = {0: 10_000.0, 10: 80_000.0, 20: 150_000.0}  # ms, when each accuracy was logged
+    spent = {0: 9.0, 10: 10.0, 20: 10.0}  # each evaluation's own seconds
+    # step 10: 70 s after step 0's, 10 of them its evaluation; step 20: 140 - 20
+    assert rl_seconds(logged, spent) == {0: 0.0, 10: 60.0, 20: 120.0}
+
+
+def test_another_configs_short_runs_get_every_evaluation_and_its_minutes():
+    runs = [
+        {
+            **_record("as configured", seed, {0: 0.19, 10: 0.54, 20: 0.67}, steps=20),
+            "config": "configs/smollm2.yaml",
+            "rl_seconds": {"0": 0.0, "10": 600.0 + 60 * seed, "20": 1200.0},
+        }
+        for seed in range(3)
+    ]
+    lines = table(runs, 20, "configs/smollm2.yaml").splitlines()
+    assert lines[0].startswith("Records: `benchmarks/results/smollm2/`")
+    assert "--config configs/smollm2.yaml --steps 20" in lines[1]
+    assert lines[3] == "| variant | 0 | 10 | 20 |"
+    assert (
+        lines[5]
+        == "| as configured (3 seeds) | 19.0% (19.0-19.0) | 54.0% (54.0-54.0) | 67.0% (67.0-67.0) |"
+    )
+    assert lines[6] == "| as configured: minutes of RL | 0 (0-0) | 11 (10-12) | 20 (20-20) |"
+    assert record_path("as configured", 1, 60, "configs/smollm2.yaml").parent.name == "smollm2"
