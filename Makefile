@@ -180,12 +180,12 @@ bench-vocab: model
 	$(PY) -m sluice.benchmarks.vocab --write
 
 # SmolLM2-135M-Instruct (configs/smollm2.yaml): Sluice sync, one_step and async beside TRL's
-# GRPO on the same model, prompts, reward and seed, 2 rounds of 20 steps, held-out accuracy
-# on 256 prompts every 5, threshold +15 points (~3 hours here; needs `make model`; not part
+# GRPO on the same model, prompts, reward and seed, 2 rounds of 15 steps, held-out accuracy
+# on 256 prompts every 5, threshold +15 points (~2.5 hours here; needs `make model`; not part
 # of `make bench`).
 bench-real: model
 	$(PY) -m sluice.benchmarks.peer_trl --config configs/smollm2.yaml --sluice sync one_step async \
-	  --rounds 2 --steps 20 --eval-every 5 --eval-prompts 256 --gain 0.15
+	  --rounds 2 --steps 15 --eval-every 5 --eval-prompts 256 --gain 0.15
 
 # A version of SmolLM2-135M-Instruct pushed: the publish and pull of its weights with the
 # relay's and the puller's memory, then full weights against a rank-16 LoRA adapter synced
@@ -197,10 +197,10 @@ bench-real-sync: model
 bench-learning: setup
 	$(PY) -m sluice.benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write
 
-# SmolLM2-135M-Instruct's held-out curve, configs/smollm2.yaml as it is, seeds 0-2 (~3 hours
+# SmolLM2-135M-Instruct's held-out curve, configs/smollm2.yaml as it is, seeds 0-2 (~2 hours
 # here; records in benchmarks/results/smollm2/, the table in docs/results.md; needs `make model`).
 bench-learning-real: model
-	$(PY) -m sluice.benchmarks.learning --config configs/smollm2.yaml --steps 60 --seeds 0 1 2 --write
+	$(PY) -m sluice.benchmarks.learning --config configs/smollm2.yaml --steps 40 --seeds 0 1 2 --write
 
 # async with the staleness bound dating groups by their first token against their last, seeds
 # 0-2 (~20 minutes).
