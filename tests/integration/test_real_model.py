@@ -27,6 +27,8 @@ pytestmark = [
 # float32 engines agree to rounding; a tied embedding that the push left behind (the output
 # head of vLLM still the old one) differs by far more.
 MAX_MISMATCH = 1e-3
+# float32 engines agreed to 6.5e-6 on average per token on this model (docs/real-model.md).
+BF16_FLOOR = 1e-4
 RUN = (
     "train.steps=2",
     "eval.every=2",
@@ -78,13 +80,15 @@ def test_lora_adapters_train_push_and_agree(tmp_path):
     assert (Path(summary["policy"]) / "adapter_model.safetensors").is_file()
 
 
-def test_bf16_engines_agree_within_the_bf16_bound(tmp_path):
-    """vLLM and the trainer both in bfloat16 (the trainer under autocast over float32
-    weights), the weights on the wire in bfloat16: the log-probs still agree within the bound
-    a bf16 run warns at."""
-    summary, mismatch = _run(tmp_path, "bf16", "rollout.dtype=bfloat16", "train.dtype=bfloat16")
+def test_bf16_rollouts_agree_within_the_bf16_bound(tmp_path):
+    """vLLM in bfloat16, the weights on the wire in bfloat16, the trainer in float32 (bf16
+    autocast on a CPU without AVX-512 BF16 took minutes for one 8-sample step here): the
+    log-probs still agree within the bound a bf16 run warns at; and they differ by more than
+    float32 engines do (about 1e-5 here), so vLLM did run in bf16."""
+    summary, mismatch = _run(tmp_path, "bf16", "rollout.dtype=bfloat16")
     assert summary["steps"] == 2
     assert len(mismatch) == 2 and max(mismatch) < MISMATCH_BF16, mismatch
+    assert min(mismatch) > BF16_FLOOR, mismatch
 
 
 def test_an_agent_plays_it_through_the_endpoint_and_its_chatml_template(tmp_path):
