@@ -27,12 +27,11 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from statistics import median
 
 import torch
 
 from sluice.benchmarks.suite import uncommitted
-from sluice.benchmarks.tables import markdown_table
+from sluice.benchmarks.tables import markdown_table, spread
 from sluice.sim.report import measured_commit
 
 ROOT = Path(__file__).parents[1]
@@ -152,12 +151,7 @@ def load_records(config: str = CONFIG) -> list[dict]:
 
 
 def _cell(values: list[float], unit: str, digits: int) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}{unit}"
-    low, high = min(values), max(values)
-    return f"{median(values):.{digits}f}{unit} ({low:.{digits}f}-{high:.{digits}f})"
+    return spread(values, unit, digits) if values else "-"
 
 
 def table(records: list[dict], steps: int, config: str = CONFIG) -> str:
