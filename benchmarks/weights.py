@@ -82,7 +82,7 @@ LLAMA_1B = {
 
 def llama_shapes(layers: int, hidden: int, intermediate: int, vocab: int) -> dict[str, list[int]]:
     """The state dict's names and shapes of a llama (transformers' own modules, on meta)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     heads = max(1, hidden // 64)
     config = LlamaConfig(
@@ -94,17 +94,21 @@ def llama_shapes(layers: int, hidden: int, intermediate: int, vocab: int) -> dic
         vocab_size=vocab,
         tie_word_embeddings=False,
     )
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    return {name: list(t.shape) for name, t in model.state_dict().items()}
+    return config_shapes(config)
 
 
 def folder_shapes(folder: Path) -> dict[str, list[int]]:
-    """The state dict's names and shapes of a model folder's architecture (its config.json,
-    on meta): what Sluice's trainer publishes for it, a tied embedding under both names."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The state dict's names and shapes of a model folder's architecture (its config.json):
+    what Sluice's trainer publishes for it, a tied embedding under both names."""
+    from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(folder)
+    return config_shapes(AutoConfig.from_pretrained(folder))
+
+
+def config_shapes(config: Any) -> dict[str, list[int]]:
+    """The state dict's names and shapes of a transformers model config, built on meta."""
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return {name: list(t.shape) for name, t in model.state_dict().items()}
