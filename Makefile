@@ -68,7 +68,8 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	bash scripts/typecheck.sh sluice/__init__.py sluice/rl sluice/envs sluice/storage sluice/sim \
 	  sluice/engines/protocols.py sluice/engines/messages.py sluice/engines/lora.py sluice/engines/rollout_worker.py \
-	  sluice/engines/trainer_actor.py sluice/engines/dispatcher.py sluice/tasks \
+	  sluice/engines/trainer_actor.py sluice/engines/trainer_core.py sluice/engines/parallel.py \
+	  sluice/engines/ddp.py sluice/engines/fsdp.py sluice/engines/zero.py sluice/engines/dispatcher.py sluice/tasks \
 	  sluice/flows/rl_job.py sluice/flows/api.py
 
 format: setup

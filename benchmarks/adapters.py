@@ -48,7 +48,7 @@ import torch
 
 from sluice.benchmarks.tables import markdown_table
 from sluice.benchmarks.weights import LLAMA_1B, llama_shapes
-from sluice.rl.config import LoraConfig
+from sluice.rl.config import LoraConfig, TrainConfig
 from sluice.sim.report import measured_commit, write_section
 from sluice.storage.params import ParameterService
 
@@ -130,15 +130,13 @@ def sync_into_vllm(
     """The real trainer -> parameter service -> vLLM sync of a policy folder, full weights
     and adapter, and a batch (8 samples a prompt) generated after each; each engine built in
     turn (vLLM holds one engine a process)."""
-    from sluice.engines.torch_trainer import TorchTrainer
+    from sluice.engines.trainer_core import NO_TOKEN_LIMIT, build_engine
     from sluice.engines.vllm_rollout import VLLMRolloutEngine
 
     runs: dict[str, list[dict[str, float]]] = {}
     for kind, lora in (("full", None), ("adapter", LORA)):
-        trainer = TorchTrainer(
-            str(policy), lr=1e-4, clip_eps=0.2, grad_clip=1.0, micro_batch=8, threads=1,
-            seed=0, lora=lora,
-        )  # fmt: skip
+        train = TrainConfig(lr=1e-4, micro_batch=8, micro_batch_tokens=NO_TOKEN_LIMIT, lora=lora)
+        trainer = build_engine(train, str(policy), seed=0)
         engine = VLLMRolloutEngine(str(policy), seed=0, kv_cache_gib=0.1, lora=lora)
         service = ParameterService.create(relays=1, bucket_bytes=64 * MIB, dtype="float32")
         runs[kind] = []

@@ -25,13 +25,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from sluice.benchmarks.tables import markdown_table, measured_on
-from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
-from sluice.engines.torch_trainer import TorchTrainer
-from sluice.engines.trainer_core import PolicyTrainer
+from sluice.engines.trainer_core import PolicyTrainer, build_engine
 from sluice.rl.batching import Sample, TrainBatch, collate
 from sluice.rl.config import PolicyConfig, TrainConfig
 from sluice.sim.report import write_section
@@ -79,28 +76,18 @@ def fixed_samples(
     return samples
 
 
-def _trainer_settings(threads: int) -> dict[str, Any]:
-    train = TrainConfig()
-    return {
-        "lr": train.lr,
-        "clip_eps": train.clip_eps,
-        "grad_clip": train.grad_clip,
-        "micro_batch": train.micro_batch,
-        "micro_batch_tokens": train.micro_batch_tokens,
-        "warmup_steps": train.warmup_steps,
-        "loss": train.loss,
-        "threads": threads,
-        "seed": 0,
-    }
+def train_section(threads: int, engine: str = "torch", zero_stage: int = 2) -> TrainConfig:
+    """The default ``train`` section on ``engine`` with ``threads`` torch threads."""
+    return TrainConfig(engine=engine, zero_stage=zero_stage, threads=threads)
 
 
 def _build(folder: Path, zero_stage: int | None, threads: int) -> tuple[PolicyTrainer, float]:
     start = time.perf_counter()
-    settings = _trainer_settings(threads)
     if zero_stage is None:
-        trainer: PolicyTrainer = TorchTrainer(str(folder), **settings)
+        train = train_section(threads)
     else:
-        trainer = DeepSpeedTrainer(str(folder), zero_stage=zero_stage, **settings)
+        train = train_section(threads, "deepspeed", zero_stage)
+    trainer = build_engine(train, str(folder), seed=0)
     return trainer, time.perf_counter() - start
 
 

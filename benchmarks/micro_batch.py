@@ -31,8 +31,7 @@ import torch
 from sluice.benchmarks.engines import fixed_batch, step_times
 from sluice.benchmarks.tables import markdown_table
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
-from sluice.engines.torch_trainer import TorchTrainer
-from sluice.engines.trainer_core import NO_TOKEN_LIMIT
+from sluice.engines.trainer_core import NO_TOKEN_LIMIT, build_engine
 from sluice.rl.batching import TrainBatch
 from sluice.rl.config import PolicyConfig, TrainConfig
 from sluice.sim.report import measured_commit, write_section
@@ -62,15 +61,9 @@ def measure(repeats: int, warmup: int) -> tuple[dict[str, dict[str, float]], Tra
         tok = build_tokenizer()
         save_policy(build_model(PolicyConfig(), len(tok), seed=0), tok, Path(tmp))
         trainers = {
-            label: TorchTrainer(
+            label: build_engine(
+                train.model_copy(update={"micro_batch_tokens": tokens, "packing": packing}),
                 tmp,
-                lr=train.lr,
-                clip_eps=train.clip_eps,
-                grad_clip=train.grad_clip,
-                micro_batch=train.micro_batch,
-                micro_batch_tokens=tokens,
-                packing=packing,
-                threads=1,
                 seed=0,
             )
             for label, tokens, packing in SETTINGS

@@ -35,14 +35,14 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
-from sluice.benchmarks.engines import _trainer_settings, fixed_samples
+from sluice.benchmarks.engines import fixed_samples, train_section
 from sluice.benchmarks.tables import markdown_table
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.rl.config import PolicyConfig
 from sluice.sim.report import measured_commit, write_section
 
 ROOT = Path(__file__).parents[1]
-# (label, --engine, --zero-stage)
+# (label, train.engine, train.zero_stage)
 ENGINES = [
     ("torch (DDP)", "torch", 0),
     ("fsdp (FSDP2)", "fsdp", 0),
@@ -71,15 +71,17 @@ def _free_port() -> int:
 
 def run(launch: Launch, policy: Path, samples: Path, work: Path, steps: int) -> list[float]:
     """Seconds of each step of one torchrun launch."""
-    settings = work / f"settings-{launch.threads}.json"
-    settings.write_text(json.dumps(_trainer_settings(launch.threads)))
+    train = work / f"train-{launch.engine}{launch.stage}-{launch.threads}.json"
+    train.write_text(
+        train_section(launch.threads, launch.engine, launch.stage or 2).model_dump_json()
+    )
     out = Path(tempfile.mkdtemp(dir=work))
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(launch.ranks)),
         *("--master_addr", "127.0.0.1", "--master_port", str(_free_port())),
         str(ROOT / "scripts" / "train_ranks.py"),
-        *("--policy", str(policy), "--samples", str(samples), "--settings", str(settings)),
-        *("--out", str(out), "--engine", launch.engine, "--zero-stage", str(launch.stage or 2)),
+        *("--policy", str(policy), "--samples", str(samples), "--train", str(train)),
+        *("--out", str(out)),
         *("--steps", str(steps)),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(launch.threads), "PYTHONPATH": str(ROOT)}

@@ -24,7 +24,8 @@ Prompts: the first ``steps x prompts_per_step`` prompts of the same ``PromptStre
 Sluice batch run draws, in its order (TRL's shuffling off), so step i trains on the prompts
 Sluice's ``sync`` step i trains on, chat messages rendered with the model folder's template.
 Rewards: the run's scorer (``tasks/environment.py: scorer_factory``). Optimiser:
-AdamW with Sluice's linear warm-up (``engines/torch_trainer.py``), handed to the trainer.
+AdamW with Sluice's linear warm-up (``engines.parallel.Optimisation``), handed to the
+trainer.
 
 ``--probe`` instead times one generation of the first step's batch (16 prompts x 8
 samples, TRL's sampling settings) with ``--threads`` torch threads and prints the median of
@@ -61,6 +62,7 @@ from transformers import (
 
 from sluice.benchmarks import trl_episodes
 from sluice.engines.episodes import EpisodeSteps
+from sluice.engines.parallel import Optimisation
 from sluice.engines.policy import greedy_accuracy, save_policy
 from sluice.envs import Environment, Problem
 from sluice.envs.prompts import PromptStream
@@ -313,13 +315,11 @@ def prompt_dataset(problems: list[Problem]) -> Dataset:
 def sluice_optimizer(
     model: torch.nn.Module, cfg: RunConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW and the linear warm-up exactly as ``engines/torch_trainer.py`` builds them."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=0.0)
-    warmup = cfg.train.warmup_steps
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
-    )
-    return optimizer, schedule
+    """AdamW and the linear warm-up of the run's ``train`` section, as Sluice's trainer builds
+    them (``engines.parallel.Optimisation``)."""
+    opt = Optimisation.of(cfg.train)
+    optimizer = opt.adamw(list(model.parameters()))
+    return optimizer, opt.schedule(optimizer)
 
 
 def grpo_config(cfg: RunConfig, steps: int, out: Path, generation: str = "generate") -> Any:

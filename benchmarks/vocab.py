@@ -86,13 +86,12 @@ def _status(field: str) -> int:
 
 def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str, float]:
     """One setting, in this process: peak bytes above the post-warm-up baseline, step times."""
-    from sluice.engines.torch_trainer import TorchTrainer
-    from sluice.rl.batching import Sample
+    from sluice.engines.trainer_core import build_engine
+    from sluice.rl.batching import Sample, collate
+    from sluice.rl.config import TrainConfig
 
-    trainer = TorchTrainer(
-        str(model), lr=1e-5, clip_eps=0.2, grad_clip=1.0, micro_batch=64, threads=2, seed=0,
-        micro_batch_tokens=tokens,
-    )  # fmt: skip
+    train = TrainConfig(lr=1e-5, micro_batch=64, threads=2, micro_batch_tokens=tokens)
+    trainer = build_engine(train, str(model), seed=0)
     if variant == "whole":
         trainer._forward = lambda batch: whole_logits_forward(trainer, batch)  # type: ignore[method-assign]
     vocab = int(trainer.model.config.vocab_size)
@@ -107,13 +106,14 @@ def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str,
         )
         for i in range(rows)
     ]
-    trainer.step(samples)  # AdamW's state is allocated by the first step
+    # AdamW's state is allocated by the first step.
+    trainer.step_batch(collate(samples, trainer.pad_id))
     Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
     base = _status("VmRSS")
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        trainer.step(samples)
+        trainer.step_batch(collate(samples, trainer.pad_id))
         times.append(time.perf_counter() - start)
     return {"peak_bytes": _status("VmHWM") - base, "step_s": statistics.median(times)}
 

@@ -2,18 +2,22 @@
 
 A rollout engine turns prompts into completions with per-token log-probs and accepts new
 weights; a streaming one also runs one request per sample, stepped by its caller (the
-rollout worker's ``stream``). A train engine takes a policy-gradient step and hands out its
-weights. vLLM implements the first two (``engines/vllm_rollout.py``); torch and DeepSpeed
-(ZeRO) the third. The rollout worker and the trainer actor hold an engine through these
-Protocols, so other generators and trainers plug in behind the same methods.
+rollout worker's ``stream``). A train engine takes a policy-gradient step, hands out its
+weights and checkpoints. vLLM implements the first two (``engines/vllm_rollout.py``); the
+trainer (``engines/trainer_core.py``, on torch/DDP, FSDP2 or DeepSpeed ZeRO) the third. The
+rollout worker and the trainer actor hold an engine through these Protocols, so other
+generators and trainers plug in behind the same methods.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from sluice.rl.batching import Sample
+import torch
+
+from sluice.rl.batching import Sample, TrainBatch
 from sluice.storage.params import NamedTensors
 
 
@@ -100,16 +104,56 @@ class StreamingRolloutEngine(RolloutEngine, Protocol):
 
 @runtime_checkable
 class TrainEngine(Protocol):
-    def step(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimiser step on ``samples``; returns loss and diagnostics."""
+    """What a rank of the training pool (``engines/trainer_actor.py``) calls on its engine
+    (``engines.trainer_core.PolicyTrainer``). Methods that gather sharded weights are
+    collective: every rank of the pool calls them."""
+
+    @property
+    def pad_id(self) -> int:
+        """The token id the batches are padded with."""
         ...
 
-    def weights(self) -> bytes:
-        """The current weights as a safetensors blob (names as in the model folder)."""
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights are sharded across ranks: publish them through ``layout``
+        and ``gathered``, not ``state``."""
         ...
 
     def version(self) -> int:
         """Optimiser steps taken so far."""
+        ...
+
+    def step_batch(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimiser step on this rank's share of a batch; returns loss and diagnostics
+        over every rank."""
+        ...
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The weights to publish by name (the adapter's under LoRA)."""
+        ...
+
+    def layout(self) -> dict[str, torch.Tensor]:
+        """``state``'s names, shapes and dtypes as meta tensors (nothing gathered)."""
+        ...
+
+    def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``state``'s tensors one at a time, gathered as they are asked for."""
+        ...
+
+    def cpu_state(self) -> dict[str, torch.Tensor]:
+        """The weights as CPU copies."""
+        ...
+
+    def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """Weights, optimiser and RNG state as named files, and the counters to restore."""
+        ...
+
+    def load_checkpoint(self, files: dict[str, bytes], counters: dict[str, Any]) -> None:
+        """Restore what ``checkpoint_files`` (of any engine, at any rank count) wrote."""
+        ...
+
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """The current policy's log-prob of each response token of ``samples``."""
         ...
 
     def save(self, folder: str) -> None:

@@ -10,9 +10,9 @@ then acknowledges always has a published version behind it. One lease, one
 acknowledgement, one version per step, at any rank count. The pool also restores and
 writes checkpoints (gathered, written by rank 0) and saves the trained policy.
 
-The engine is torch (``engines/torch_trainer.py``), FSDP2 (``engines/fsdp_trainer.py``) or
-DeepSpeed ZeRO (``engines/deepspeed_trainer.py``), chosen once by ``train.engine`` in
-``build_engine``; only a DeepSpeed run imports DeepSpeed. The trainer is not restarted in
+The engine is the trainer of ``engines/trainer_core.py`` on the strategy ``train.engine``
+names (torch/DDP, FSDP2 or DeepSpeed ZeRO; ``engines/parallel.py``), held through the
+``TrainEngine`` Protocol; only a DeepSpeed run imports DeepSpeed. The trainer is not restarted in
 place: a trainer failure (any rank's: the others' collectives fail with it, or time out
 after ``train.collective_timeout_s``) fails its segment, and the flow rebuilds every pool
 from the last checkpoint.
@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,8 +38,9 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from sluice.engines.cluster import gpus_each, pool_dtype, thread_env, visible_gpus
+from sluice.engines.protocols import TrainEngine
 from sluice.engines.ranks import Rendezvous, free_port, join, shares
-from sluice.engines.trainer_core import PolicyTrainer
+from sluice.engines.trainer_core import build_engine
 from sluice.rl.batching import Sample, TrainBatch
 from sluice.rl.config import TrainConfig
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
@@ -49,48 +50,7 @@ from sluice.storage.trajectory_index import LeaseGrant
 from sluice.storage.trajectory_store import materialize
 from sluice.storage.urls import Credentials
 
-
-def build_engine(
-    train: TrainConfig,
-    model_dir: str,
-    seed: int,
-    before_update: Callable[[], object] | None,
-    temperature: float = 1.0,
-) -> PolicyTrainer:
-    """The training engine ``train.engine`` names, set up from the ``train`` section, its
-    policy the model's distribution at the rollouts' sampling ``temperature``."""
-    settings: dict[str, Any] = {
-        "temperature": temperature,
-        "lr": train.lr,
-        "clip_eps": train.clip_eps,
-        "warmup_steps": train.warmup_steps,
-        "entropy_coef": train.entropy_coef,
-        "grad_clip": train.grad_clip,
-        "betas": train.betas,
-        "weight_decay": train.weight_decay,
-        "micro_batch": train.micro_batch,
-        "micro_batch_tokens": train.micro_batch_tokens,
-        "logits_chunk": train.logits_chunk_tokens,
-        "packing": train.packing,
-        "loss": train.loss,
-        "is_cap": train.is_cap,
-        "threads": train.threads,
-        "seed": seed,
-        "before_update": before_update,
-        "dtype": train.dtype,  # resolved from "auto" by launch_trainer
-        "lora": train.lora,
-    }
-    if train.engine == "deepspeed":
-        from sluice.engines.deepspeed_trainer import DeepSpeedTrainer  # only runs that use it
-
-        return DeepSpeedTrainer(model_dir, zero_stage=train.zero_stage, **settings)
-    if train.engine == "fsdp":
-        from sluice.engines.fsdp_trainer import FSDPTrainer
-
-        return FSDPTrainer(model_dir, **settings)
-    from sluice.engines.torch_trainer import TorchTrainer
-
-    return TorchTrainer(model_dir, **settings)
+T = TypeVar("T")
 
 
 class Trainer:
@@ -118,7 +78,7 @@ class Trainer:
         # and the snapshot in flight, which the next optimiser step must wait for.
         self.params = params if rank == 0 else None
         self.rank, self.temperature = rank, temperature
-        self._engine: PolicyTrainer | None = None
+        self._engine: TrainEngine | None = None
 
     def address(self) -> tuple[str, str]:
         """This node's id and IP address (rank 0's become the group's rendezvous)."""
@@ -134,7 +94,7 @@ class Trainer:
         )
 
     @property
-    def engine(self) -> PolicyTrainer:
+    def engine(self) -> TrainEngine:
         if self._engine is None:
             raise RuntimeError("the trainer was not started (TrainerPool.start)")
         return self._engine
@@ -259,10 +219,11 @@ class TrainerPool:
     def handle(self) -> Any:
         return self.handles[0]
 
-    def _all(self, method: str, *args: Any) -> ObjectRef[Any]:
+    def _all(self, call: Callable[[Any], ObjectRef[T]]) -> ObjectRef[T]:
+        """``call`` on every rank's handle; rank 0's ref."""
         if self._others:
             ray.get(self._others)  # done long since; raises a rank's error
-        refs = [getattr(h, method).remote(*args) for h in self.handles]
+        refs = [call(h) for h in self.handles]
         self._others = refs[1:]
         return refs[0]
 
@@ -279,21 +240,23 @@ class TrainerPool:
         ray.get([h.start.remote(p) for h, p in zip(self.handles, places, strict=True)])
 
     def train(self, lease: LeaseGrant) -> ObjectRef[dict[str, float]]:
-        return self._all("train", lease, len(self.handles))
+        world = len(self.handles)
+        return self._all(lambda h: h.train.remote(lease, world))
 
     def restore(self, files: dict[str, bytes], meta: dict[str, Any]) -> ObjectRef[int]:
-        return self._all("restore", ray.put(files), meta)
+        stored = ray.put(files)
+        return self._all(lambda h: h.restore.remote(stored, meta))
 
     def save_checkpoint(
         self, url: str, keep_last: int, step: int, meta: dict[str, Any]
     ) -> ObjectRef[str]:
-        return self._all("save_checkpoint", url, keep_last, step, meta)
+        return self._all(lambda h: h.save_checkpoint.remote(url, keep_last, step, meta))
 
     def logprobs(self, samples: list[Sample]) -> ObjectRef[list[list[float]]]:
-        return self._all("logprobs", samples)
+        return self._all(lambda h: h.logprobs.remote(samples))
 
     def save(self, folder: str) -> ObjectRef[None]:
-        return self._all("save", folder)
+        return self._all(lambda h: h.save.remote(folder))
 
     def pids(self) -> list[int]:
         return ray.get([h.pid.remote() for h in self.handles])

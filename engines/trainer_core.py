@@ -1,23 +1,23 @@
-"""What every training engine shares: the policy it loads, the micro-batched policy-gradient
-pass and its metrics, the learning-rate warm-up, and the policy's outward forms.
+"""The trainer: the policy it loads, the micro-batched policy-gradient step and its metrics,
+and the policy's outward forms (published weights, checkpoints, the saved folder).
 
-``PolicyTrainer`` is the base of ``engines.torch_trainer.TorchTrainer``,
-``engines.fsdp_trainer.FSDPTrainer`` and ``engines.deepspeed_trainer.DeepSpeedTrainer``.
-The engines differ only in how the optimiser is built, how gradients are reduced and
-applied (``step_batch``), where the full weights live (``state``) and how optimiser state is
-checkpointed. The loss is picked by name from ``rl.losses`` (``train.loss`` in the config),
-so no engine knows which algorithm it runs. With ``train.lora`` the model carries peft
-adapters (``engines/lora.py``) and the policy's outward forms (``state``, the checkpoint's
-weights, the saved folder) are the adapter's alone.
+Held by a rank of the training pool (``engines/trainer_actor.py``) or run in-process in
+tests, benchmarks and ``scripts/train_ranks.py``; ``build_engine`` makes one from the
+``train`` section. ``PolicyTrainer`` is the same for every engine: what differs (torch/DDP,
+FSDP2, DeepSpeed ZeRO) is its ``Parallelism`` strategy (``engines/parallel.py``), which
+wraps the model, reduces and applies gradients, gathers the full weights and moves the
+optimiser's state in and out. The loss is picked by name from ``rl.losses`` (``train.loss``
+in the config), so no engine knows which algorithm it runs. With ``train.lora`` the model
+carries peft adapters (``engines/lora.py``) and the policy's outward forms (``state``, the
+checkpoint's weights, the saved folder) are the adapter's alone.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,18 +33,28 @@ from sluice.engines.lora import (
     write_adapter,
 )
 from sluice.engines.output_head import OutputHead
+from sluice.engines.parallel import (
+    Optimisation,
+    Parallelism,
+    cpu_copies,
+    meta_layout,
+)
 from sluice.engines.ranks import all_max, all_sum, rank_and_world
 from sluice.rl.batching import Sample, TrainBatch, collate, micro_batches, pack
-from sluice.rl.config import LoraConfig
+from sluice.rl.config import TrainConfig
 from sluice.rl.losses import (
-    LOSS_NAMES,
     chunked_token_stats,
     kl_k3,
     logprob_mismatch,
     masked_mean,
     policy_loss,
 )
-from sluice.storage.torch_state import bytes_to_tensors, tensors_to_bytes
+from sluice.storage.torch_state import (
+    bytes_to_tensors,
+    restore_rng,
+    rng_state_files,
+    tensors_to_bytes,
+)
 
 # Files that travel with the weights when the trained policy is saved as a model folder.
 # transformers 5 keeps a chat template in its own file: without it a saved policy of a chat
@@ -66,8 +76,7 @@ SUM_METRICS = (
     "is_truncated_fraction",
     "logprob_mismatch",
 )
-NO_TOKEN_LIMIT = 1 << 62  # micro_batch_tokens when the config sets no limit
-LOGITS_CHUNK = 1024  # response tokens whose vocabulary logits a pass holds at once
+NO_TOKEN_LIMIT = 1 << 40  # a train.micro_batch_tokens that never splits a batch by tokens
 # train.dtype -> the autocast dtype of the forward passes (None: plain float32).
 AUTOCAST: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
 
@@ -76,23 +85,6 @@ def default_device() -> str:
     """The trainer's device: the GPU Ray gave this actor (it sets CUDA_VISIBLE_DEVICES, so
     it is ``cuda:0`` here), else the CPU."""
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@dataclass(frozen=True)
-class Optimisation:
-    """AdamW and its schedule, the same for every engine (``train`` in the config)."""
-
-    lr: float
-    grad_clip: float
-    warmup_steps: int = 0
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    eps: float = 1e-8  # torch's AdamW default
-
-    def warmup(self) -> Callable[[int], float]:
-        """The LambdaLR factor: linear from 1/(warmup+1) of the rate to all of it."""
-        steps = self.warmup_steps
-        return lambda step: min(1.0, (step + 1) / (steps + 1))
 
 
 @dataclass
@@ -125,7 +117,7 @@ def model_inputs(batch: TrainBatch) -> dict[str, torch.Tensor | bool]:
     return {"input_ids": batch.input_ids, **where, "use_cache": False}
 
 
-def check_packing(model: torch.nn.Module, device: torch.device) -> None:
+def check_packing(model: Any, device: torch.device) -> None:
     """Raise unless ``model`` keeps attention inside each packed sample: a sample packed
     after another must get the logits it gets alone (a model whose attention ignores
     restarting position ids would let it attend to the one before)."""
@@ -151,139 +143,87 @@ def check_packing(model: torch.nn.Module, device: torch.device) -> None:
         )
 
 
-class PolicyTrainer(ABC):
-    """The engine-independent half of a :class:`engines.protocols.TrainEngine`.
+def load_policy(folder: Path, device: torch.device) -> Any:
+    """The model folder's causal LM in float32 on ``device`` (safetensors only: a
+    ``pytorch_model.bin`` would be unpickled)."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
+    return model.to(device)  # type: ignore[arg-type]  # transformers types .to oddly
 
-    A subclass builds its optimiser in ``_attach_optimizer`` (called once the model is
-    loaded) and implements ``step_batch``, ``checkpoint_files`` and ``load_checkpoint``.
-    """
+
+class PolicyTrainer:
+    """A :class:`engines.protocols.TrainEngine`: the policy, its loss, micro-batching,
+    metrics and step, over the ``Parallelism`` strategy of its engine (``engines/parallel.py``),
+    which wraps the model and applies, gathers and checkpoints what differs by engine."""
 
     def __init__(
         self,
+        train: TrainConfig,
         model_dir: str,
-        lr: float,
-        clip_eps: float,
-        grad_clip: float,
-        micro_batch: int,
-        threads: int,
+        parallel: Parallelism,
         seed: int,
-        micro_batch_tokens: int = NO_TOKEN_LIMIT,
-        warmup_steps: int = 0,
-        entropy_coef: float = 0.0,
-        loss: str = "ppo",
-        is_cap: float = 2.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
         before_update: Callable[[], object] | None = None,
-        dtype: str = "float32",
-        device: str | None = None,
-        packing: bool = False,
-        lora: LoraConfig | None = None,
-        logits_chunk: int = LOGITS_CHUNK,
         temperature: float = 1.0,
+        device: str | None = None,
     ) -> None:
-        if loss not in LOSS_NAMES:
-            raise ValueError(f"unknown loss {loss!r}; allowed: {', '.join(LOSS_NAMES)}")
-        if dtype not in AUTOCAST:
-            raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(AUTOCAST)}")
-        torch.set_num_threads(threads)
+        if temperature <= 0:
+            raise ValueError(f"temperature must be above 0, got {temperature}")
+        torch.set_num_threads(train.threads)
         torch.manual_seed(seed)
         self._model_dir = Path(model_dir)
         self.device = torch.device(device or default_device())
-        # Master weights stay float32; bfloat16 runs the forward passes in autocast.
-        self._autocast = AUTOCAST[dtype]
-        # safetensors only: a pytorch_model.bin would be unpickled
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, use_safetensors=True
-        )
-        self.model.to(self.device)
-        self.lora = lora
-        if lora is not None:  # base weights frozen; only the adapters train
-            self.model = attach(self.model, lora, str(self._model_dir))
+        if train.dtype == "auto":  # bf16 on a GPU, as engines.cluster.pool_dtype has it
+            auto = "bfloat16" if self.device.type == "cuda" else "float32"
+            train = train.model_copy(update={"dtype": auto})
+        self.train = train
+        # Master weights stay float32; bfloat16 runs the forward passes in autocast (and
+        # the strategy's own mixed precision, where it has one).
+        self._autocast = AUTOCAST[train.dtype]
+        # A transformers causal LM, or peft's wrapper of one under LoRA.
+        self.model = load_policy(self._model_dir, self.device)
+        self.lora = train.lora
+        if self.lora is not None:  # base weights frozen; only the adapters train
+            self.model = attach(self.model, self.lora, str(self._model_dir))
         self.model.train()
         self._pad_id = int(self.model.config.pad_token_id or 0)
-        self.optimisation = Optimisation(
-            lr, grad_clip, warmup_steps, (betas[0], betas[1]), weight_decay
-        )
-        self._loss = loss
-        self._clip_eps = clip_eps
-        self._is_cap = is_cap
-        self._entropy_coef = entropy_coef
-        self._micro_batch = micro_batch
-        self._micro_tokens = micro_batch_tokens
-        self._packing = packing
-        self._logits_chunk = logits_chunk
-        if temperature <= 0:
-            raise ValueError(f"temperature must be above 0, got {temperature}")
+        self._micro_tokens = train.micro_batch_tokens
         # The policy is softmax(logits / temperature): the distribution rollouts sample from.
         self._temperature = temperature
         # The vocabulary projection, applied outside the model's forward to the trained
         # positions alone, a chunk at a time (None: the model's logits are used whole).
         self._head = OutputHead.of(self.model, self.device)
-        # What the forward pass calls: the model, or an engine that wraps it.
-        self._network: Callable[..., Any] = self.model
         # Called right before the weights change in place: a weight publish may still be
         # copying them (storage.params: ParameterService.wait_snapshot).
         self.before_update = before_update
         self._version = 0
+        if train.packing:
+            check_packing(self.model, self.device)
+        self.parallel = parallel
+        # What the forward pass calls: the model, or the strategy's wrapper of it.
+        self._network: Callable[..., Any] = parallel.attach(
+            self.model, Optimisation.of(train), train
+        )
         # This rank's place in the training pool's group (0 of 1 outside one).
         self._rank, self._world = rank_and_world()
-        if packing:
-            check_packing(self.model, self.device)
-        self._attach_optimizer()
-
-    @abstractmethod
-    def _attach_optimizer(self) -> None:
-        """Build the optimiser and learning-rate schedule over ``self.model``."""
-
-    @abstractmethod
-    def step_batch(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimiser step on padded tensors (``rl.batching.TrainBatch``)."""
-
-    @abstractmethod
-    def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
-        """Model, optimiser and RNG state as named files, plus the counters to restore."""
-
-    @abstractmethod
-    def load_checkpoint(self, files: dict[str, bytes], counters: dict[str, Any]) -> None:
-        """Restore what ``checkpoint_files`` wrote; continues at the saved version."""
 
     def version(self) -> int:
         return self._version
-
-    def trainable(self) -> list[torch.nn.Parameter]:
-        """The parameters the optimiser steps: all of them, or the adapters' under LoRA."""
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def weight_files(self) -> dict[str, bytes]:
-        """A checkpoint's weights: the adapter under LoRA (``ADAPTER_FILE``), else the full
-        weights (``MODEL_FILE``)."""
-        return {ADAPTER_FILE if self.lora else MODEL_FILE: tensors_to_bytes(self.cpu_state())}
-
-    def checkpoint_weights(self, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
-        """The weights a checkpoint holds, once they are known to be of this run's kind (an
-        adapter for a LoRA run, full weights otherwise)."""
-        if self.lora is None and ADAPTER_FILE in files:
-            raise ValueError(
-                "the checkpoint holds a LoRA adapter, not full weights: resume it with "
-                "train.lora set as the run that wrote it had it"
-            )
-        if self.lora is not None and MODEL_FILE in files:
-            raise ValueError(
-                "the checkpoint holds full weights (a run without train.lora): resume it "
-                "without train.lora, or start a LoRA run afresh"
-            )
-        return bytes_to_tensors(files[ADAPTER_FILE if self.lora else MODEL_FILE])
 
     @property
     def pad_id(self) -> int:
         return self._pad_id
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights are sharded across ranks (FSDP2, ZeRO-3): such an engine is
+        published through ``layout`` and ``gathered``, one full tensor at a time, not
+        through ``state``, which gathers the whole model at once."""
+        return self.parallel.sharded
+
     def parts(self, batch: TrainBatch) -> list[TrainBatch]:
         """The forward/backward passes a step cuts ``batch`` into: packed rows with
         ``train.packing``, else length-sorted padded parts (``rl.batching``)."""
-        cut = pack if self._packing else micro_batches
-        return cut(batch, self._micro_batch, self._micro_tokens)
+        cut = pack if self.train.packing else micro_batches
+        return cut(batch, self.train.micro_batch, self._micro_tokens)
 
     def _forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The log-prob of each target and the entropy of the policy where it was sampled,
@@ -308,25 +248,31 @@ class PolicyTrainer(ABC):
                 head,
                 out.logits[:, :-1][at],
                 batch.targets[at],
-                self._logits_chunk,
-                entropy_grad=bool(self._entropy_coef),
+                self.train.logits_chunk_tokens,
+                entropy_grad=bool(self.train.entropy_coef),
                 temperature=self._temperature,
             )
         blank = torch.zeros(at.shape, dtype=torch.float32, device=at.device)
         return blank.masked_scatter(at, logprobs), blank.masked_scatter(at, entropy)
 
-    def step(self, samples: list[Sample]) -> dict[str, float]:
-        return self.step_batch(collate(samples, self._pad_id))
+    def step_batch(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimiser step on this rank's share of a batch (``rl.batching.TrainBatch``):
+        the forward and backward passes, then the strategy's clip-and-apply; the version
+        goes up by one. A non-finite gradient norm raises with the weights unchanged."""
+        sums, total_tokens = self._passes(batch)
+        grad_norm, lr = self.parallel.apply(self._before_update)
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(
+                f"non-finite gradient norm at version {self._version}; the step was skipped"
+            )
+        self._version += 1
+        return sums.metrics(grad_norm, lr, total_tokens)
 
-    def _no_sync(self) -> AbstractContextManager[object]:
-        """A context in which a backward pass keeps its gradients on this rank: every pass of
-        a step but the last (DDP reduces on the last). Engines that reduce at their
-        optimiser step (DeepSpeed) need none."""
-        return nullcontext()
+    def _before_update(self) -> None:
+        if self.before_update is not None:
+            self.before_update()  # e.g. a weight publish still copying these tensors
 
-    def _passes(
-        self, batch: TrainBatch, backward: Callable[[torch.Tensor], object]
-    ) -> tuple[StepSums, float]:
+    def _passes(self, batch: TrainBatch) -> tuple[StepSums, float]:
         """Forward and backward over this rank's share of a step's batch (all of it in a
         pool of one); returns the step's metrics and its loss tokens, over every rank.
 
@@ -341,10 +287,11 @@ class PolicyTrainer(ABC):
         (tokens,), (count,) = all_sum([tokens], self.device), all_max([len(parts)], self.device)
         total = torch.tensor(max(tokens, 1.0))
         step = StepSums()
+        backward = self.parallel.backward
         for i in range(int(count)):
-            with self._no_sync() if i < count - 1 else nullcontext():
+            with self.parallel.no_sync() if i < count - 1 else nullcontext():
                 if i < len(parts):
-                    self._pass(parts[i].to(self.device), total, backward, step)
+                    self._pass(parts[i].to(self.device), total, step)
                 else:
                     backward(self._forward(parts[-1].to(self.device))[0].sum() * 0.0)
         if self._world > 1:
@@ -353,16 +300,10 @@ class PolicyTrainer(ABC):
             step = StepSums(dict(zip(step.sums, sums, strict=True)), top)
         return step, float(total)
 
-    def _pass(
-        self,
-        part: TrainBatch,
-        total_tokens: torch.Tensor,
-        backward: Callable[[torch.Tensor], object],
-        step: StepSums,
-    ) -> None:
+    def _pass(self, part: TrainBatch, total_tokens: torch.Tensor, step: StepSums) -> None:
         """Forward and backward over one part, its loss weighted by its share of the
         batch's ``total_tokens`` (times the world size); adds its metrics to ``step``."""
-        sums = step.sums
+        train, sums = self.train, step.sums
         logprobs, entropies = self._forward(part)
         # The proximal policy is this trainer's before the update. One optimiser step per
         # batch means every micro-batch sees those weights, so it is this very forward pass,
@@ -371,19 +312,19 @@ class PolicyTrainer(ABC):
         # tis's: min(pi/pi_behav, cap) * A * grad log pi.
         proximal = logprobs.detach()
         out = policy_loss(
-            self._loss,
+            train.loss,
             logprobs,
             proximal,
             part.old_logprobs,
             part.advantages,
             part.mask,
-            self._clip_eps,
-            self._is_cap,
+            train.clip_eps,
+            train.is_cap,
         )
         entropy = masked_mean(entropies, part.mask)
         # Each micro-batch weighs by its share of tokens: the sum is the batch token mean.
         share = part.mask.sum() / total_tokens.to(part.mask.device)
-        backward((out.loss - self._entropy_coef * entropy) * share * self._world)
+        self.parallel.backward((out.loss - train.entropy_coef * entropy) * share * self._world)
         with torch.no_grad():
             sums["loss"] += float(out.loss * share)
             # KL(behaviour || trainer), estimated on the behaviour policy's own samples.
@@ -398,12 +339,6 @@ class PolicyTrainer(ABC):
             )
             step.weight_max = max(step.weight_max, float(out.weight_max))
 
-    def _check_grad_norm(self, grad_norm: float) -> None:
-        if not math.isfinite(grad_norm):
-            raise FloatingPointError(
-                f"non-finite gradient norm at version {self._version}; the step was skipped"
-            )
-
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[list[float]]:
         """The current policy's log-prob of each response token (for checks and tests)."""
@@ -412,40 +347,63 @@ class PolicyTrainer(ABC):
         return [logprobs[i][batch.mask[i].bool()].tolist() for i in range(len(batch))]
 
     def state(self) -> dict[str, torch.Tensor]:
-        """The live weights by name, on the trainer's device (not copies: publish or save
-        before the next step); under LoRA the adapter's alone. The parameter service copies
-        them tensor by tensor into its CPU staging buffers, so publishing from a GPU makes
-        no device-side copy."""
-        if self.lora is not None:
-            return adapter_state(self.model)
-        return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
-
-    @property
-    def sharded(self) -> bool:
-        """Whether the weights are sharded across ranks (FSDP2, ZeRO-3): such an engine is
-        published through ``layout`` and ``gathered``, one full tensor at a time, not
-        through ``state``, which gathers the whole model at once."""
-        return False
+        """The weights by name, on the trainer's device: the live tensors (publish or save
+        before the next step), gathered copies for a sharded engine; under LoRA the
+        adapter's alone. The parameter service copies them tensor by tensor into its CPU
+        staging buffers, so publishing from a GPU makes no device-side copy."""
+        return adapter_state(self.model) if self.lora else self.parallel.state()
 
     def layout(self) -> dict[str, torch.Tensor]:
         """What ``state`` holds, as meta tensors of its names, shapes and dtypes (nothing
         gathered)."""
-        return {
-            k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in self.state().items()
-        }
+        return meta_layout(self.state()) if self.lora else self.parallel.layout()
 
     def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``state``'s tensors one at a time; a sharded engine gathers each as it is asked
         for (collective: every rank reads the whole iterator). Copy each before the next."""
-        yield from self.state().items()
+        yield from self.state().items() if self.lora else self.parallel.gathered()
 
     def cpu_state(self) -> dict[str, torch.Tensor]:
         """The weights as CPU tensors, copied one tensor at a time (never a whole-model
         clone on the device); on a CPU trainer, copies of the live tensors."""
-        return {k: v.to("cpu", copy=True) for k, v in self.state().items()}
+        return cpu_copies(self.state()) if self.lora else self.parallel.cpu_state()
 
-    def weights(self) -> bytes:
-        return tensors_to_bytes(self.cpu_state())
+    def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """Weights (the adapter's under LoRA), AdamW state in the torch engine's layout and
+        this rank's RNG as named files, plus the counters to restore. Collective for a
+        sharded engine; rank 0 writes them."""
+        weights = {ADAPTER_FILE if self.lora else MODEL_FILE: tensors_to_bytes(self.cpu_state())}
+        optimizer, schedule = self.parallel.optimizer_state()
+        files = {**weights, **optimizer, **rng_state_files()}
+        return files, {"version": self._version, "scheduler": schedule}
+
+    def load_checkpoint(self, files: dict[str, bytes], counters: dict[str, Any]) -> None:
+        """Restore what ``checkpoint_files`` (of any engine, at any rank count) wrote;
+        continues at the saved version. Collective for a sharded engine."""
+        self._before_update()
+        weights = self._checkpoint_weights(files)
+        if self.lora is not None:
+            load_adapter_state(self.model, weights)
+        else:
+            self.parallel.load_weights(weights)
+        self.parallel.load_optimizer_state(files, counters["scheduler"])
+        restore_rng(files)
+        self._version = int(counters["version"])
+
+    def _checkpoint_weights(self, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
+        """The weights a checkpoint holds, once they are known to be of this run's kind (an
+        adapter for a LoRA run, full weights otherwise)."""
+        if self.lora is None and ADAPTER_FILE in files:
+            raise ValueError(
+                "the checkpoint holds a LoRA adapter, not full weights: resume it with "
+                "train.lora set as the run that wrote it had it"
+            )
+        if self.lora is not None and MODEL_FILE in files:
+            raise ValueError(
+                "the checkpoint holds full weights (a run without train.lora): resume it "
+                "without train.lora, or start a LoRA run afresh"
+            )
+        return bytes_to_tensors(files[ADAPTER_FILE if self.lora else MODEL_FILE])
 
     def save(self, folder: str) -> None:
         """Write the current policy as a model folder (safetensors + tokenizer files); under
@@ -467,9 +425,7 @@ class PolicyTrainer(ABC):
         """The base model with the current adapter merged into its weights, as a model
         folder; built on a fresh copy of the base, so the trainer's model stays as it is."""
         assert self.lora is not None
-        base = AutoModelForCausalLM.from_pretrained(
-            self._model_dir, dtype=torch.float32, use_safetensors=True
-        )
+        base = load_policy(self._model_dir, torch.device("cpu"))
         with_adapter = attach(base, self.lora, str(self._model_dir))
         load_adapter_state(with_adapter, self.cpu_state())
         merged = with_adapter.merge_and_unload()
@@ -480,3 +436,33 @@ class PolicyTrainer(ABC):
         for name in TOKENIZER_FILES:
             if (self._model_dir / name).is_file():
                 shutil.copy2(self._model_dir / name, out / name)
+
+
+def strategy_for(train: TrainConfig) -> Parallelism:
+    """The strategy of ``train.engine``."""
+    if train.engine == "deepspeed":
+        from sluice.engines.zero import Zero  # only runs that use it import DeepSpeed
+
+        return Zero(train.zero_stage)
+    if train.engine == "fsdp":
+        from sluice.engines.fsdp import FullyShard
+
+        return FullyShard()
+    from sluice.engines.ddp import DataParallel
+
+    return DataParallel()
+
+
+def build_engine(
+    train: TrainConfig,
+    model_dir: str,
+    seed: int,
+    before_update: Callable[[], object] | None = None,
+    temperature: float = 1.0,
+    device: str | None = None,
+) -> PolicyTrainer:
+    """The trainer of the ``train`` section on the strategy ``train.engine`` names, its
+    policy the model's distribution at the rollouts' sampling ``temperature``."""
+    return PolicyTrainer(
+        train, model_dir, strategy_for(train), seed, before_update, temperature, device
+    )

@@ -5,7 +5,8 @@ number of ranks. Here the Adam moments are gathered per parameter (DeepSpeed's
 ``safe_get_full_*`` API, stages 1 to 3) into the very state dict a ``torch.optim.AdamW``
 over ``model.parameters()`` would have, which ``storage.torch_state`` stores as safetensors
 plus JSON. A checkpoint so written resumes under either engine, with any number of ranks.
-Driven by ``engines.deepspeed_trainer``. Every function here is collective: all ranks call it.
+Driven by ``engines.zero`` (the DeepSpeed strategy). Every function here is collective: all
+ranks call it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Training ranks under torchrun take steps on one batch; rank 0 writes what they reached.
 
-One process per rank, each building the engine ``--engine`` names (torch: DDP; fsdp:
-FSDP2; deepspeed: ZeRO at ``--zero-stage``) from the same model folder and training on its
+One process per rank, each building the trainer of the ``train`` section in ``--train``
+(``train.engine`` torch: DDP; fsdp: FSDP2; deepspeed: ZeRO at ``train.zero_stage``) from
+the same model folder and training on its
 token-balanced share of the same samples (``engines.ranks.shares``), as the trainer actors
 of a pool of ``train.ranks`` do. After the steps the trainer's checkpoint (gathered from all
 ranks) goes to ``<out>/checkpoints/`` and the per-step metrics and seconds to
@@ -11,11 +12,10 @@ with them. On a 2-core machine give each rank one thread:
 
     OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 --master_addr 127.0.0.1 \\
         --master_port 29511 scripts/train_ranks.py --policy <model folder> \\
-        --samples samples.json --settings settings.json --out <folder> --engine deepspeed \\
-        --zero-stage 2 --steps 3
+        --samples samples.json --train train.json --out <folder> --steps 3
 
-``samples.json`` holds a list of ``rl.batching.Sample`` fields; ``settings.json`` the
-trainer's keyword arguments (lr, clip_eps, grad_clip, micro_batch, threads, seed, ...).
+``samples.json`` holds a list of ``rl.batching.Sample`` fields; ``train.json`` the config's
+``train`` section (``rl.config.TrainConfig``: engine, zero_stage, lr, micro_batch, lora, ...).
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ import torch
 import torch.distributed as dist
 
 from sluice.engines.ranks import Rendezvous, join, shares
-from sluice.engines.torch_trainer import TorchTrainer
-from sluice.engines.trainer_core import PolicyTrainer
-from sluice.rl.batching import Sample
-from sluice.rl.config import LoraConfig
+from sluice.engines.trainer_core import build_engine
+from sluice.rl.batching import Sample, collate
+from sluice.rl.config import TrainConfig
 from sluice.storage.checkpoints import CheckpointStore
 
 
@@ -41,10 +40,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", required=True, help="model folder to start from")
     parser.add_argument("--samples", required=True, type=Path, help="JSON list of samples")
-    parser.add_argument("--settings", required=True, type=Path, help="JSON trainer arguments")
+    parser.add_argument("--train", required=True, type=Path, help="JSON train section")
     parser.add_argument("--out", required=True, type=Path, help="folder for rank 0's output")
-    parser.add_argument("--engine", choices=["torch", "fsdp", "deepspeed"], default="deepspeed")
-    parser.add_argument("--zero-stage", type=int, default=2, help="ZeRO stage: 1, 2 or 3")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=3, help="optimiser steps to take")
     args = parser.parse_args()
 
@@ -56,24 +54,12 @@ def main() -> None:
     samples = [Sample(**row) for row in json.loads(args.samples.read_text())]
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     mine = [samples[i] for i in shares(lengths, world)[rank]]
-    settings = json.loads(args.settings.read_text())
-    if settings.get("lora") is not None:  # train.lora: adapters, DDP across the ranks
-        settings["lora"] = LoraConfig(**settings["lora"])
-    trainer: PolicyTrainer
-    if args.engine == "deepspeed":
-        from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
-
-        trainer = DeepSpeedTrainer(args.policy, zero_stage=args.zero_stage, **settings)
-    elif args.engine == "fsdp":
-        from sluice.engines.fsdp_trainer import FSDPTrainer
-
-        trainer = FSDPTrainer(args.policy, **settings)
-    else:
-        trainer = TorchTrainer(args.policy, **settings)
+    train = TrainConfig.model_validate_json(args.train.read_text())
+    trainer = build_engine(train, args.policy, args.seed)
     metrics, seconds = [], []
     for _ in range(args.steps):
         start = time.perf_counter()
-        metrics.append(trainer.step(mine))
+        metrics.append(trainer.step_batch(collate(mine, trainer.pad_id)))
         seconds.append(time.perf_counter() - start)  # the pool's: every step ends collectively
     files, counters = trainer.checkpoint_files()  # collective under ZeRO: every rank gathers
     if rank == 0:

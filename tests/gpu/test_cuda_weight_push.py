@@ -13,11 +13,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from sluice.engines.rollout_worker import launch_rollout_workers
-from sluice.engines.torch_trainer import TorchTrainer
 from sluice.envs import make_env
 from sluice.rl.batching import Sample
 from sluice.rl.config import RolloutConfig
 from sluice.storage.params import ParameterService
+from tests.support.trainers import make_trainer, step
 
 pytestmark = pytest.mark.gpu
 
@@ -63,7 +63,7 @@ def test_bf16_weight_push_on_cuda(ray_local, tiny_policy):
     )
     try:
         assert ray.get(worker.devices()) != "cpu"  # Ray gave the worker a GPU
-        trainer = TorchTrainer(
+        trainer = make_trainer(
             str(tiny_policy),
             lr=5e-2,
             clip_eps=0.2,
@@ -80,7 +80,7 @@ def test_bf16_weight_push_on_cuda(ray_local, tiny_policy):
         assert mean < BF16_MEAN_GAP and top < BF16_MAX_GAP, (mean, top)
 
         for _ in range(3):
-            trainer.step(before)
+            step(trainer, before)
         moved, _ = _gaps([s.behaviour_logprobs for s in before], trainer.logprobs(before))
         assert moved > 3 * BF16_MEAN_GAP, f"three steps moved the log-probs by only {moved:.3f}"
 

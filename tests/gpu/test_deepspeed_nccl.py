@@ -17,18 +17,18 @@ ROOT = Path(__file__).parents[2]
 RANK = """
 import json, math, sys
 import torch.distributed as dist
-from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
 from sluice.rl.batching import Sample
+from tests.support.trainers import make_trainer, step
 
-trainer = DeepSpeedTrainer(
-    sys.argv[1], zero_stage=2, lr=1e-3, clip_eps=0.2, grad_clip=1.0, micro_batch=2,
-    threads=1, seed=0,
+trainer = make_trainer(
+    sys.argv[1], engine="deepspeed", zero_stage=2, lr=1e-3, clip_eps=0.2, grad_clip=1.0,
+    micro_batch=2, threads=1, seed=0,
 )
 samples = [
     Sample([1, 30 + i], [20 + i, 21, 2], [-3.0, -3.1, -3.2], advantage=(-1.0) ** i)
     for i in range(4)
 ]
-metrics = trainer.step(samples)
+metrics = step(trainer, samples)
 print(json.dumps({
     "backend": dist.get_backend(),
     "device": str(next(trainer.model.parameters()).device),

@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from sluice.engines.rollout_worker import launch_rollout_workers
-from sluice.engines.torch_trainer import TorchTrainer
+from sluice.engines.trainer_core import PolicyTrainer
 from sluice.envs import make_env
 from sluice.rl.batching import Sample
 from sluice.rl.config import LoraConfig, RolloutConfig
 from sluice.storage.params import ParameterService
+from tests.support.trainers import NO_TOKEN_LIMIT, make_trainer, step
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +46,7 @@ def _samples(prompt_ids, groups, advantages):
     ]
 
 
-def _gaps(samples: list[Sample], trainer: TorchTrainer) -> tuple[float, float]:
+def _gaps(samples: list[Sample], trainer: PolicyTrainer) -> tuple[float, float]:
     """Mean and largest gap between the samples' log-probs and the trainer's."""
     diffs = [
         abs(x - y)
@@ -65,7 +66,7 @@ def test_a_lora_adapter_pushed_to_vllm_on_cuda_matches_the_trainer(ray_local, ti
     )  # fmt: skip
     try:
         assert ray.get(worker.devices()) != "cpu"
-        trainer = TorchTrainer(
+        trainer = make_trainer(
             str(tiny_policy), lr=5e-2, clip_eps=0.2, grad_clip=10.0, micro_batch=64,
             threads=1, seed=0, lora=LORA,
         )  # fmt: skip
@@ -75,7 +76,7 @@ def test_a_lora_adapter_pushed_to_vllm_on_cuda_matches_the_trainer(ray_local, ti
         prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
         before = _samples(prompt_ids, ray.get(worker.generate(PROMPTS, 2, 8, 1.0, 0)), [1, -1] * 2)
         for _ in range(3):
-            trainer.step(before)
+            step(trainer, before)
         moved, _ = _gaps(before, trainer)
         assert moved > 3 * BF16_MEAN_GAP, f"three steps moved the log-probs by only {moved:.3f}"
         params.publish(trainer.version(), trainer.state())
@@ -105,23 +106,23 @@ def test_two_ranks_on_nccl_take_one_processs_step(tiny_policy, tmp_path, engine,
         for i in range(6)
     ]
     settings = {"lr": 1e-3, "clip_eps": 0.2, "grad_clip": 1.0, "micro_batch": 2, "threads": 1,
-                "seed": 0, "dtype": "float32"}  # fmt: skip
+                "dtype": "float32", "micro_batch_tokens": NO_TOKEN_LIMIT}  # fmt: skip
     (tmp_path / "samples.json").write_text(json.dumps([asdict(s) for s in samples]))
-    (tmp_path / "settings.json").write_text(
-        json.dumps({**settings, "lora": lora and lora.model_dump()})
+    (tmp_path / "train.json").write_text(
+        json.dumps({**settings, "engine": engine, "lora": lora and lora.model_dump()})
     )
     out = tmp_path / "out"
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"),
         *("--master_addr", "127.0.0.1", "--master_port", "29533"),
         str(ROOT / "scripts" / "train_ranks.py"), "--policy", str(tiny_policy),
-        "--samples", str(tmp_path / "samples.json"), "--settings", str(tmp_path / "settings.json"),
-        "--out", str(out), "--engine", engine, "--steps", "1",
+        "--samples", str(tmp_path / "samples.json"), "--train", str(tmp_path / "train.json"),
+        "--out", str(out), "--steps", "1",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (got,) = json.loads((out / "metrics.json").read_text())["steps"]
-    want = TorchTrainer(str(tiny_policy), **settings, lora=lora).step(samples)
+    want = step(make_trainer(tiny_policy, **settings, lora=lora), samples)
     for key in ("loss", "grad_norm", "tokens"):
         assert got[key] == pytest.approx(want[key], rel=1e-3, abs=1e-4), key

@@ -19,9 +19,9 @@ import psutil
 import pytest
 from safetensors.torch import load_file
 
-from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
+from tests.support.trainers import make_trainer
 
 # A smoke run with one restart (~2.5 min here): out of the default suite.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -91,7 +91,9 @@ def test_a_deepspeed_run_survives_losing_its_trainer(tmp_path, shared_cache):
     latest = CheckpointStore(run_dir.as_uri()).load_latest()
     assert latest is not None and latest.meta["version"] == steps
     trainer_args = {"lr": 1e-4, "clip_eps": 0.2, "grad_clip": 1.0, "micro_batch": 8}
-    restored = DeepSpeedTrainer(str(run_dir / "policy"), threads=1, seed=0, **trainer_args)
+    restored = make_trainer(
+        str(run_dir / "policy"), engine="deepspeed", threads=1, seed=0, **trainer_args
+    )
     restored.load_checkpoint(latest.files, latest.meta)
     assert restored.version() == steps
     final = load_file(run_dir / "policy" / "model.safetensors")

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from sluice.engines.lora import ADAPTER_FILE, load_adapter_state, read_adapter
-from sluice.engines.torch_trainer import TorchTrainer
+from sluice.engines.trainer_core import PolicyTrainer
 from sluice.engines.vllm_rollout import VLLMRolloutEngine
 from sluice.rl.batching import Sample
 from sluice.rl.config import LoraConfig
 from sluice.storage.params import ParameterService
+from tests.support.trainers import make_trainer, step
 
 pytestmark = pytest.mark.integration
 
@@ -29,8 +30,8 @@ LORA = LoraConfig(
 TOLERANCE = 1e-4
 
 
-def _trainer(policy) -> TorchTrainer:
-    return TorchTrainer(
+def _trainer(policy) -> PolicyTrainer:
+    return make_trainer(
         str(policy), lr=5e-2, clip_eps=0.2, grad_clip=10.0, micro_batch=64, threads=1, seed=0,
         lora=LORA,
     )  # fmt: skip
@@ -45,7 +46,7 @@ def _samples(engine, groups, advantages) -> list[Sample]:
     ]
 
 
-def _gap(samples: list[Sample], trainer: TorchTrainer) -> float:
+def _gap(samples: list[Sample], trainer: PolicyTrainer) -> float:
     theirs = trainer.logprobs(samples)
     return max(
         abs(x - y)
@@ -54,12 +55,12 @@ def _gap(samples: list[Sample], trainer: TorchTrainer) -> float:
     )
 
 
-def _move(trainer: TorchTrainer, samples: list[Sample]) -> None:
+def _move(trainer: PolicyTrainer, samples: list[Sample]) -> None:
     """Steps until the trainer's log-probs are well away from the samples'."""
     start = trainer.version()
     while _gap(samples, trainer) < 10 * TOLERANCE:
         assert trainer.version() < start + 10, "ten steps did not move the adapter"
-        trainer.step(samples)
+        step(trainer, samples)
 
 
 @pytest.fixture

@@ -20,18 +20,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sluice.engines.torch_trainer import TorchTrainer
 from sluice.rl.batching import Sample
 from sluice.rl.config import LoraConfig
 from sluice.storage.checkpoints import CheckpointStore
 from tests.support.cli import child_env
+from tests.support.trainers import NO_TOKEN_LIMIT, make_trainer, step
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parents[2]
 STEPS = 3
 # Gradients summed over two ranks and gloo, in another order than one torch process:
-# equal to rounding (see tests/unit/engines/test_deepspeed_trainer.py).
+# equal to rounding (see tests/unit/engines/test_sharded_engines.py).
 ATOL, RTOL = 1e-5, 1e-4
 SETTINGS = {
     "lr": 5e-3,
@@ -41,7 +41,7 @@ SETTINGS = {
     "warmup_steps": 1,
     "loss": "ppo",
     "threads": 1,
-    "seed": 0,
+    "micro_batch_tokens": NO_TOKEN_LIMIT,
 }
 
 
@@ -63,17 +63,17 @@ def _free_port() -> int:
 def _torchrun(
     policy: Path, tmp_path: Path, engine: str, stage: int, lora: LoraConfig | None = None
 ) -> dict:
-    samples, settings = tmp_path / "samples.json", tmp_path / "settings.json"
+    samples, train = tmp_path / "samples.json", tmp_path / "train.json"
     samples.write_text(json.dumps([asdict(s) for s in _samples()]))
-    settings.write_text(json.dumps({**SETTINGS, "lora": lora and lora.model_dump()}))
+    section = {**SETTINGS, "engine": engine, "lora": lora and lora.model_dump()}
+    train.write_text(json.dumps({**section, **({"zero_stage": stage} if stage else {})}))
     out = tmp_path / "out"
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"),
         *("--master_addr", "127.0.0.1", "--master_port", str(_free_port())),
         str(ROOT / "scripts" / "train_ranks.py"),
-        *("--policy", str(policy), "--samples", str(samples), "--settings", str(settings)),
-        *("--out", str(out), "--engine", engine, "--zero-stage", str(stage)),
-        *("--steps", str(STEPS)),
+        *("--policy", str(policy), "--samples", str(samples), "--train", str(train)),
+        *("--out", str(out), "--steps", str(STEPS)),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
@@ -96,9 +96,9 @@ def _torchrun(
 def test_two_ranks_take_one_processs_steps(tiny_policy, tmp_path, engine, stage, resume_on):
     ranks = _torchrun(tiny_policy, tmp_path, engine, stage)
     assert ranks["world_size"] == 2
-    reference = TorchTrainer(str(tiny_policy), **SETTINGS)
+    reference = make_trainer(str(tiny_policy), **SETTINGS)
     for got in ranks["steps"]:
-        want = reference.step(_samples())
+        want = step(reference, _samples())
         assert set(got) == set(want)
         for key, value in want.items():
             assert got[key] == pytest.approx(value, rel=RTOL, abs=ATOL), key
@@ -108,7 +108,7 @@ def test_two_ranks_take_one_processs_steps(tiny_policy, tmp_path, engine, stage,
     saved = CheckpointStore((tmp_path / "out").as_uri()).load_latest()
     assert saved is not None and saved.meta["version"] == STEPS
     resumed = _resume_elsewhere(tiny_policy, tmp_path, resume_on)
-    reference.step(_samples())
+    step(reference, _samples())
     for name, tensor in reference.state().items():
         torch.testing.assert_close(resumed[name], tensor, atol=ATOL, rtol=RTOL)
 
@@ -116,21 +116,19 @@ def test_two_ranks_take_one_processs_steps(tiny_policy, tmp_path, engine, stage,
 RESUME = """
 import json, sys
 from safetensors.torch import save_file
-from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
-from sluice.engines.fsdp_trainer import FSDPTrainer
-from sluice.engines.torch_trainer import TorchTrainer
 from sluice.rl.batching import Sample
 from sluice.storage.checkpoints import CheckpointStore
+from tests.support.trainers import make_trainer, step
 
 engine, policy, folder, out = sys.argv[1:5]
-settings = json.loads(open(f"{folder}/settings.json").read())
-settings.pop("lora", None)
+train = json.loads(open(f"{folder}/train.json").read())
+for ran_there in ("engine", "zero_stage", "lora"):
+    train.pop(ran_there, None)
 samples = [Sample(**row) for row in json.loads(open(f"{folder}/samples.json").read())]
-make = {"torch": TorchTrainer, "fsdp": FSDPTrainer, "deepspeed": DeepSpeedTrainer}[engine]
-trainer = make(policy, **settings)
+trainer = make_trainer(policy, engine=engine, **train)
 saved = CheckpointStore(f"file://{folder}/out").load_latest()
 trainer.load_checkpoint(saved.files, saved.meta)
-trainer.step(samples)
+step(trainer, samples)
 save_file({k: v.contiguous() for k, v in trainer.state().items()}, out)
 """
 
@@ -152,14 +150,14 @@ def _resume_elsewhere(policy: Path, tmp_path: Path, engine: str) -> dict[str, to
 def test_two_ranks_train_lora_adapters_as_one_process(tiny_policy, tmp_path):
     lora = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj"])
     ranks = _torchrun(tiny_policy, tmp_path, "torch", 0, lora)
-    reference = TorchTrainer(str(tiny_policy), **SETTINGS, lora=lora)
+    reference = make_trainer(str(tiny_policy), **SETTINGS, lora=lora)
     for got in ranks["steps"]:
-        want = reference.step(_samples())
+        want = step(reference, _samples())
         for key, value in want.items():
             assert got[key] == pytest.approx(value, rel=RTOL, abs=ATOL), key
     saved = CheckpointStore((tmp_path / "out").as_uri()).load_latest()
     assert saved is not None and "adapter_model.safetensors" in saved.files
-    resumed = TorchTrainer(str(tiny_policy), **SETTINGS, lora=lora)  # no process group
+    resumed = make_trainer(str(tiny_policy), **SETTINGS, lora=lora)  # no process group
     resumed.load_checkpoint(saved.files, saved.meta)
     for name, tensor in reference.state().items():
         torch.testing.assert_close(resumed.state()[name], tensor, atol=ATOL, rtol=RTOL)

@@ -23,12 +23,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sluice.engines.deepspeed_trainer import DeepSpeedTrainer
 from sluice.engines.lora import ADAPTER_CONFIG, ADAPTER_FILE
-from sluice.engines.torch_trainer import TorchTrainer
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 from tests.support.cli import sluice, smoke_run
+from tests.support.trainers import make_trainer
 
 # A smoke run with one restart (~1.5 min here) and a LoRA run (~1 min): out of the default
 # suite, run by `make test-ranks` (and CI).
@@ -100,8 +99,8 @@ def test_a_two_rank_async_run_survives_losing_a_rank(tmp_path, shared_cache):
     assert latest is not None and latest.meta["version"] == steps
     final = load_file(run_dir / "policy" / "model.safetensors")
     settings = {"lr": 1e-4, "clip_eps": 0.2, "grad_clip": 1.0, "micro_batch": 8}
-    for engine in (TorchTrainer, DeepSpeedTrainer):
-        restored = engine(str(run_dir / "policy"), threads=1, seed=0, **settings)
+    for engine in ("torch", "deepspeed"):
+        restored = make_trainer(run_dir / "policy", engine=engine, threads=1, seed=0, **settings)
         restored.load_checkpoint(latest.files, latest.meta)
         assert restored.version() == steps
         assert set(final) == set(restored.state())

@@ -136,10 +136,10 @@ def test_sampled_logprobs_are_the_trainers_at_the_sampling_temperature(engine, p
     """vLLM reports each sampled token's log-prob under the distribution it sampled from
     (after temperature), and the trainer's policy is that distribution: at 0.6 both are
     log softmax(logits / 0.6), not the raw logits' (they differ by ~0.5 nats per token)."""
-    from sluice.engines.torch_trainer import TorchTrainer
     from sluice.rl.batching import Sample
+    from tests.support.trainers import make_trainer
 
-    trainer = TorchTrainer(
+    trainer = make_trainer(
         str(policy), lr=1e-3, clip_eps=0.2, grad_clip=1.0, micro_batch=8, threads=1, seed=0,
         temperature=temperature,
     )  # fmt: skip

@@ -7,11 +7,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from sluice.engines.rollout_worker import launch_rollout_workers
-from sluice.engines.torch_trainer import TorchTrainer
 from sluice.envs import make_env
 from sluice.rl.batching import Sample
 from sluice.rl.config import RolloutConfig
 from sluice.storage.params import ParameterService
+from tests.support.trainers import make_trainer, step
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ def _push_and_compare(ray, policy, prompts, dtype, tolerance):
         env_vars={},
         count=1,
     )
-    trainer = TorchTrainer(
+    trainer = make_trainer(
         str(policy),
         lr=5e-2,
         clip_eps=0.2,
@@ -95,7 +95,7 @@ def _push_and_compare(ray, policy, prompts, dtype, tolerance):
         _max_gap([s.behaviour_logprobs for s in before], trainer.logprobs(before)) < 4 * tolerance
     ):
         assert trainer.version() < 10, "ten steps did not move the policy"
-        trainer.step(before)
+        step(trainer, before)
 
     params.publish(trainer.version(), trainer.state())
     assert ray.get(worker.sync_weights(trainer.version(), 60.0)) == trainer.version()

@@ -67,7 +67,7 @@ def test_the_learning_rate_warms_up_as_sluices_trainer_does():
         rates.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         schedule.step()
-    # engines/torch_trainer.py: lr x min(1, (step + 1) / (warmup + 1)).
+    # engines/parallel.py (Optimisation.warmup): lr x min(1, (step + 1) / (warmup + 1)).
     assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from sluice.benchmarks.adapters import table
 from sluice.benchmarks.weights import folder_shapes
-from sluice.engines.torch_trainer import TorchTrainer
+from tests.support.trainers import make_trainer
 
 
 def test_a_folders_shapes_are_what_the_trainer_publishes(bpe_policy):
-    trainer = TorchTrainer(
+    trainer = make_trainer(
         str(bpe_policy), lr=1e-4, clip_eps=0.2, grad_clip=1.0, micro_batch=4, threads=1, seed=0
     )
     published = {name: list(t.shape) for name, t in trainer.state().items()}

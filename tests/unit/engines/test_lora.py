@@ -13,17 +13,18 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from sluice.engines.lora import ADAPTER_CONFIG, ADAPTER_FILE
-from sluice.engines.torch_trainer import TorchTrainer
+from sluice.engines.trainer_core import PolicyTrainer
 from sluice.rl.batching import Sample
 from sluice.rl.config import LoraConfig
 from sluice.storage.checkpoints import CheckpointStore
+from tests.support.trainers import make_trainer, step
 
 SETTINGS = {"lr": 5e-2, "clip_eps": 0.2, "grad_clip": 1.0, "micro_batch": 4, "threads": 1}
 LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"])
 
 
-def _trainer(policy, seed=0, lora=LORA) -> TorchTrainer:
-    return TorchTrainer(str(policy), seed=seed, lora=lora, **SETTINGS)
+def _trainer(policy, seed=0, lora=LORA) -> PolicyTrainer:
+    return make_trainer(str(policy), seed=seed, lora=lora, **SETTINGS)
 
 
 def _samples() -> list[Sample]:
@@ -37,7 +38,7 @@ def test_only_the_adapters_train(tiny_policy):
     trainer = _trainer(tiny_policy)
     base = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_" not in k}
     adapter = {k: v.clone() for k, v in trainer.state().items()}
-    trainer.step(_samples())
+    step(trainer, _samples())
     after = trainer.model.state_dict()
     for name, tensor in base.items():
         assert torch.equal(after[name], tensor), f"{name} (a base weight) changed"
@@ -54,15 +55,15 @@ def test_targets_the_model_lacks_are_named_with_the_models_own(tiny_policy):
 def test_a_checkpoint_resumes_to_the_bit(tiny_policy, tmp_path):
     samples = _samples()
     original = _trainer(tiny_policy)
-    original.step(samples)
+    step(original, samples)
     store = CheckpointStore(tmp_path.as_uri())
     store.save(1, *original.checkpoint_files())
-    want = original.step(samples)
+    want = step(original, samples)
     fresh = _trainer(tiny_policy, seed=7)
     loaded = store.load_latest()
     assert loaded is not None and ADAPTER_FILE in loaded.files
     fresh.load_checkpoint(loaded.files, loaded.meta)
-    assert fresh.step(samples) == want
+    assert step(fresh, samples) == want
     for name, tensor in original.state().items():
         assert torch.equal(fresh.state()[name], tensor), name
 
@@ -80,7 +81,7 @@ def test_a_checkpoint_of_the_other_kind_is_refused(tiny_policy):
 
 def test_the_saved_policy_is_an_adapter_peft_loads_and_merges(tiny_policy, tmp_path):
     trainer = _trainer(tiny_policy, lora=LORA.model_copy(update={"merged_export": True}))
-    trainer.step(_samples())
+    step(trainer, _samples())
     trainer.save(str(tmp_path / "policy"))
     folder = tmp_path / "policy"
     config = json.loads((folder / ADAPTER_CONFIG).read_text())

@@ -8,9 +8,9 @@ from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from sluice.engines.output_head import OutputHead
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
-from sluice.engines.torch_trainer import TorchTrainer
 from sluice.rl.batching import Sample, collate
 from sluice.rl.config import PolicyConfig
+from tests.support.trainers import make_trainer
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def folder(tmp_path_factory):
 
 def _trainer(folder, **kw):
     args = {"lr": 1e-2, "clip_eps": 0.2, "grad_clip": 1.0, "micro_batch": 8, "threads": 1}
-    return TorchTrainer(str(folder), seed=0, **{**args, **kw})
+    return make_trainer(str(folder), seed=0, **{**args, **kw})
 
 
 def test_the_bypassed_forward_gives_hidden_states_the_head_turns_into_the_logits(folder):
@@ -46,12 +46,12 @@ def test_the_bypassed_forward_gives_hidden_states_the_head_turns_into_the_logits
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_and_whole_logits_give_the_same_logprobs_and_step(folder, temperature):
-    chunked = _trainer(folder, logits_chunk=2, temperature=temperature)
+    chunked = _trainer(folder, logits_chunk_tokens=16, temperature=temperature)
     whole = _trainer(folder, temperature=temperature)
     whole._head = None
-    samples = [
-        Sample([1, 20, 21], [22, 23, 2], [-3.0] * 3, 1.0),
-        Sample([1, 20], [24, 25, 26, 2], [-3.0] * 4, -1.0),
+    samples = [  # 41 response tokens: three chunks of 16
+        Sample([1, 20, 21], [22 + i % 9 for i in range(20)] + [2], [-3.0] * 21, 1.0),
+        Sample([1, 20], [24 + i % 7 for i in range(19)] + [2], [-3.0] * 20, -1.0),
     ]
     for a, b in zip(chunked.logprobs(samples), whole.logprobs(samples), strict=True):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b))
@@ -59,7 +59,7 @@ def test_chunked_and_whole_logits_give_the_same_logprobs_and_step(folder, temper
     # size, so a weight whose gradient is ~0 moves by rounding noise times the rate.
     sums = []
     for trainer in (chunked, whole):
-        step, _ = trainer._passes(collate(samples, trainer.pad_id), lambda loss: loss.backward())
+        step, _ = trainer._passes(collate(samples, trainer.pad_id))
         sums.append(step.sums)
     assert sums[0]["entropy"] == pytest.approx(sums[1]["entropy"], rel=1e-5)
     assert sums[0]["loss"] == pytest.approx(sums[1]["loss"], rel=1e-5)

@@ -9,13 +9,12 @@ import math
 import pytest
 import torch
 
-from sluice.engines.deepspeed_trainer import DeepSpeedTrainer, deepspeed_config
-from sluice.engines.fsdp_trainer import FSDPTrainer
+from sluice.engines.parallel import Optimisation
 from sluice.engines.protocols import TrainEngine
-from sluice.engines.torch_trainer import TorchTrainer
-from sluice.engines.trainer_core import Optimisation
+from sluice.engines.zero import Zero, deepspeed_config
 from sluice.rl.batching import Sample
 from sluice.storage.checkpoints import CheckpointStore
+from tests.support.trainers import make_trainer, step
 
 # Both engines run in float32, but DeepSpeed sums gradients and their norm over flat buffers,
 # in another order than torch: they agree to rounding, not to the bit. Measured after three
@@ -69,20 +68,20 @@ def _assert_same_step(got, want):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda p: DeepSpeedTrainer(str(p), zero_stage=1, **SETTINGS),
-        lambda p: DeepSpeedTrainer(str(p), zero_stage=2, **SETTINGS),
-        lambda p: DeepSpeedTrainer(str(p), zero_stage=3, **SETTINGS),
-        lambda p: FSDPTrainer(str(p), packing=True, **SETTINGS),
+        lambda p: make_trainer(str(p), engine="deepspeed", zero_stage=1, **SETTINGS),
+        lambda p: make_trainer(str(p), engine="deepspeed", zero_stage=2, **SETTINGS),
+        lambda p: make_trainer(str(p), engine="deepspeed", zero_stage=3, **SETTINGS),
+        lambda p: make_trainer(str(p), engine="fsdp", packing=True, **SETTINGS),
     ],
     ids=["zero1", "zero2", "zero3", "fsdp-packed"],
 )
 def test_a_sharded_step_equals_the_torch_step(policy_dir, make):
-    reference = TorchTrainer(str(policy_dir), **SETTINGS)
+    reference = make_trainer(str(policy_dir), **SETTINGS)
     engine = make(policy_dir)
     _assert_same_weights(reference, engine, atol=0, rtol=0)
     samples = _samples()
     for _ in range(3):
-        want, got = reference.step(samples), engine.step(samples)
+        want, got = step(reference, samples), step(engine, samples)
         _assert_same_step(got, want)
         _assert_same_weights(reference, engine, ATOL, RTOL)
     assert want["grad_norm"] > SETTINGS["grad_clip"]  # the clip was exercised
@@ -90,36 +89,38 @@ def test_a_sharded_step_equals_the_torch_step(policy_dir, make):
 
 
 def test_a_packed_zero3_step_equals_the_padded_torch_step(policy_dir):
-    reference = TorchTrainer(str(policy_dir), **SETTINGS)
-    engine = DeepSpeedTrainer(str(policy_dir), zero_stage=3, packing=True, **SETTINGS)
+    reference = make_trainer(str(policy_dir), **SETTINGS)
+    engine = make_trainer(
+        str(policy_dir), engine="deepspeed", zero_stage=3, packing=True, **SETTINGS
+    )
     samples = _samples()
     for _ in range(2):
-        _assert_same_step(engine.step(samples), reference.step(samples))
+        _assert_same_step(step(engine, samples), step(reference, samples))
         _assert_same_weights(reference, engine, ATOL, RTOL)
 
 
 def test_fsdp_checkpoints_resume_bit_identically_and_cross_engines(policy_dir, tmp_path):
     samples = _samples()
-    original = FSDPTrainer(str(policy_dir), **SETTINGS)
-    original.step(samples)
+    original = make_trainer(str(policy_dir), engine="fsdp", **SETTINGS)
+    step(original, samples)
     files, counters = original.checkpoint_files()
     CheckpointStore(tmp_path.as_uri()).save(1, files, counters)
-    want = original.step(samples)
+    want = step(original, samples)
     loaded = CheckpointStore(tmp_path.as_uri()).load_latest()
-    fresh = FSDPTrainer(str(policy_dir), **{**SETTINGS, "seed": 7})
+    fresh = make_trainer(str(policy_dir), engine="fsdp", **{**SETTINGS, "seed": 7})
     fresh.load_checkpoint(loaded.files, loaded.meta)
     assert fresh.version() == 1
-    assert fresh.step(samples) == want
+    assert step(fresh, samples) == want
     _assert_same_weights(original, fresh, atol=0, rtol=0)
     # FSDP -> torch -> DeepSpeed -> FSDP, each going on as the torch engine would.
-    reference = TorchTrainer(str(policy_dir), **SETTINGS)
+    reference = make_trainer(str(policy_dir), **SETTINGS)
     reference.load_checkpoint(loaded.files, loaded.meta)
-    reference.step(samples)
-    zero = DeepSpeedTrainer(str(policy_dir), zero_stage=3, **SETTINGS)
+    step(reference, samples)
+    zero = make_trainer(str(policy_dir), engine="deepspeed", zero_stage=3, **SETTINGS)
     zero.load_checkpoint(*reference.checkpoint_files())
-    back = FSDPTrainer(str(policy_dir), **SETTINGS)
+    back = make_trainer(str(policy_dir), engine="fsdp", **SETTINGS)
     back.load_checkpoint(*zero.checkpoint_files())
-    _assert_same_step(back.step(samples), reference.step(samples))
+    _assert_same_step(step(back, samples), step(reference, samples))
     _assert_same_weights(reference, back, ATOL, RTOL)
 
 
@@ -128,20 +129,22 @@ def test_checkpoint_resumes_bit_identically(policy_dir, tmp_path, stage):
     """Save after two steps through the checkpoint store, restore into a fresh engine: its
     next step lands on the very weights and metrics of the engine that went on."""
     samples = _samples()
-    original = DeepSpeedTrainer(str(policy_dir), zero_stage=stage, **SETTINGS)
-    original.step(samples)
-    original.step(samples)
+    original = make_trainer(str(policy_dir), engine="deepspeed", zero_stage=stage, **SETTINGS)
+    step(original, samples)
+    step(original, samples)
     files, counters = original.checkpoint_files()
     store = CheckpointStore(tmp_path.as_uri())
     store.save(2, files, counters)
     assert not any(name.endswith((".pt", ".bin", ".pkl")) for name in files)
-    want = original.step(samples)
+    want = step(original, samples)
 
-    fresh = DeepSpeedTrainer(str(policy_dir), zero_stage=stage, **{**SETTINGS, "seed": 7})
+    fresh = make_trainer(
+        str(policy_dir), engine="deepspeed", zero_stage=stage, **{**SETTINGS, "seed": 7}
+    )
     loaded = store.load_latest()
     fresh.load_checkpoint(loaded.files, loaded.meta)
     assert fresh.version() == 2
-    got = fresh.step(samples)
+    got = step(fresh, samples)
     assert got == want
     _assert_same_weights(original, fresh, atol=0, rtol=0)
 
@@ -150,40 +153,38 @@ def test_a_torch_checkpoint_resumes_under_deepspeed(policy_dir):
     """Both engines store AdamW's state in one layout: a run may change engines on resume,
     and then goes on as the torch engine would (to rounding, as in the step test)."""
     samples = _samples()
-    reference = TorchTrainer(str(policy_dir), **SETTINGS)
-    reference.step(samples)
-    engine = DeepSpeedTrainer(str(policy_dir), zero_stage=2, **SETTINGS)
+    reference = make_trainer(str(policy_dir), **SETTINGS)
+    step(reference, samples)
+    engine = make_trainer(str(policy_dir), engine="deepspeed", zero_stage=2, **SETTINGS)
     engine.load_checkpoint(*reference.checkpoint_files())
     assert engine.version() == 1
-    _assert_same_step(engine.step(samples), reference.step(samples))
+    _assert_same_step(step(engine, samples), step(reference, samples))
     _assert_same_weights(reference, engine, ATOL, RTOL)
-    back = TorchTrainer(str(policy_dir), **SETTINGS)
+    back = make_trainer(str(policy_dir), **SETTINGS)
     back.load_checkpoint(*engine.checkpoint_files())
-    _assert_same_step(back.step(samples), reference.step(samples))
+    _assert_same_step(step(back, samples), step(reference, samples))
     _assert_same_weights(reference, back, ATOL, RTOL)
 
 
-@pytest.mark.parametrize(
-    "engine", [TorchTrainer, FSDPTrainer, DeepSpeedTrainer], ids=["torch", "fsdp", "deepspeed"]
-)
+@pytest.mark.parametrize("engine", ["torch", "fsdp", "deepspeed"])
 def test_a_non_finite_gradient_skips_the_step(policy_dir, engine):
-    trainer = engine(str(policy_dir), **SETTINGS)
+    trainer = make_trainer(policy_dir, engine=engine, **SETTINGS)
     before = {k: v.clone() for k, v in trainer.state().items()}
     poisoned = [
         Sample(s.prompt_ids, s.response_ids, s.behaviour_logprobs, math.nan) for s in _samples()
     ]
     with pytest.raises(FloatingPointError, match="non-finite gradient norm at version 0"):
-        trainer.step(poisoned)
+        step(trainer, poisoned)
     assert trainer.version() == 0
     for name, tensor in trainer.state().items():
         torch.testing.assert_close(tensor, before[name], atol=0, rtol=0)
-    metrics = trainer.step(_samples())  # and the next batch trains normally
+    metrics = step(trainer, _samples())  # and the next batch trains normally
     assert math.isfinite(metrics["grad_norm"]) and trainer.version() == 1
 
 
-def test_zero_stage_5_is_refused(policy_dir):
+def test_zero_stage_5_is_refused():
     with pytest.raises(ValueError, match=r"zero_stage 5 is not supported; allowed: 1, 2, 3"):
-        DeepSpeedTrainer(str(policy_dir), zero_stage=5, **SETTINGS)
+        Zero(5)
 
 
 def test_config_carries_sluices_settings():
@@ -200,15 +201,22 @@ def test_config_carries_sluices_settings():
     assert config["gradient_clipping"] == 0.7
     assert config["zero_optimization"] == {"stage": 1}
     assert config["train_batch_size"] == 16
-    assert config["bf16"] == {"enabled": False}
+    assert config["bf16"] == {"enabled": False} and "torch_autocast" not in config
+    half = deepspeed_config(opt, micro_batch=8, zero_stage=3, world_size=2, dtype="bfloat16")
+    assert half["torch_autocast"] == {
+        "enabled": True,
+        "dtype": "bfloat16",
+        "lower_precision_safe_modules": [],  # gradients reduced in float32
+    }
+    assert half["bf16"] == {"enabled": False}  # float32 weights, as the other engines'
 
 
 def test_engine_serves_the_train_engine_protocol(policy_dir, tmp_path):
-    engine = DeepSpeedTrainer(str(policy_dir), zero_stage=3, **SETTINGS)
+    engine = make_trainer(str(policy_dir), engine="deepspeed", zero_stage=3, **SETTINGS)
     assert isinstance(engine, TrainEngine)
-    engine.step(_samples())
+    step(engine, _samples())
     engine.save(str(tmp_path / "saved"))
-    saved = TorchTrainer(str(tmp_path / "saved"), **SETTINGS)
+    saved = make_trainer(str(tmp_path / "saved"), **SETTINGS)
     _assert_same_weights(engine, saved, atol=0, rtol=0)
     assert (tmp_path / "saved" / "tokenizer.json").is_file()
     assert engine.logprobs(_samples()[:1]) == saved.logprobs(_samples()[:1])
@@ -217,8 +225,8 @@ def test_engine_serves_the_train_engine_protocol(policy_dir, tmp_path):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda p: FSDPTrainer(str(p), **SETTINGS),
-        lambda p: DeepSpeedTrainer(str(p), zero_stage=3, **SETTINGS),
+        lambda p: make_trainer(str(p), engine="fsdp", **SETTINGS),
+        lambda p: make_trainer(str(p), engine="deepspeed", zero_stage=3, **SETTINGS),
     ],
     ids=["fsdp", "zero3"],
 )
@@ -226,7 +234,7 @@ def test_a_sharded_engine_gathers_for_publishing_one_tensor_at_a_time(policy_dir
     """What the trainer publishes from a sharded engine (``layout``, then ``gathered``) is
     the full weights ``state`` gathers, each tensor handed over alone."""
     engine = make(policy_dir)
-    engine.step(_samples())
+    step(engine, _samples())
     assert engine.sharded
     want = engine.state()
     layout = engine.layout()

@@ -9,14 +9,16 @@ tiny policy (ENVIRONMENT.md); the tolerance below is of that order.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from sluice.engines.deepspeed_trainer import DeepSpeedTrainer, backend
-from sluice.engines.torch_trainer import TorchTrainer
+from sluice.engines.trainer_core import model_inputs
+from sluice.engines.zero import backend
 from sluice.rl.batching import Sample, collate, pack
 from sluice.storage.torch_state import restore_rng, rng_state_files
+from tests.support.trainers import make_trainer, step
 
 BF16_ATOL = 0.05
 SETTINGS = {"lr": 1e-2, "clip_eps": 0.2, "grad_clip": 1.0, "micro_batch": 2, "threads": 1}
@@ -37,18 +39,18 @@ def _gap(a: list[list[float]], b: list[list[float]]) -> float:
 def test_a_bf16_trainer_matches_float32_within_bf16_rounding_and_keeps_fp32_weights(
     tiny_policy,
 ):
-    full = TorchTrainer(str(tiny_policy), seed=0, **SETTINGS)
-    half = TorchTrainer(str(tiny_policy), seed=0, dtype="bfloat16", **SETTINGS)
+    full = make_trainer(str(tiny_policy), seed=0, **SETTINGS)
+    half = make_trainer(str(tiny_policy), seed=0, dtype="bfloat16", **SETTINGS)
     assert half.device == torch.device("cpu")  # no GPU here: the trainer stays on the CPU
     samples = _samples()
     gap = _gap(full.logprobs(samples), half.logprobs(samples))
     assert 0 < gap < BF16_ATOL, gap  # bf16 rounds, but not by much
-    metrics = half.step(samples)
+    metrics = step(half, samples)
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
     state = half.state()
     assert {t.dtype for t in state.values()} == {torch.float32}  # master weights stay fp32
     assert {t.device.type for t in half.cpu_state().values()} == {"cpu"}
-    full.step(samples)
+    step(full, samples)
     assert _gap(full.logprobs(samples), half.logprobs(samples)) < BF16_ATOL
 
 
@@ -65,8 +67,8 @@ def test_a_batch_moves_to_the_trainers_device(packed):
 
 
 def test_an_unknown_dtype_is_refused(tiny_policy):
-    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
-        TorchTrainer(str(tiny_policy), seed=0, dtype="float8", **SETTINGS)
+    with pytest.raises(ValueError, match=r"dtype\n  Input should be 'auto', 'float32' or"):
+        make_trainer(str(tiny_policy), seed=0, dtype="float8", **SETTINGS)
 
 
 def test_rng_states_round_trip_without_a_gpu():
@@ -79,22 +81,85 @@ def test_rng_states_round_trip_without_a_gpu():
 @pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_runs_bf16_on_gloo_here_and_saves_cpu_weights(tiny_policy, stage):
     assert backend() == "gloo"  # nccl only where CUDA is
-    trainer = DeepSpeedTrainer(
-        str(tiny_policy), zero_stage=stage, seed=0, dtype="bfloat16", **SETTINGS
+    trainer = make_trainer(
+        tiny_policy, engine="deepspeed", zero_stage=stage, seed=0, dtype="bfloat16", **SETTINGS
     )
-    reference = TorchTrainer(str(tiny_policy), seed=0, **SETTINGS)
-    metrics = trainer.step(_samples())
+    reference = make_trainer(str(tiny_policy), seed=0, **SETTINGS)
+    metrics = step(trainer, _samples())
     assert math.isfinite(metrics["loss"])
     weights = trainer.cpu_state()
     assert list(weights) == list(reference.state())  # every key, in state_dict's order
     assert all(t.device.type == "cpu" and t.numel() > 0 for t in weights.values())
 
 
+# Every engine's bf16 step against the torch engine's, from the same weights on one batch:
+# ZeRO runs torch's autocast (measured on the tiny policy at lr 1e-3: the same loss, update
+# within 5e-8); FSDP2 gathers bf16 weights (RMSNorm scales included), so it differs by bf16
+# rounding: loss by 4e-5, the update by 9.5% of its norm, as much as torch's own bf16 update
+# differs from its float32 one (8.8%).
+BF16_ENGINES = {
+    "fsdp2": ({"engine": "fsdp"}, 1e-4, 0.15),
+    "zero2": ({"engine": "deepspeed", "zero_stage": 2}, 1e-6, 1e-6),
+    "zero3": ({"engine": "deepspeed", "zero_stage": 3}, 1e-6, 1e-6),
+}
+
+
+def _linear_dtypes(model: torch.nn.Module, run: Callable[[], object]) -> set[torch.dtype]:
+    """The dtypes ``model``'s linear layers return while ``run`` runs."""
+    seen: set[torch.dtype] = set()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype)) for m in linears]
+    try:
+        run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+def _bf16_step(trainer) -> tuple[dict[str, float], torch.Tensor, set[torch.dtype]]:
+    """One step's metrics, its update (all weights, flat) and the dtypes the model's
+    linear layers returned in it."""
+    before = trainer.cpu_state()
+    metrics: dict[str, float] = {}
+    seen = _linear_dtypes(trainer.model, lambda: metrics.update(step(trainer, _samples())))
+    after = trainer.cpu_state()
+    update = torch.cat([(after[k] - before[k]).flatten() for k in sorted(before)])
+    return metrics, update, seen
+
+
+@pytest.mark.parametrize("engine", list(BF16_ENGINES))
+def test_every_engine_computes_a_bf16_step_in_bf16_and_takes_the_torch_engines_step(
+    tiny_policy, engine
+):
+    settings, loss_tol, update_tol = BF16_ENGINES[engine]
+    bf16 = {**SETTINGS, "lr": 1e-3, "dtype": "bfloat16"}
+    want, want_update, want_seen = _bf16_step(make_trainer(tiny_policy, **bf16))
+    got, update, seen = _bf16_step(make_trainer(tiny_policy, **bf16, **settings))
+    assert want_seen == seen == {torch.bfloat16}
+    assert got["loss"] == pytest.approx(want["loss"], abs=loss_tol)
+    assert float((update - want_update).norm() / want_update.norm()) < update_tol
+
+
 @pytest.mark.gpu
 def test_the_trainer_lives_on_its_gpu(tiny_policy):
-    trainer = TorchTrainer(str(tiny_policy), seed=0, dtype="bfloat16", **SETTINGS)
+    trainer = make_trainer(str(tiny_policy), seed=0, dtype="bfloat16", **SETTINGS)
     assert trainer.device.type == "cuda"
     assert next(trainer.model.parameters()).device.type == "cuda"
-    trainer.step(_samples())
+    step(trainer, _samples())
     assert {t.device.type for t in trainer.cpu_state().values()} == {"cpu"}
     assert backend() == "nccl"
+
+
+@pytest.mark.parametrize("engine", list(BF16_ENGINES))
+def test_a_sharded_engines_forward_computes_in_bf16_by_itself(tiny_policy, engine):
+    """On a GPU DeepSpeed's forward turns the caller's autocast off and computes as its own
+    config says (runtime/torch_autocast.py: autocast_if_enabled; on a CPU it does not see
+    the caller's autocast, so the step above cannot tell): called with no autocast around
+    it, each sharded engine's forward still computes in bf16 (FSDP2 by its mixed-precision
+    policy, ZeRO by its torch_autocast section). Without them: float32."""
+    settings = BF16_ENGINES[engine][0]
+    trainer = make_trainer(tiny_policy, **SETTINGS, **settings, dtype="bfloat16")
+    batch = collate(_samples(), trainer.pad_id)
+    seen = _linear_dtypes(trainer.model, lambda: trainer._network(**model_inputs(batch)))
+    assert seen == {torch.bfloat16}

@@ -1,0 +1,81 @@
+"""Plain torch training: AdamW over the trainable parameters, DDP across ranks.
+
+The trainer's (``engines/trainer_core.py``) strategy for ``train.engine: torch``. In a pool
+of several ranks (``engines/ranks.py``) the model is wrapped in torch's
+``DistributedDataParallel``: each rank trains on its share of the batch and DDP averages
+the gradients on a step's last backward pass, so every rank applies the same update and
+holds the same weights. Under ``train.lora`` only the adapters are trainable, so AdamW
+steps them alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from sluice.engines.parallel import Optimisation, cpu_copies, live_state, meta_layout
+from sluice.engines.ranks import rank_and_world
+from sluice.rl.config import TrainConfig
+from sluice.storage.torch_state import load_optimizer, optimizer_to_files
+
+
+class DataParallel:
+    """A :class:`engines.parallel.Parallelism`: every rank holds the whole model."""
+
+    sharded = False
+
+    def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:
+        self._model, self._clip = model, opt.grad_clip
+        self._ddp: DistributedDataParallel | None = None
+        if rank_and_world()[1] > 1:
+            # A causal LM's buffers (rotary frequencies) never change; DDP's default would
+            # broadcast them from rank 0 before every forward pass, a collective per pass.
+            self._ddp = DistributedDataParallel(model, broadcast_buffers=False)
+        self._optimizer = opt.adamw([p for p in model.parameters() if p.requires_grad])
+        self._schedule = opt.schedule(self._optimizer)
+        return self._ddp or model
+
+    def no_sync(self) -> AbstractContextManager[object]:
+        return self._ddp.no_sync() if self._ddp is not None else nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def apply(self, before_update: Callable[[], object]) -> tuple[float, float]:
+        lr = float(self._schedule.get_last_lr()[0])
+        try:
+            norm = float(torch.nn.utils.clip_grad_norm_(self._model.parameters(), self._clip))
+            if math.isfinite(norm):
+                before_update()
+                self._optimizer.step()
+                self._schedule.step()
+        finally:
+            self._optimizer.zero_grad(set_to_none=True)
+        return norm, lr
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return live_state(self._model)
+
+    def layout(self) -> dict[str, torch.Tensor]:
+        return meta_layout(self.state())
+
+    def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self.state().items()
+
+    def cpu_state(self) -> dict[str, torch.Tensor]:
+        return cpu_copies(self.state())
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self._model.load_state_dict(weights, strict=True)
+
+    def optimizer_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        return optimizer_to_files(self._optimizer), self._schedule.state_dict()
+
+    def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:
+        load_optimizer(self._optimizer, files)
+        self._schedule.load_state_dict(schedule)

@@ -1,0 +1,184 @@
+"""torch FSDP2: the weights, gradients and AdamW state sharded across ranks by
+``fully_shard``.
+
+The trainer's (``engines/trainer_core.py``) strategy for ``train.engine: fsdp``, in the
+trainer actors of a pool (a pool of one forms a world of one on 127.0.0.1) or under
+``torchrun`` (``scripts/train_ranks.py``). Each decoder layer is its own FSDP unit and the
+model the root one, so a forward pass gathers one layer's weights at a time. Weights and
+AdamW moments leave the engine gathered parameter by parameter onto the CPU, in the torch
+engine's layout (name-keyed weights, an index-keyed AdamW state dict): checkpoints resume
+under any engine at any rank count, and nothing is pickled. Every method that gathers is
+collective: all ranks call it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from sluice.engines.parallel import Optimisation
+from sluice.engines.ranks import backend, free_port, rank_and_world
+from sluice.rl.config import TrainConfig
+from sluice.storage.torch_state import (
+    OPTIMIZER_JSON,
+    OPTIMIZER_TENSORS,
+    files_to_state,
+    state_to_files,
+)
+
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of the whole of ``tensor`` (gathered from every rank when sharded)."""
+    whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return whole.detach().to("cpu", copy=True)
+
+
+def _shard_like(live: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``full``, laid out as ``live`` is."""
+    full = full.to(device=live.device, dtype=live.dtype)
+    if isinstance(live, DTensor):
+        return distribute_tensor(full, live.device_mesh, live.placements)
+    return full
+
+
+class FullyShard:
+    """A :class:`engines.parallel.Parallelism` on torch FSDP2 (``fully_shard``)."""
+
+    sharded = True
+
+    def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:
+        if not dist.is_initialized():  # a pool of one: a world of one rank (no env vars set,
+            # so no other library in this process takes it for a launcher's group)
+            dist.init_process_group(
+                backend(), init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+            )
+        device = next(model.parameters()).device
+        mesh = init_device_mesh(device.type, (rank_and_world()[1],))
+        # bfloat16: each unit's weights are gathered and computed in bf16, gradients reduced
+        # in float32 into the float32 shards AdamW steps.
+        policy = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16 if train.dtype == "bfloat16" else None,
+            reduce_dtype=torch.float32,
+        )
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        for layer in layers or []:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        assert isinstance(model, FSDPModule)
+        self._model, self._clip = model, opt.grad_clip
+        self._optimizer = opt.adamw(list(model.parameters()))
+        self._schedule = opt.schedule(self._optimizer)
+        return model
+
+    @contextmanager
+    def _hold_gradients(self) -> Iterator[None]:
+        # Gradients stay unsharded on each rank until the step's last backward pass.
+        self._model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self._model.set_requires_gradient_sync(True)
+
+    def no_sync(self) -> AbstractContextManager[object]:
+        return self._hold_gradients()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def apply(self, before_update: Callable[[], object]) -> tuple[float, float]:
+        lr = float(self._schedule.get_last_lr()[0])
+        try:
+            norm = torch.nn.utils.clip_grad_norm_(self._model.parameters(), self._clip)
+            grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+            if math.isfinite(grad_norm):
+                before_update()
+                self._optimizer.step()
+                self._schedule.step()
+        finally:
+            self._optimizer.zero_grad(set_to_none=True)
+        return grad_norm, lr
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The full weights by name, gathered one parameter at a time onto the CPU (the
+        device never holds more than one parameter's full weights). Collective."""
+        return {name: _full(tensor) for name, tensor in self._model.state_dict().items()}
+
+    def cpu_state(self) -> dict[str, torch.Tensor]:
+        return self.state()
+
+    def layout(self) -> dict[str, torch.Tensor]:
+        """The full weights' names, shapes and dtypes (a DTensor's shape is the whole's)."""
+        return {
+            name: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+            for name, tensor in self._model.state_dict().items()
+        }
+
+    def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights one parameter at a time, on the device, each gathered from
+        every rank when asked for. Collective."""
+        for name, tensor in self._model.state_dict().items():
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            yield name, whole.detach()
+            del whole
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        live = self._model.state_dict()
+        if set(weights) != set(live):
+            raise ValueError(
+                f"checkpoint weights {sorted(set(weights) ^ set(live))[:5]} do not match the model"
+            )
+        with torch.no_grad():
+            for name, tensor in live.items():
+                shard = _shard_like(tensor, weights[name])
+                local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+                local.copy_(shard.to_local() if isinstance(shard, DTensor) else shard)
+
+    def optimizer_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """AdamW's state gathered into the torch engine's layout. Collective."""
+        params = list(self._model.parameters())
+        group = self._optimizer.param_groups[0]
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for index, param in enumerate(params):
+            live = self._optimizer.state.get(param)
+            if live:  # AdamW creates its state at the first step
+                step = live["step"]
+                state[index] = {
+                    "step": _full(step) if isinstance(step, DTensor) else step.detach().clone(),
+                    **{k: _full(live[k]) for k in ADAM_MOMENTS},
+                }
+        adamw = {"state": state, "param_groups": [{**hyper, "params": list(range(len(params)))}]}
+        files = state_to_files(adamw, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+        return files, self._schedule.state_dict()
+
+    def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:
+        saved = files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+        params = list(self._model.parameters())
+        (group,) = saved["param_groups"]
+        if len(group["params"]) != len(params):
+            raise ValueError(
+                f"optimizer state holds {len(group['params'])} parameters, "
+                f"the model has {len(params)}"
+            )
+        for live_group in self._optimizer.param_groups:
+            live_group.update({k: v for k, v in group.items() if k != "params"})
+        for index, param in enumerate(params):
+            entry = saved["state"].get(index) if saved["state"] else None
+            if entry is None:
+                self._optimizer.state.pop(param, None)
+                continue
+            self._optimizer.state[param] = {
+                "step": entry["step"].detach().clone(),
+                **{k: _shard_like(param, entry[k]) for k in ADAM_MOMENTS},
+            }
+        self._schedule.load_state_dict(schedule)

@@ -1,0 +1,129 @@
+"""What a parallelism strategy does for the trainer, and the parts the strategies share.
+
+The trainer (``engines/trainer_core.py``) owns the loss, the micro-batching, the metrics and
+the step. What differs between training engines sits behind ``Parallelism``: how the model
+is wrapped, how a backward pass keeps or reduces its gradients, how the update is clipped
+and applied, where the full weights live (for publishing and checkpoints) and how the
+optimiser's state goes out and back in. One strategy per engine: ``engines/ddp.py`` (plain
+torch, DDP across ranks), ``engines/fsdp.py`` (torch FSDP2) and ``engines/zero.py``
+(DeepSpeed ZeRO). ``engines.trainer_core.strategy_for`` picks one from ``train.engine``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from sluice.rl.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Optimisation:
+    """AdamW and its schedule, the same for every engine (``train`` in the config)."""
+
+    lr: float
+    grad_clip: float
+    warmup_steps: int = 0
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    eps: float = 1e-8  # torch's AdamW default
+
+    @classmethod
+    def of(cls, train: TrainConfig) -> Optimisation:
+        return cls(
+            train.lr,
+            train.grad_clip,
+            train.warmup_steps,
+            (train.betas[0], train.betas[1]),
+            train.weight_decay,
+        )
+
+    def warmup(self) -> Callable[[int], float]:
+        """The LambdaLR factor: linear from 1/(warmup+1) of the rate to all of it."""
+        steps = self.warmup_steps
+        return lambda step: min(1.0, (step + 1) / (steps + 1))
+
+    def adamw(self, params: list[torch.nn.Parameter]) -> torch.optim.AdamW:
+        return torch.optim.AdamW(
+            params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay
+        )
+
+    def schedule(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, self.warmup())
+
+
+class Parallelism(Protocol):
+    """What one training engine does differently from the others. ``attach`` comes first;
+    every method that gathers sharded tensors is collective (all ranks call it)."""
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights are sharded across ranks: the trainer then publishes them
+        through ``layout`` and ``gathered``, one full tensor at a time."""
+        ...
+
+    def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:
+        """Wrap ``model`` and build the optimiser and its schedule over its trainable
+        parameters; returns what the forward pass calls (the model or its wrapper)."""
+        ...
+
+    def no_sync(self) -> AbstractContextManager[object]:
+        """A context in which a backward pass keeps its gradients on this rank (every pass
+        of a step but the last)."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def apply(self, before_update: Callable[[], object]) -> tuple[float, float]:
+        """Clip and apply the accumulated gradients, calling ``before_update`` right before
+        the weights change, then step the schedule and clear the gradients; returns the
+        gradient norm (before clipping) and the learning rate the update used. With a
+        non-finite norm the weights are left as they were."""
+        ...
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The full weights by name: the live tensors, or gathered copies when sharded."""
+        ...
+
+    def layout(self) -> dict[str, torch.Tensor]:
+        """``state``'s names, shapes and dtypes as meta tensors (nothing gathered)."""
+        ...
+
+    def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``state``'s tensors one at a time, each gathered as it is asked for."""
+        ...
+
+    def cpu_state(self) -> dict[str, torch.Tensor]:
+        """The full weights as CPU copies, never a whole-model copy on the device."""
+        ...
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Set the weights from full tensors by name (each rank keeps its own part)."""
+        ...
+
+    def optimizer_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """AdamW's state as files in the torch engine's layout (so any engine at any rank
+        count can load it), and the schedule's state."""
+        ...
+
+    def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:
+        """Restore what ``optimizer_state`` wrote (by this engine or another)."""
+        ...
+
+
+def live_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """An unsharded model's weights by name: the live tensors, not copies."""
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+
+
+def meta_layout(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in tensors.items()}
+
+
+def cpu_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU copies made one tensor at a time (copies even on a CPU trainer)."""
+    return {k: v.to("cpu", copy=True) for k, v in tensors.items()}

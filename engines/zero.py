@@ -1,0 +1,187 @@
+"""DeepSpeed ZeRO: the optimiser state (stage 1), the gradients too (stage 2) and the weights
+too (stage 3) partitioned across ranks.
+
+The trainer's (``engines/trainer_core.py``) strategy for ``train.engine: deepspeed``, in
+the trainer actors of a pool (a world of one on 127.0.0.1) or as one process per rank under
+``torchrun`` (``scripts/train_ranks.py``). On CPU it uses the
+gloo backend and torch's AdamW (``torch_adam``). ``deepspeed_config`` builds DeepSpeed's
+config from Sluice's (``train`` in the config): there is no JSON for a user to keep in sync.
+Every rank trains on its share of the batch (``engines.ranks.shares``); DeepSpeed averages
+the gradients across ranks at its step. Checkpoints are
+gathered into the torch engine's layout (``engines.zero_state``), so no file is pickled and
+either engine can resume them.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+from sluice.engines.parallel import Optimisation, cpu_copies, live_state, meta_layout
+from sluice.engines.ranks import backend, free_port
+from sluice.engines.zero_state import (
+    gather_adamw_state,
+    gather_weights,
+    gathered_weights,
+    load_weights,
+    scatter_adamw_state,
+    weights_layout,
+)
+from sluice.rl.config import TrainConfig
+from sluice.storage.torch_state import (
+    OPTIMIZER_JSON,
+    OPTIMIZER_TENSORS,
+    files_to_state,
+    state_to_files,
+)
+
+ZERO_STAGES = (1, 2, 3)
+# DeepSpeed 0.19.8 calls two collectives torch 2.13 deprecates on every ZeRO-3 step; a
+# warning per step would bury the run's own log.
+warnings.filterwarnings(
+    "ignore",
+    message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+    category=FutureWarning,
+)
+
+
+def check_zero_stage(stage: int) -> int:
+    if stage not in ZERO_STAGES:
+        allowed = ", ".join(map(str, ZERO_STAGES))
+        raise ValueError(f"zero_stage {stage!r} is not supported; allowed: {allowed}")
+    return stage
+
+
+def deepspeed_config(
+    opt: Optimisation, micro_batch: int, zero_stage: int, world_size: int, dtype: str = "float32"
+) -> dict[str, Any]:
+    """DeepSpeed's config dict, from Sluice's training settings."""
+    # bfloat16: DeepSpeed's torch_autocast, as the other engines' (float32 master weights
+    # and AdamW state, the forward in bf16 autocast). Without it DeepSpeed's forward turns
+    # the caller's autocast off (runtime/torch_autocast.py: autocast_if_enabled) and trains
+    # in float32. No module is listed as lower-precision safe, so gradients are reduced in
+    # float32 as under DDP and FSDP2 (DeepSpeed's default would reduce Linear ones in bf16).
+    autocast = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+    return {
+        # DeepSpeed checks these three against each other and uses them only for its own
+        # data loader and throughput counters; Sluice cuts batches itself (by rows and tokens).
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": micro_batch * world_size,
+        # A batch takes as many micro-batches as its tokens need, so Sluice, not a fixed
+        # count, says where a step ends: backward() accumulates, step() reduces and applies.
+        "managed_gradient_accumulation": False,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": opt.lr,
+                "betas": list(opt.betas),
+                "eps": opt.eps,
+                "weight_decay": opt.weight_decay,
+                "torch_adam": True,  # DeepSpeed's fused Adam needs a GPU; on CPU, torch's
+                "adam_w_mode": True,
+            },
+        },
+        "gradient_clipping": opt.grad_clip,
+        "zero_optimization": {"stage": check_zero_stage(zero_stage)},
+        **({"torch_autocast": autocast} if dtype == "bfloat16" else {}),
+        # DeepSpeed's own bf16 (bf16 weights, float32 master copies in the optimiser) is
+        # off: weights stay float32, so checkpoints and gathers are the other engines'.
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def init_process_group() -> None:
+    """Use the group the training pool joined (``engines.ranks.join``) or ``torchrun`` set
+    up, or, in a lone process, form a world of one."""
+    if "RANK" not in os.environ:
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+        )
+    deepspeed.init_distributed(dist_backend=backend())
+
+
+class Zero:
+    """A :class:`engines.parallel.Parallelism` on DeepSpeed ZeRO (stage 1, 2 or 3)."""
+
+    def __init__(self, stage: int = 2) -> None:
+        self.stage = check_zero_stage(stage)
+
+    @property
+    def sharded(self) -> bool:
+        return self.stage == 3
+
+    def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:
+        init_process_group()
+        world = dist.get_world_size()
+        config = deepspeed_config(opt, train.micro_batch, self.stage, world, train.dtype)
+        warmup = opt.warmup()
+        self._model = model
+        self._engine, self._zero, _, _ = deepspeed.initialize(
+            model=model,
+            model_parameters=model.parameters(),
+            config=config,
+            lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, warmup),
+        )
+        return self._engine
+
+    def no_sync(self) -> AbstractContextManager[object]:
+        return nullcontext()  # ZeRO reduces at its step, not in the backward passes
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._engine.backward(loss)
+
+    def apply(self, before_update: Callable[[], object]) -> tuple[float, float]:
+        lr = float(self._engine.get_lr()[0])
+        before_update()
+        self._engine.step()  # DeepSpeed skips a step with a non-finite norm
+        return float(self._engine.get_global_grad_norm()), lr
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The full weights by name: live ones below stage 3, gathered CPU copies at stage
+        3 (collective)."""
+        return gathered_weights(self._model) if self.sharded else live_state(self._model)
+
+    def layout(self) -> dict[str, torch.Tensor]:
+        return weights_layout(self._model) if self.sharded else meta_layout(self.state())
+
+    def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights; at stage 3 gathered module by module as they are asked for
+        (collective)."""
+        if self.sharded:
+            yield from gather_weights(self._model)
+        else:
+            yield from self.state().items()
+
+    def cpu_state(self) -> dict[str, torch.Tensor]:
+        """At stage 3 gathered module by module straight to the CPU, so the device never
+        holds more than one module's full weights."""
+        return gathered_weights(self._model) if self.sharded else cpu_copies(self.state())
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        load_weights(self._model, weights)
+
+    def optimizer_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """AdamW's state gathered into the torch engine's layout. Collective."""
+        adamw = gather_adamw_state(self._model, self._zero)
+        files = state_to_files(adamw, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+        return files, self._engine.lr_scheduler.state_dict()
+
+    def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:
+        adamw = files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+        scatter_adamw_state(self._model, self._zero, adamw)
+        self._engine.lr_scheduler.load_state_dict(schedule)
