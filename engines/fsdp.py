@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -80,17 +80,13 @@ class FullyShard:
         self._schedule = opt.schedule(self._optimizer)
         return model
 
-    @contextmanager
-    def _hold_gradients(self) -> Iterator[None]:
-        # Gradients stay unsharded on each rank until the step's last backward pass.
-        self._model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            self._model.set_requires_gradient_sync(True)
-
     def no_sync(self) -> AbstractContextManager[object]:
-        return self._hold_gradients()
+        # Every backward pass reduce-scatters its gradients into the float32 shards, which
+        # accumulate there: a rank holds 1/world of the gradients all step long. Holding
+        # them unsharded until the last pass (set_requires_gradient_sync(False)) saves a
+        # reduce-scatter per micro-batch but costs every rank the whole model's float32
+        # gradients: 131 GB at 32B parameters, more than a GPU has.
+        return nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

@@ -279,7 +279,7 @@ class PolicyTrainer:
         Each part's loss weighs by its share of the whole batch's tokens, times the world
         size (the ranks' gradients are averaged), so the reduced gradient is the batch's
         token mean whichever rank trained which row. Every rank runs as many backward
-        passes (ZeRO-2/3 and DDP reduce inside them: a collective), a rank short of parts
+        passes (DDP, FSDP2 and ZeRO-2/3 reduce inside them: a collective), a rank short of parts
         running ones that add nothing.
         """
         parts = self.parts(batch)

