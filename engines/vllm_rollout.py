@@ -213,19 +213,33 @@ class VLLMRolloutEngine:
         self._llm.llm_engine.add_request(request_id, prompt, params, lora_request=self._adapter)
 
     def generated(self, request_id: str) -> int | None:
-        """Tokens vLLM has generated for a running streaming request, reported by ``step``
-        or not yet (at most ``STREAM_EVERY - 1`` wait); None for a request it does not hold.
+        """Tokens vLLM has sampled for a running streaming request, reported by ``step``
+        or not yet (at most ``STREAM_EVERY - 1`` wait), with the ones still in flight; None
+        for a request it does not hold.
 
         Read from vLLM's output processor, which counts every token as the engine core
-        returns it (vLLM 0.32; a test holds it to the tokens ``step`` then reports).
+        returns it (vLLM 0.32; a test holds it to the tokens ``step`` then reports). Under
+        async scheduling (vLLM's default on CUDA; the CPU platform turns it off) a batch is
+        still in flight when ``step`` returns: its tokens were sampled by the weights loaded
+        before, so a weight load's mark must count them too (the engine core's
+        ``num_output_placeholders``).
         """
         processor = self._llm.llm_engine.output_processor
         counts = [
             processor.request_states[internal].detokenizer.num_output_tokens()
+            + self._in_flight(internal)
             for internal in processor.external_req_ids.get(request_id, [])
             if internal in processor.request_states
         ]
         return max(counts) if counts else None
+
+    def _in_flight(self, internal_id: str) -> int:
+        """Tokens the engine core scheduled for a request and has not returned yet: 0
+        without async scheduling. vLLM runs in this process (InprocClient), so its
+        scheduler is at hand."""
+        core = getattr(self._llm.llm_engine.engine_core, "engine_core", None)
+        request = getattr(core, "scheduler", None) and core.scheduler.requests.get(internal_id)
+        return int(getattr(request, "num_output_placeholders", 0)) if request else 0
 
     def step(self) -> list[Delta]:
         """One engine step: the tokens the running samples gained since they last reported

@@ -73,6 +73,11 @@ def test_streamed_tokens_decode_to_vllms_text(engine):
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
     finished: set[str] = set()
     unreported: set[int] = set()
+    # Where generated() reads the tokens in flight: the in-process engine core's scheduler.
+    # The CPU platform turns async scheduling off, so there are none between steps here.
+    llm_engine = engine._llm.llm_engine
+    assert not llm_engine.vllm_config.scheduler_config.async_scheduling
+    scheduler = llm_engine.engine_core.engine_core.scheduler
     while len(finished) < len(PROMPTS):
         for delta in engine.step():
             tokens[delta.request_id].extend(delta.token_ids)
@@ -86,6 +91,8 @@ def test_streamed_tokens_decode_to_vllms_text(engine):
             # Between reports vLLM has generated tokens step has not handed over yet.
             generated = engine.generated(request)
             assert generated is not None and 0 <= generated - len(got) < STREAM_EVERY
+            for internal in llm_engine.output_processor.external_req_ids[request]:
+                assert scheduler.requests[internal].num_output_placeholders == 0
             unreported.add(generated - len(got))
     assert max(unreported) > 0  # reports really come in chunks
     for i, prompt in enumerate(PROMPTS):
