@@ -10,7 +10,6 @@ steps them alone.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -18,7 +17,13 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from sluice.engines.parallel import Optimisation, cpu_copies, live_state, meta_layout
+from sluice.engines.parallel import (
+    Optimisation,
+    clip_and_step,
+    cpu_copies,
+    live_state,
+    meta_layout,
+)
 from sluice.engines.ranks import rank_and_world
 from sluice.rl.config import TrainConfig
 from sluice.storage.torch_state import load_optimizer, optimizer_to_files
@@ -47,16 +52,9 @@ class DataParallel:
         loss.backward()
 
     def apply(self, before_update: Callable[[], object]) -> tuple[float, float]:
-        lr = float(self._schedule.get_last_lr()[0])
-        try:
-            norm = float(torch.nn.utils.clip_grad_norm_(self._model.parameters(), self._clip))
-            if math.isfinite(norm):
-                before_update()
-                self._optimizer.step()
-                self._schedule.step()
-        finally:
-            self._optimizer.zero_grad(set_to_none=True)
-        return norm, lr
+        return clip_and_step(
+            self._model.parameters(), self._clip, self._optimizer, self._schedule, before_update
+        )
 
     def state(self) -> dict[str, torch.Tensor]:
         return live_state(self._model)

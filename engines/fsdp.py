@@ -13,7 +13,6 @@ collective: all ranks call it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -24,7 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from sluice.engines.parallel import Optimisation
+from sluice.engines.parallel import Optimisation, clip_and_step
 from sluice.engines.ranks import backend, free_port, rank_and_world
 from sluice.rl.config import TrainConfig
 from sluice.storage.torch_state import (
@@ -92,17 +91,9 @@ class FullyShard:
         loss.backward()
 
     def apply(self, before_update: Callable[[], object]) -> tuple[float, float]:
-        lr = float(self._schedule.get_last_lr()[0])
-        try:
-            norm = torch.nn.utils.clip_grad_norm_(self._model.parameters(), self._clip)
-            grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-            if math.isfinite(grad_norm):
-                before_update()
-                self._optimizer.step()
-                self._schedule.step()
-        finally:
-            self._optimizer.zero_grad(set_to_none=True)
-        return grad_norm, lr
+        return clip_and_step(
+            self._model.parameters(), self._clip, self._optimizer, self._schedule, before_update
+        )
 
     def state(self) -> dict[str, torch.Tensor]:
         """The full weights by name, gathered one parameter at a time onto the CPU (the

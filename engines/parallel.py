@@ -11,12 +11,14 @@ torch, DDP across ranks), ``engines/fsdp.py`` (torch FSDP2) and ``engines/zero.p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from sluice.rl.config import TrainConfig
 
@@ -113,6 +115,29 @@ class Parallelism(Protocol):
     def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:
         """Restore what ``optimizer_state`` wrote (by this engine or another)."""
         ...
+
+
+def clip_and_step(
+    params: Iterator[torch.nn.Parameter],
+    clip: float,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LambdaLR,
+    before_update: Callable[[], object],
+) -> tuple[float, float]:
+    """torch's step, as DDP and FSDP2 take it: clip the gradients' global norm, and unless
+    it is non-finite call ``before_update`` and step AdamW and the schedule; the gradients
+    are cleared either way. Returns the norm (a sharded norm gathered) and the rate used."""
+    lr = float(schedule.get_last_lr()[0])
+    try:
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if math.isfinite(grad_norm):
+            before_update()
+            optimizer.step()
+            schedule.step()
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+    return grad_norm, lr
 
 
 def live_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -185,7 +185,6 @@ class PolicyTrainer:
             self.model = attach(self.model, self.lora, str(self._model_dir))
         self.model.train()
         self._pad_id = int(self.model.config.pad_token_id or 0)
-        self._micro_tokens = train.micro_batch_tokens
         # The policy is softmax(logits / temperature): the distribution rollouts sample from.
         self._temperature = temperature
         # The vocabulary projection, applied outside the model's forward to the trained
@@ -223,7 +222,7 @@ class PolicyTrainer:
         """The forward/backward passes a step cuts ``batch`` into: packed rows with
         ``train.packing``, else length-sorted padded parts (``rl.batching``)."""
         cut = pack if self.train.packing else micro_batches
-        return cut(batch, self.train.micro_batch, self._micro_tokens)
+        return cut(batch, self.train.micro_batch, self.train.micro_batch_tokens)
 
     def _forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The log-prob of each target and the entropy of the policy where it was sampled,
