@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +23,10 @@ from sluice.engines.parallel import (
     clip_and_step,
     cpu_copies,
     live_state,
+    load_policy,
+    materialise,
     meta_layout,
+    meta_policy,
 )
 from sluice.engines.ranks import rank_and_world
 from sluice.rl.config import TrainConfig
@@ -33,6 +37,15 @@ class DataParallel:
     """A :class:`engines.parallel.Parallelism`: every rank holds the whole model."""
 
     sharded = False
+
+    def load(self, folder: Path, device: torch.device, train: TrainConfig) -> Any:
+        """Rank 0 reads the folder; the other ranks only make room, and DDP's construction
+        (``attach``) broadcasts rank 0's weights into it: one read of the folder per pool."""
+        if rank_and_world()[0] == 0:
+            return load_policy(folder, device)
+        model = meta_policy(folder)
+        materialise(model, device)
+        return model
 
     def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:
         self._model, self._clip = model, opt.grad_clip
@@ -72,6 +85,9 @@ class DataParallel:
         self._model.load_state_dict(weights, strict=True)
 
     def optimizer_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """AdamW's state (rank 0's: every rank holds the same, and rank 0 writes it)."""
+        if rank_and_world()[0] != 0:
+            return {}, {}
         return optimizer_to_files(self._optimizer), self._schedule.state_dict()
 
     def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +24,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from sluice.engines.parallel import Optimisation, clip_and_step
+from sluice.engines.parallel import (
+    FolderWeights,
+    Optimisation,
+    clip_and_step,
+    materialise,
+    meta_policy,
+)
 from sluice.engines.ranks import backend, free_port, rank_and_world
 from sluice.rl.config import TrainConfig
 from sluice.storage.torch_state import (
@@ -55,14 +62,20 @@ class FullyShard:
 
     sharded = True
 
+    def load(self, folder: Path, device: torch.device, train: TrainConfig) -> Any:
+        """The model on the meta device; ``attach`` shards it, then each rank reads its
+        shards of the folder's tensors one tensor at a time."""
+        model = meta_policy(folder)
+        self._weights, self._device = FolderWeights(folder, model), device
+        return model
+
     def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:
         if not dist.is_initialized():  # a pool of one: a world of one rank (no env vars set,
             # so no other library in this process takes it for a launcher's group)
             dist.init_process_group(
                 backend(), init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
             )
-        device = next(model.parameters()).device
-        mesh = init_device_mesh(device.type, (rank_and_world()[1],))
+        mesh = init_device_mesh(self._device.type, (rank_and_world()[1],))
         # bfloat16: each unit's weights are gathered and computed in bf16, gradients reduced
         # in float32 into the float32 shards AdamW steps.
         policy = MixedPrecisionPolicy(
@@ -74,6 +87,17 @@ class FullyShard:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         assert isinstance(model, FSDPModule)
+        materialise(model, self._device)  # this rank's shards, still empty
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                full = self._weights.get(name).to(self._device)
+                if isinstance(param, DTensor):  # each rank cuts its own shard: no traffic
+                    mine = distribute_tensor(full, mesh, param.placements, src_data_rank=None)
+                    param.to_local().copy_(mine.to_local())
+                else:
+                    param.copy_(full)
+                del full
+        del self._weights
         self._model, self._clip = model, opt.grad_clip
         self._optimizer = opt.adamw(list(model.parameters()))
         self._schedule = opt.schedule(self._optimizer)

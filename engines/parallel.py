@@ -11,14 +11,18 @@ torch, DDP across ranks), ``engines/fsdp.py`` (torch FSDP2) and ``engines/zero.p
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from safetensors import safe_open
 from torch.distributed.tensor import DTensor
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from sluice.rl.config import TrainConfig
 
@@ -68,9 +72,16 @@ class Parallelism(Protocol):
         through ``layout`` and ``gathered``, one full tensor at a time."""
         ...
 
+    def load(self, folder: Path, device: torch.device, train: TrainConfig) -> Any:
+        """The model folder's causal LM for this rank, float32, built so that the rank
+        never holds more of it than it will own: whole (one rank, or DDP's rank 0), or
+        built on the meta device and filled in ``attach``."""
+        ...
+
     def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:
-        """Wrap ``model`` and build the optimiser and its schedule over its trainable
-        parameters; returns what the forward pass calls (the model or its wrapper)."""
+        """Wrap ``model``, fill in what ``load`` left empty, and build the optimiser and its
+        schedule over its trainable parameters; returns what the forward pass calls (the
+        model or its wrapper)."""
         ...
 
     def no_sync(self) -> AbstractContextManager[object]:
@@ -138,6 +149,69 @@ def clip_and_step(
     finally:
         optimizer.zero_grad(set_to_none=True)
     return grad_norm, lr
+
+
+def load_policy(folder: Path, device: torch.device | None) -> Any:
+    """The model folder's causal LM in float32, moved to ``device`` unless None (safetensors
+    only: a ``pytorch_model.bin`` would be unpickled)."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
+    return model if device is None else model.to(device)  # type: ignore[arg-type]
+
+
+def meta_policy(folder: Path) -> Any:
+    """The model folder's architecture in float32 with every tensor on the meta device: no
+    storage, nothing read. ``materialise`` gives it storage and its buffers."""
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def materialise(model: Any, device: torch.device) -> None:
+    """Storage on ``device`` for a meta-built model's tensors (each rank's shards once
+    sharded), uninitialised; then the buffers no checkpoint holds (a rotary embedding's
+    frequencies) computed as transformers computes them when it loads a model
+    (``PreTrainedModel._init_weights`` on their modules)."""
+    model.to_empty(device=device)
+    owners = {name.rpartition(".")[0] for name, _ in model.named_non_persistent_buffers()}
+    with torch.no_grad():
+        for owner in owners:
+            model._init_weights(model.get_submodule(owner))
+
+
+class FolderWeights:
+    """A model folder's safetensors weights, read one tensor at a time when asked for (the
+    files are memory-mapped: no copy of the whole model is made), under the names of the
+    model's parameters (a tied output embedding is read from the input embedding's)."""
+
+    def __init__(self, folder: Path, model: torch.nn.Module) -> None:
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            where = json.loads(index.read_text())["weight_map"]
+        else:
+            single = folder / "model.safetensors"
+            with safe_open(str(single), "pt") as f:
+                where = dict.fromkeys(f.keys(), single.name)
+        self._files = {name: safe_open(str(folder / name), "pt") for name in set(where.values())}
+        aliases: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(param), []).append(name)
+        self._stored: dict[str, tuple[str, str]] = {}  # parameter -> (file, stored name)
+        for names in aliases.values():
+            stored = next((n for n in names if n in where), None)
+            if stored is not None:
+                self._stored.update(dict.fromkeys(names, (where[stored], stored)))
+        missing = sorted(n for names in aliases.values() for n in names if n not in self._stored)
+        if missing:
+            raise ValueError(
+                f"{folder}: the safetensors files hold no tensor for {missing[:5]} (of "
+                f"{len(missing)}); a folder whose names differ from the model's parameters "
+                "(a checkpoint transformers converts on load) cannot be loaded shard by shard"
+            )
+
+    def get(self, name: str) -> torch.Tensor:
+        """Parameter ``name``'s full tensor, read now, in float32 on the CPU."""
+        file, stored = self._stored[name]
+        return self._files[file].get_tensor(stored).to(torch.float32)
 
 
 def live_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -162,10 +162,11 @@ class Trainer:
 
     def save(self, folder: str) -> None:
         """Write the current policy as a model folder (rank 0; the others take part in
-        gathering the weights). The folder is written beside and swapped in whole, so one
+        gathering sharded weights). The folder is written beside and swapped in whole, so one
         saved again (the run's best policy) is never seen half-written."""
         if self.rank != 0:
-            self.engine.cpu_state()
+            if self.engine.sharded:
+                self.engine.cpu_state()  # this rank's part in each gather
             return
         out = Path(folder)
         staging, old = out.with_name(f".{out.name}.partial"), out.with_name(f".{out.name}.old")

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from sluice.engines.lora import (
     ADAPTER_FILE,
@@ -37,6 +36,7 @@ from sluice.engines.parallel import (
     Optimisation,
     Parallelism,
     cpu_copies,
+    load_policy,
     meta_layout,
 )
 from sluice.engines.ranks import all_max, all_sum, rank_and_world
@@ -143,13 +143,6 @@ def check_packing(model: Any, device: torch.device) -> None:
         )
 
 
-def load_policy(folder: Path, device: torch.device) -> Any:
-    """The model folder's causal LM in float32 on ``device`` (safetensors only: a
-    ``pytorch_model.bin`` would be unpickled)."""
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
-    return model.to(device)  # type: ignore[arg-type]  # transformers types .to oddly
-
-
 class PolicyTrainer:
     """A :class:`engines.protocols.TrainEngine`: the policy, its loss, micro-batching,
     metrics and step, over the ``Parallelism`` strategy of its engine (``engines/parallel.py``),
@@ -178,8 +171,10 @@ class PolicyTrainer:
         # Master weights stay float32; bfloat16 runs the forward passes in autocast (and
         # the strategy's own mixed precision, where it has one).
         self._autocast = AUTOCAST[train.dtype]
-        # A transformers causal LM, or peft's wrapper of one under LoRA.
-        self.model = load_policy(self._model_dir, self.device)
+        # A transformers causal LM, or peft's wrapper of one under LoRA; each rank holds only
+        # what it will own (engines/parallel.py: Parallelism.load).
+        self.parallel = parallel
+        self.model = parallel.load(self._model_dir, self.device, train)
         self.lora = train.lora
         if self.lora is not None:  # base weights frozen; only the adapters train
             self.model = attach(self.model, self.lora, str(self._model_dir))
@@ -187,22 +182,22 @@ class PolicyTrainer:
         self._pad_id = int(self.model.config.pad_token_id or 0)
         # The policy is softmax(logits / temperature): the distribution rollouts sample from.
         self._temperature = temperature
-        # The vocabulary projection, applied outside the model's forward to the trained
-        # positions alone, a chunk at a time (None: the model's logits are used whole).
-        self._head = OutputHead.of(self.model, self.device)
         # Called right before the weights change in place: a weight publish may still be
         # copying them (storage.params: ParameterService.wait_snapshot).
         self.before_update = before_update
         self._version = 0
-        if train.packing:
-            check_packing(self.model, self.device)
-        self.parallel = parallel
-        # What the forward pass calls: the model, or the strategy's wrapper of it.
+        # What the forward pass calls: the model, or the strategy's wrapper of it. From
+        # here every rank holds its weights.
         self._network: Callable[..., Any] = parallel.attach(
             self.model, Optimisation.of(train), train
         )
         # This rank's place in the training pool's group (0 of 1 outside one).
         self._rank, self._world = rank_and_world()
+        # The vocabulary projection, applied outside the model's forward to the trained
+        # positions alone, a chunk at a time (None: the model's logits are used whole).
+        self._head = OutputHead.of(self.model, self.device)
+        if train.packing:
+            check_packing(self.model, self.device)
 
     def version(self) -> int:
         return self._version
@@ -370,9 +365,13 @@ class PolicyTrainer:
     def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
         """Weights (the adapter's under LoRA), AdamW state in the torch engine's layout and
         this rank's RNG as named files, plus the counters to restore. Collective for a
-        sharded engine; rank 0 writes them."""
-        weights = {ADAPTER_FILE if self.lora else MODEL_FILE: tensors_to_bytes(self.cpu_state())}
-        optimizer, schedule = self.parallel.optimizer_state()
+        sharded engine; rank 0 writes them, and a rank that holds what rank 0 holds
+        (DDP's weights and AdamW state, ZeRO-1/2's weights) builds none of it."""
+        optimizer, schedule = self.parallel.optimizer_state()  # collective if partitioned
+        weights = {}
+        if self.sharded or self._rank == 0:  # gathered by all, or rank 0's own (it writes)
+            name = ADAPTER_FILE if self.lora else MODEL_FILE
+            weights[name] = tensors_to_bytes(self.cpu_state())
         files = {**weights, **optimizer, **rng_state_files()}
         return files, {"version": self._version, "scheduler": schedule}
 

@@ -18,13 +18,20 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import deepspeed
 import torch
 import torch.distributed as dist
 
-from sluice.engines.parallel import Optimisation, cpu_copies, live_state, meta_layout
+from sluice.engines.parallel import (
+    Optimisation,
+    cpu_copies,
+    live_state,
+    load_policy,
+    meta_layout,
+)
 from sluice.engines.ranks import backend, free_port
 from sluice.engines.zero_state import (
     gather_adamw_state,
@@ -125,10 +132,28 @@ class Zero:
     def sharded(self) -> bool:
         return self.stage == 3
 
-    def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:
+    def _config(self, opt: Optimisation, train: TrainConfig) -> dict[str, Any]:
         init_process_group()
         world = dist.get_world_size()
-        config = deepspeed_config(opt, train.micro_batch, self.stage, world, train.dtype)
+        return deepspeed_config(opt, train.micro_batch, self.stage, world, train.dtype)
+
+    def load(self, folder: Path, device: torch.device, train: TrainConfig) -> Any:
+        """Below stage 3 the whole model; at stage 3 built under DeepSpeed's partitioned
+        init (``deepspeed.zero.Init``, which transformers enters while a
+        ``HfDeepSpeedConfig`` lives), each rank keeping its partition of every tensor as
+        transformers loads them."""
+        if not self.sharded:
+            return load_policy(folder, device)
+        from transformers.integrations import HfDeepSpeedConfig
+
+        live = HfDeepSpeedConfig(self._config(Optimisation.of(train), train))
+        try:
+            return load_policy(folder, None)  # zero.Init put the partitions on the device
+        finally:
+            del live  # later loads in this process (a saved folder) are plain ones
+
+    def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:
+        config = self._config(opt, train)
         warmup = opt.warmup()
         self._model = model
         self._engine, self._zero, _, _ = deepspeed.initialize(

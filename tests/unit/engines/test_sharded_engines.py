@@ -5,14 +5,22 @@ rank here; two ranks: tests/integration/test_train_ranks.py)."""
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
 
+from sluice.engines.ddp import DataParallel
+from sluice.engines.fsdp import FullyShard
 from sluice.engines.parallel import Optimisation
 from sluice.engines.protocols import TrainEngine
 from sluice.engines.zero import Zero, deepspeed_config
 from sluice.rl.batching import Sample
+from sluice.rl.config import TrainConfig
 from sluice.storage.checkpoints import CheckpointStore
 from tests.support.trainers import make_trainer, step
 
@@ -250,3 +258,50 @@ def _assert_same_weights_dicts(got, want):
     assert set(got) == set(want)
     for name in want:
         torch.testing.assert_close(got[name].cpu(), want[name], atol=0, rtol=0, msg=name)
+
+
+def test_each_engine_loads_only_what_it_will_own(policy_dir):
+    """FSDP2 builds on the meta device and reads its shards once sharded (``attach``);
+    ZeRO-3 builds under DeepSpeed's partitioned init; one torch rank reads it whole."""
+    train = TrainConfig(micro_batch=2)
+    meta = FullyShard().load(policy_dir, torch.device("cpu"), train)
+    assert {p.device.type for p in meta.parameters()} == {"meta"}
+    partitioned = Zero(3).load(policy_dir, torch.device("cpu"), train)
+    assert all(p.numel() == 0 and p.ds_numel > 0 for p in partitioned.parameters())
+    whole = DataParallel().load(policy_dir, torch.device("cpu"), train)
+    assert all(p.numel() > 0 and p.device.type == "cpu" for p in whole.parameters())
+
+
+def _tied_folder(folder: Path) -> Path:
+    """A model whose output embedding is its input embedding: its file holds one of them."""
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+        pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in set(f.keys())
+    return folder
+
+
+def test_fsdp_reads_a_tied_folder_shard_by_shard_into_the_torch_engines_weights(tmp_path):
+    folder = _tied_folder(tmp_path / "tied")
+    samples = [Sample([1, 5, 6], [7, 8, 9, 2], [-3.0] * 4, a) for a in (1.0, -1.0)]
+    reference = make_trainer(folder, **SETTINGS)
+    engine = make_trainer(folder, engine="fsdp", **SETTINGS)
+    _assert_same_weights(reference, engine, atol=0, rtol=0)
+    _assert_same_step(step(engine, samples), step(reference, samples))
+    state = engine.state()
+    assert torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+
+
+def test_a_folder_missing_a_tensor_is_refused_by_name(tmp_path, policy_dir):
+    folder = tmp_path / "partial"
+    shutil.copytree(policy_dir, folder)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"no tensor for \['model.norm.weight'\]"):
+        make_trainer(folder, engine="fsdp", **SETTINGS)
