@@ -8,6 +8,7 @@ how many cores each run really got, so the table can show it beside the throughp
 A background thread reads ``/proc/<pid>/stat`` (user + system time) of the root process
 and every process below it every ``SAMPLE_EVERY_S`` seconds and keeps the last value seen
 per process, so a process that exits still counts up to its last sample. Linux only.
+``resident_bytes`` reads this process's resident memory from the same place.
 """
 
 from __future__ import annotations
@@ -95,3 +96,12 @@ class CpuMeter:
             return self.samples[-1][1]
         (t0, c0), (t1, c1) = self.samples[i - 1], self.samples[i]
         return c0 + (c1 - c0) * (when - t0) / (t1 - t0) if t1 > t0 else c1
+
+
+def resident_bytes(field: str) -> int:
+    """This process's ``VmRSS`` (resident now) or ``VmHWM`` (its peak, which writing 5 to
+    ``/proc/self/clear_refs`` starts again) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")

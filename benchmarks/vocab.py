@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from sluice.benchmarks.cpu_meter import resident_bytes
 from sluice.benchmarks.tables import markdown_table, measured_on
 from sluice.sim.report import write_section
 
@@ -77,13 +78,6 @@ def whole_logits_forward(trainer, batch):  # type: ignore[no-untyped-def]
     return chosen, entropy
 
 
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str, float]:
     """One setting, in this process: peak bytes above the post-warm-up baseline, step times."""
     from sluice.engines.trainer_core import build_engine
@@ -109,13 +103,13 @@ def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str,
     # AdamW's state is allocated by the first step.
     trainer.step_batch(collate(samples, trainer.pad_id))
     Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
-    base = _status("VmRSS")
+    base = resident_bytes("VmRSS")
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         trainer.step_batch(collate(samples, trainer.pad_id))
         times.append(time.perf_counter() - start)
-    return {"peak_bytes": _status("VmHWM") - base, "step_s": statistics.median(times)}
+    return {"peak_bytes": resident_bytes("VmHWM") - base, "step_s": statistics.median(times)}
 
 
 def run_setting(model: Path, tokens: int, variant: str, steps: int) -> dict[str, float] | None:

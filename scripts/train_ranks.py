@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from sluice.benchmarks.cpu_meter import resident_bytes
 from sluice.engines.ranks import Rendezvous, join, shares
 from sluice.engines.trainer_core import build_engine
 from sluice.rl.batching import Sample, collate
@@ -44,6 +45,12 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="folder for rank 0's output")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=3, help="optimiser steps to take")
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="write each rank's resident memory at start-up and in the checkpoint to "
+        "<out>/memory-<rank>.json (Linux: /proc/self/status)",
+    )
     args = parser.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -55,13 +62,22 @@ def main() -> None:
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     mine = [samples[i] for i in shares(lengths, world)[rank]]
     train = TrainConfig.model_validate_json(args.train.read_text())
+    memory = {"base_bytes": resident_bytes("VmRSS")}  # imports and the group, before the model
     trainer = build_engine(train, args.policy, args.seed)
+    memory["startup_peak_bytes"] = resident_bytes("VmHWM")
     metrics, seconds = [], []
     for _ in range(args.steps):
         start = time.perf_counter()
         metrics.append(trainer.step_batch(collate(mine, trainer.pad_id)))
         seconds.append(time.perf_counter() - start)  # the pool's: every step ends collectively
+    if args.memory:
+        Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
+        memory["before_checkpoint_bytes"] = resident_bytes("VmRSS")
     files, counters = trainer.checkpoint_files()  # collective under ZeRO: every rank gathers
+    if args.memory:
+        memory["checkpoint_peak_bytes"] = resident_bytes("VmHWM")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"memory-{rank}.json").write_text(json.dumps(memory))
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         CheckpointStore(args.out.resolve().as_uri()).save(args.steps, files, counters)

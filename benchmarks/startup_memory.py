@@ -1,0 +1,151 @@
+"""Resident memory of each training rank at start-up and while it builds a checkpoint.
+
+Each configuration runs ``scripts/train_ranks.py --memory`` under ``torchrun`` on a model
+folder (the SmolLM2-135M-Instruct folder of ``make model``): every rank records its resident
+memory after imports and joining the group (the base), its peak while the trainer is built
+(the model loaded, sharded and wrapped, AdamW made), then, after one optimiser step, its
+peak while ``checkpoint_files`` gathers and serialises the weights and AdamW's state. The
+table gives each peak above what the rank held before, against the model's float32 bytes:
+a rank that loads the whole model and then keeps its shard shows about 1.0 at start-up; one
+that materialises only its shard, about 1/ranks. ``--write`` puts it in BENCHMARKS.md
+(section "Trainer memory at start-up").
+
+    .venv/bin/python -m sluice.benchmarks.startup_memory \\
+        --model models/smollm2-135m-instruct --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+from safetensors import safe_open
+
+from sluice.benchmarks.tables import markdown_table
+from sluice.engines.ranks import free_port
+from sluice.rl.batching import Sample
+from sluice.rl.config import TrainConfig
+from sluice.sim.report import measured_commit, write_section
+
+ROOT = Path(__file__).parents[1]
+# (label, train.engine, train.zero_stage)
+ENGINES = [
+    ("torch (DDP)", "torch", 2),
+    ("fsdp (FSDP2)", "fsdp", 2),
+    ("deepspeed ZeRO-2", "deepspeed", 2),
+    ("deepspeed ZeRO-3", "deepspeed", 3),
+]
+RANKS = (1, 2)
+MIB = 1 << 20
+TIMEOUT_S = 900
+
+
+def float32_bytes(folder: Path) -> int:
+    """The folder's weights in float32: 4 bytes an element of every stored tensor."""
+    total = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():  # noqa: SIM118  (safe_open is no mapping)
+                total += 4 * math.prod(f.get_slice(name).get_shape())
+    return total
+
+
+def _samples(out: Path) -> Path:
+    """Eight short samples of token ids every vocabulary has: the step is not measured."""
+    rows = [
+        Sample([1, 30 + i], [20 + (i + j) % 9 for j in range(4 + i)] + [2], [-3.0] * (5 + i), 1.0)
+        for i in range(8)
+    ]
+    path = out / "samples.json"
+    path.write_text(json.dumps([asdict(r) for r in rows]))
+    return path
+
+
+def run(model: Path, engine: str, stage: int, ranks: int, work: Path) -> list[dict[str, int]]:
+    """Each rank's memory record for one launch."""
+    out = Path(tempfile.mkdtemp(dir=work))
+    train = out / "train.json"
+    train.write_text(
+        TrainConfig(engine=engine, zero_stage=stage, micro_batch=8, threads=1).model_dump_json()  # type: ignore[arg-type]
+    )
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks)),
+        *("--master_addr", "127.0.0.1", "--master_port", str(free_port())),
+        str(ROOT / "scripts" / "train_ranks.py"),
+        *("--policy", str(model), "--samples", str(_samples(out)), "--train", str(train)),
+        *("--out", str(out), "--steps", "1", "--memory"),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        command, cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{engine} x{ranks} failed:\n{done.stderr[-3000:]}")
+    return [json.loads((out / f"memory-{r}.json").read_text()) for r in range(ranks)]
+
+
+def table(results: dict[tuple[str, int], list[dict[str, int]]], weights: int) -> str:
+    rows = []
+    for label, _, _ in ENGINES:
+        for ranks in RANKS:
+            per_rank = results[(label, ranks)]
+            startup = max(m["startup_peak_bytes"] - m["base_bytes"] for m in per_rank)
+            ckpt = max(m["checkpoint_peak_bytes"] - m["before_checkpoint_bytes"] for m in per_rank)
+            rows.append(
+                [
+                    label,
+                    str(ranks),
+                    f"{startup / MIB:,.0f} MB ({startup / weights:.2f}x)",
+                    f"{ckpt / MIB:,.0f} MB ({ckpt / weights:.2f}x)",
+                ]
+            )
+    header = [
+        "engine",
+        "ranks",
+        "start-up peak above base, worst rank",
+        "checkpoint peak above before, worst rank",
+    ]
+    return "\n".join(markdown_table(header, rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True, help="model folder")
+    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md's section")
+    args = parser.parse_args()
+    weights = float32_bytes(args.model)
+    work = Path(tempfile.mkdtemp(prefix="sluice-bench-memory-"))
+    results = {}
+    for label, engine, stage in ENGINES:
+        for ranks in RANKS:
+            print(f"{label} x{ranks} ...", flush=True)
+            results[(label, ranks)] = run(args.model.resolve(), engine, stage, ranks, work)
+    shutil.rmtree(work, ignore_errors=True)
+    body = table(results, weights)
+    print(body)
+    if args.write:
+        now = datetime.now(UTC).strftime("%Y-%m-%d")
+        intro = (
+            f"`{args.model.name}`, float32 weights {weights / MIB:,.0f} MB; "
+            f"{now}, commit {measured_commit()}, {platform.machine()}, one thread a rank. "
+            "Resident memory of each rank (`/proc/self/status`), above what it held before: "
+            "at start-up (the model loaded, sharded and wrapped, AdamW built) and while "
+            "`checkpoint_files` builds a checkpoint after one step. "
+            "`.venv/bin/python -m sluice.benchmarks.startup_memory --model "
+            f"{args.model} --write`."
+        )
+        write_section("startup-memory", "Trainer memory at start-up", intro + "\n\n" + body)
+
+
+if __name__ == "__main__":
+    main()
