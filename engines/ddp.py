@@ -58,6 +58,9 @@ class DataParallel:
         self._schedule = opt.schedule(self._optimizer)
         return self._ddp or model
 
+    def settle(self) -> None:
+        pass  # a forward leaves nothing gathered
+
     def no_sync(self) -> AbstractContextManager[object]:
         return self._ddp.no_sync() if self._ddp is not None else nullcontext()
 

@@ -103,6 +103,16 @@ class FullyShard:
         self._schedule = opt.schedule(self._optimizer)
         return model
 
+    def settle(self) -> None:
+        # A forward with no backward leaves the root unit's weights gathered (FSDP2 does
+        # not reshard the root after its forward: its backward would gather them again).
+        # Unsharded, the root's parameters are not the tensors AdamW steps, and a later
+        # state_dict() swaps the sharded ones back without a reshard: the root would train
+        # no more (its gradients reach no optimiser state).
+        for module in self._model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
     def no_sync(self) -> AbstractContextManager[object]:
         # Every backward pass reduce-scatters its gradients into the float32 shards, which
         # accumulate there: a rank holds 1/world of the gradients all step long. Holding

@@ -84,6 +84,11 @@ class Parallelism(Protocol):
         model or its wrapper)."""
         ...
 
+    def settle(self) -> None:
+        """Put the weights back as a step expects to find them after forward passes outside
+        one (the trainer's start-up checks)."""
+        ...
+
     def no_sync(self) -> AbstractContextManager[object]:
         """A context in which a backward pass keeps its gradients on this rank (every pass
         of a step but the last)."""

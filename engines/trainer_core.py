@@ -198,6 +198,7 @@ class PolicyTrainer:
         self._head = OutputHead.of(self.model, self.device)
         if train.packing:
             check_packing(self.model, self.device)
+        parallel.settle()
 
     def version(self) -> int:
         return self._version
@@ -338,6 +339,7 @@ class PolicyTrainer:
         """The current policy's log-prob of each response token (for checks and tests)."""
         batch = collate(samples, self._pad_id).to(self.device)
         logprobs, _ = self._forward(batch)
+        self.parallel.settle()
         return [logprobs[i][batch.mask[i].bool()].tolist() for i in range(len(batch))]
 
     def state(self) -> dict[str, torch.Tensor]:

@@ -164,6 +164,9 @@ class Zero:
         )
         return self._engine
 
+    def settle(self) -> None:
+        pass  # a forward leaves nothing gathered
+
     def no_sync(self) -> AbstractContextManager[object]:
         return nullcontext()  # ZeRO reduces at its step, not in the backward passes
 

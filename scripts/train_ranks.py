@@ -2,13 +2,14 @@
 
 One process per rank, each building the trainer of the ``train`` section in ``--train``
 (``train.engine`` torch: DDP; fsdp: FSDP2; deepspeed: ZeRO at ``train.zero_stage``) from
-the same model folder and training on its
-token-balanced share of the same samples (``engines.ranks.shares``), as the trainer actors
-of a pool of ``train.ranks`` do. After the steps the trainer's checkpoint (gathered from all
-ranks) goes to ``<out>/checkpoints/`` and the per-step metrics and seconds to
-``<out>/metrics.json``, both written by rank 0. ``tests/integration/test_train_ranks.py``
-compares them with one torch process's steps; ``benchmarks/ranks.py`` times the engines
-with them. On a 2-core machine give each rank one thread:
+the same model folder and training on its token-balanced share of the same samples
+(``engines.ranks.shares``), as the trainer actors of a pool of ``train.ranks`` do: each step
+follows a weight publish's gathers, and the checkpoint follows a log-prob check's forward.
+After the steps the trainer's checkpoint (gathered from all ranks) goes to
+``<out>/checkpoints/`` and the per-step metrics and seconds to ``<out>/metrics.json``, both
+written by rank 0. ``tests/integration/test_train_ranks.py`` compares them with one torch
+process's steps; ``benchmarks/ranks.py`` times the engines with them. On a 2-core machine
+give each rank one thread:
 
     OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 --master_addr 127.0.0.1 \\
         --master_port 29511 scripts/train_ranks.py --policy <model folder> \\
@@ -31,10 +32,21 @@ import torch.distributed as dist
 
 from sluice.benchmarks.cpu_meter import resident_bytes
 from sluice.engines.ranks import Rendezvous, join, shares
-from sluice.engines.trainer_core import build_engine
+from sluice.engines.trainer_core import PolicyTrainer, build_engine
 from sluice.rl.batching import Sample, collate
 from sluice.rl.config import TrainConfig
 from sluice.storage.checkpoints import CheckpointStore
+
+
+def publish(trainer: PolicyTrainer, rank: int) -> None:
+    """What a pool's weight publish asks of each rank (``engines/trainer_actor.py``): a
+    sharded engine's ranks gather the weights one tensor at a time, rank 0 reading their
+    layout first. The gathered tensors go nowhere here."""
+    if trainer.sharded:
+        if rank == 0:
+            trainer.layout()
+        for _ in trainer.gathered():
+            pass
 
 
 def main() -> None:
@@ -67,9 +79,13 @@ def main() -> None:
     memory["startup_peak_bytes"] = resident_bytes("VmHWM")
     metrics, seconds = [], []
     for _ in range(args.steps):
+        publish(trainer, rank)
         start = time.perf_counter()
         metrics.append(trainer.step_batch(collate(mine, trainer.pad_id)))
         seconds.append(time.perf_counter() - start)  # the pool's: every step ends collectively
+    # A session's log-prob check (a forward with no backward) may come right before a
+    # checkpoint: the checkpoint must find the optimiser's state as a step left it.
+    trainer.logprobs(mine)
     if args.memory:
         Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
         memory["before_checkpoint_bytes"] = resident_bytes("VmRSS")

@@ -96,6 +96,20 @@ def test_a_sharded_step_equals_the_torch_step(policy_dir, make):
     assert engine.version() == 3
 
 
+def test_fsdp_checkpoints_every_units_optimiser_state_after_a_forward_only_pass(policy_dir):
+    # A forward with no backward (the packing check, a log-prob check) leaves FSDP2's root
+    # unit (embeddings, final norm, head) gathered: its parameters were then not the tensors
+    # AdamW holds state for, and a checkpoint lost their moments.
+    engine = make_trainer(str(policy_dir), engine="fsdp", packing=True, **SETTINGS)
+    samples = _samples()
+    step(engine, samples)
+    engine.logprobs(samples)
+    reference = make_trainer(str(policy_dir), **SETTINGS)
+    reference.load_checkpoint(*engine.checkpoint_files())
+    _assert_same_step(step(reference, samples), step(engine, samples))
+    _assert_same_weights(reference, engine, ATOL, RTOL)
+
+
 def test_a_packed_zero3_step_equals_the_padded_torch_step(policy_dir):
     reference = make_trainer(str(policy_dir), **SETTINGS)
     engine = make_trainer(
