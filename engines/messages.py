@@ -63,7 +63,7 @@ class BatchShard:
     max_new_tokens: int
     temperature: float
     seed: int
-    tag: str  # sample ids are <prompt id>@<tag>/<j>
+    tag: str  # sample ids are <prompt id>@<tag>.<place in the shard>/<j>
     scale_by_std: bool
     # The policy version the batch is generated with: a worker holding an older one (Ray
     # restarted it) loads it first, waiting up to pull_timeout_s for the relay.

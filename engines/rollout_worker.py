@@ -329,8 +329,8 @@ class RolloutWorker:
         tag: str = "eval",
     ) -> dict[str, PartialGroup]:
         """Run ``n`` episodes of each problem to their end (a multi-turn environment's, or
-        an agent's): the groups by id (``<prompt id>@<tag>``), each sample done with its
-        verdict."""
+        an agent's): the groups by id (``<prompt id>@<tag>.<its place in problems>``), each
+        sample done with its verdict."""
         fault_point("worker.evaluate")  # tests: a worker that dies during an evaluation
         if self.episodes is None and self.agents is None:
             raise RuntimeError(f"environment {self.env.name!r} is not multi-turn, and no agent")
@@ -338,7 +338,7 @@ class RolloutWorker:
         for i, (problem, ids) in enumerate(
             zip(problems, self.engine.prompt_ids([p.prompt for p in problems]), strict=True)
         ):
-            group_id = f"{problem.prompt_id}@{tag}"
+            group_id = f"{problem.prompt_id}@{tag}.{i}"  # a prompt may come twice
             samples = [PartialSample(group_id, j, 0.0, time.time()) for j in range(n)]
             groups[group_id] = PartialGroup(problem, ids, samples, seed + i)
         runner = Play(
@@ -389,7 +389,7 @@ class RolloutWorker:
             self.engine.prompt_ids(prompts),
             groups,
             [[[(0, version)] for _ in group] for group in groups],
-            [f"{p.prompt_id}@{shard.tag}" for p in problems],
+            [f"{p.prompt_id}@{shard.tag}.{i}" for i, p in enumerate(problems)],
             shard.scale_by_std,
         )
         self.store.put(block_of([rows]))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol, cast
 
@@ -253,7 +253,7 @@ class ShardCall:
     def submit(self, workers: list[RolloutWorkerClient], retry: int = 0) -> Any:
         shard = self.shard
         if retry:
-            shard = BatchShard(**{**shard.__dict__, "tag": f"{shard.tag}x{retry}"})
+            shard = replace(shard, tag=f"{shard.tag}x{retry}")
         return workers[self.worker].rollout(self.problems, shard)
 
 
@@ -294,8 +294,10 @@ def submit(
         version,
         pull_timeout_s,
     )
+    # Each worker's part is tagged apart, and its groups are numbered within it: a prompt
+    # can come twice in one batch (a stream's epoch ends and the next begins in the batch).
     calls = [
-        ShardCall(w, [problems[i] for i in part], shard)
+        ShardCall(w, [problems[i] for i in part], replace(shard, tag=f"{shard.tag}w{w}"))
         for w, part in enumerate(_shards(problems, len(workers)))
     ]
     return PendingRollout([c.submit(workers) for c in calls], calls)

@@ -30,6 +30,7 @@ from sluice.envs.scoring import VerifierScorer
 from sluice.rl.config import EnvConfig
 from sluice.storage.schema import validate_batch
 from sluice.tasks.environment import make_environment
+from sluice.tasks.rollouts import submit
 
 
 def test_groups_become_contiguous_scored_rows_with_token_versions():
@@ -212,6 +213,22 @@ def test_a_restarted_worker_loads_the_batchs_version_before_it_generates():
     assert puts.blocks[0].column("token_versions").to_pylist() == [[3], [3]]
     worker.rollout(env.problems("train", 1, seed=1), shard)
     assert engine.loaded == [3]  # nothing to load the second time
+
+
+def test_a_prompt_twice_in_a_batch_gets_sample_ids_of_its_own_each_time():
+    """A prompt stream's epoch can end inside a batch and the next begin with a prompt the
+    batch already holds (seed 2 of the default run, at step 421): the store refuses a
+    sample id twice, so each time the prompt comes is a group of its own."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    puts = _Puts()
+    worker = RolloutWorker(lambda: _Engine(), env, lambda: VerifierScorer(env), puts, _Relay())
+    a, b = env.problems("train", 2, seed=0)
+    client = SimpleNamespace(rollout=worker.rollout)  # two workers, one process
+    submit([client, client], [a, b, a, a], 2, 4, 1.0, seed=5, scale_by_std=False)
+    ids = [i for block in puts.blocks for i in block.column("sample_id").to_pylist()]
+    groups = {i.rpartition("/")[0] for i in ids}
+    assert len(ids) == len(set(ids)) == 8 and len(groups) == 4
+    assert sorted(g.split("@")[0] for g in groups) == sorted([a.prompt_id] * 3 + [b.prompt_id])
 
 
 def test_a_worker_samples_for_the_logprob_check_only_at_the_trainers_version():
