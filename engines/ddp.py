@@ -45,6 +45,9 @@ class DataParallel:
             return load_policy(folder, device)
         model = meta_policy(folder)
         materialise(model, device)
+        # to_empty gave each module a tensor of its own: tie them again, as rank 0's loading
+        # does, or the ranks would hold different parameters (DDP refuses to start).
+        model.tie_weights()
         return model
 
     def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:

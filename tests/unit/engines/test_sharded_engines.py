@@ -311,6 +311,18 @@ def test_fsdp_reads_a_tied_folder_shard_by_shard_into_the_torch_engines_weights(
     assert torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
 
 
+def test_a_ddp_rank_other_than_0_ties_a_tied_models_weights_as_rank_0s_load_does(
+    tmp_path, monkeypatch
+):
+    folder = _tied_folder(tmp_path / "tied")
+    train = TrainConfig(micro_batch=2)
+    first = DataParallel().load(folder, torch.device("cpu"), train)  # reads the folder
+    monkeypatch.setattr("sluice.engines.ddp.rank_and_world", lambda: (1, 2))
+    other = DataParallel().load(folder, torch.device("cpu"), train)  # makes room only
+    assert [n for n, _ in other.named_parameters()] == [n for n, _ in first.named_parameters()]
+    assert other.lm_head.weight is other.model.embed_tokens.weight
+
+
 def test_a_folder_missing_a_tensor_is_refused_by_name(tmp_path, policy_dir):
     folder = tmp_path / "partial"
     shutil.copytree(policy_dir, folder)
