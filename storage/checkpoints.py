@@ -17,13 +17,14 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from sluice.storage import fsio
 from sluice.storage.faults import fault_point
+from sluice.storage.safetensors_stream import Streamed
 from sluice.storage.urls import is_local, open_url, redact, url_of
 
 logger = logging.getLogger(__name__)
@@ -56,17 +57,21 @@ def _check_file_name(name: str) -> None:
         raise ValueError(f"invalid checkpoint file name {name!r}")
 
 
-def make_manifest(step: int, files: dict[str, bytes], meta: dict[str, Any]) -> bytes:
-    """The manifest of a checkpoint, as JSON bytes (raises ValueError if meta is not JSON)."""
-    entries = {
-        name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-        for name, data in sorted(files.items())
-    }
+def file_entry(data: bytes) -> tuple[str, int]:
+    """A file's manifest entry: its sha256 and size."""
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def make_manifest(step: int, entries: dict[str, tuple[str, int]], meta: dict[str, Any]) -> bytes:
+    """The manifest of a checkpoint whose files have ``entries`` (sha256 and size by name),
+    as JSON bytes (raises ValueError if meta is not JSON)."""
     manifest = {
         "format": FORMAT_VERSION,
         "step": step,
         "meta": meta,
-        "files": entries,
+        "files": {
+            name: {"sha256": sha, "size": size} for name, (sha, size) in sorted(entries.items())
+        },
         "created_at": datetime.now(UTC).isoformat(),
     }
     try:
@@ -91,12 +96,14 @@ def _parse_manifest(raw: bytes, step: int) -> dict[str, Any]:
     return manifest
 
 
-def _verify(name: str, data: bytes, entry: Any) -> None:
+def _verify(name: str, got: tuple[str, int], entry: Any) -> None:
+    """Raise unless a file's sha256 and size (``got``) are its manifest ``entry``'s."""
     if not isinstance(entry, dict):
         raise CheckpointError(f"manifest entry for {name!r} is malformed")
-    if len(data) != entry.get("size"):
-        raise CheckpointError(f"{name!r} has {len(data)} bytes, manifest says {entry.get('size')}")
-    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+    sha, size = got
+    if size != entry.get("size"):
+        raise CheckpointError(f"{name!r} has {size} bytes, manifest says {entry.get('size')}")
+    if sha != entry.get("sha256"):
         raise CheckpointError(f"{name!r} does not match its sha256 checksum")
 
 
@@ -116,31 +123,44 @@ class CheckpointStore:
 
     # -- saving ----------------------------------------------------------------------------
 
-    def save(self, step: int, files: dict[str, bytes], meta: dict[str, Any]) -> str:
-        """Write a checkpoint atomically, prune old ones; returns the checkpoint's URL."""
+    def save(self, step: int, files: Mapping[str, bytes | Streamed], meta: dict[str, Any]) -> str:
+        """Write a checkpoint atomically, prune old ones; returns the checkpoint's URL. A
+        ``Streamed`` file is written as its chunks are made (a sharded engine's weights,
+        gathered one tensor at a time), and checksummed as it goes."""
         if not isinstance(step, int) or step < 0:
             raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
         for name in files:
             _check_file_name(name)
-        manifest = make_manifest(step, files, meta)
+        make_manifest(step, {}, meta)  # meta that is not JSON is refused before any write
         final = self._path(step)
         if is_local(self._fs):
-            self._save_local(final, files, manifest)
+            self._save_local(final, files, step, meta)
         else:
-            self._save_direct(final, files, manifest)
+            self._save_direct(final, files, step, meta)
         self.prune(written=step)
         return url_of(self._fs, final)
 
-    def _write_files(self, folder: str, files: dict[str, bytes], manifest: bytes) -> None:
+    def _write_files(
+        self, folder: str, files: Mapping[str, bytes | Streamed], step: int, meta: dict[str, Any]
+    ) -> None:
+        entries = {}
         for i, (name, data) in enumerate(files.items()):
             if i == len(files) // 2:
                 fault_point("checkpoint.write")  # tests: a write that dies half way
-            fsio.write_bytes(self._fs, fsio.join(folder, name), data, atomic=False)
+            path = fsio.join(folder, name)
+            if isinstance(data, Streamed):
+                entries[name] = fsio.write_chunks(self._fs, path, data.chunks)
+            else:
+                fsio.write_bytes(self._fs, path, data, atomic=False)
+                entries[name] = file_entry(data)
+        manifest = make_manifest(step, entries, meta)
         fsio.write_bytes(self._fs, fsio.join(folder, MANIFEST), manifest, atomic=False)
 
-    def _save_local(self, final: str, files: dict[str, bytes], manifest: bytes) -> None:
+    def _save_local(
+        self, final: str, files: Mapping[str, bytes | Streamed], step: int, meta: dict[str, Any]
+    ) -> None:
         tmp = f"{final}.tmp-{fsio.random_suffix()}"
-        self._write_files(tmp, files, manifest)
+        self._write_files(tmp, files, step, meta)
         old = None
         if self._fs.exists(final):
             old = f"{final}.old-{fsio.random_suffix()}"
@@ -149,10 +169,12 @@ class CheckpointStore:
         if old is not None:
             fsio.remove_tree(self._fs, old)
 
-    def _save_direct(self, final: str, files: dict[str, bytes], manifest: bytes) -> None:
+    def _save_direct(
+        self, final: str, files: Mapping[str, bytes | Streamed], step: int, meta: dict[str, Any]
+    ) -> None:
         # Object stores: un-validate any older copy first, then files, manifest last.
         fsio.remove_tree(self._fs, final)
-        self._write_files(final, files, manifest)
+        self._write_files(final, files, step, meta)
 
     def prune(self, written: int | None = None) -> None:
         """Keep the newest ``keep_last`` checkpoints that verify against their checksums;
@@ -220,10 +242,15 @@ class CheckpointStore:
         )
 
     def _verifies(self, step: int) -> bool:
-        """The checkpoint at ``step`` loads and matches its checksums."""
+        """The checkpoint at ``step`` matches its checksums (each file read a block at a
+        time, never held whole)."""
+        folder = self._path(step)
         try:
-            self.load(step)
-        except CheckpointError:
+            manifest = _parse_manifest(fsio.read_bytes(self._fs, fsio.join(folder, MANIFEST)), step)
+            for name, entry in manifest["files"].items():
+                _check_file_name(name)
+                _verify(name, fsio.digest_file(self._fs, fsio.join(folder, name)), entry)
+        except (FileNotFoundError, ValueError, CheckpointError):
             return False
         return True
 
@@ -250,7 +277,7 @@ class CheckpointStore:
                 data = fsio.read_bytes(self._fs, fsio.join(folder, name))
             except FileNotFoundError as err:
                 raise CheckpointError(f"file {name!r} is missing") from err
-            _verify(name, data, entry)
+            _verify(name, file_entry(data), entry)
             files[name] = data
         meta = manifest.get("meta")
         return Checkpoint(

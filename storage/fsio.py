@@ -6,8 +6,11 @@ under a temporary name, fsynced and renamed into place; on S3 a single put is al
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
+from collections.abc import Iterable
+from typing import BinaryIO
 
 import fsspec
 
@@ -58,6 +61,45 @@ def write_bytes(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, atomic
         _write_local(path, data, atomic=atomic)
     else:
         fs.pipe_file(path, data)
+
+
+def write_chunks(
+    fs: fsspec.AbstractFileSystem, path: str, chunks: Iterable[bytes | memoryview]
+) -> tuple[str, int]:
+    """Write ``chunks`` to ``path`` as they come, durably (not atomically: a checkpoint's
+    manifest, written last, is what makes its files count); returns the sha256 and size."""
+    digest, size = hashlib.sha256(), 0
+
+    def copy(f: BinaryIO) -> None:
+        nonlocal size
+        for chunk in chunks:
+            f.write(chunk)
+            digest.update(chunk)
+            size += memoryview(chunk).nbytes
+            del chunk  # let go before the next is made
+
+    if is_local(fs):
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "wb") as f:
+            copy(f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(folder)
+    else:
+        with fs.open(path, "wb") as f:  # s3fs: a multipart upload, a block at a time
+            copy(f)
+    return digest.hexdigest(), size
+
+
+def digest_file(fs: fsspec.AbstractFileSystem, path: str, block: int = 1 << 23) -> tuple[str, int]:
+    """The sha256 and size of the file at ``path``, read a block at a time."""
+    digest, size = hashlib.sha256(), 0
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def read_bytes(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
