@@ -30,6 +30,7 @@ from sluice.engines.parallel import (
 )
 from sluice.engines.ranks import rank_and_world
 from sluice.rl.config import TrainConfig
+from sluice.storage.safetensors_stream import Streamed
 from sluice.storage.torch_state import load_optimizer, optimizer_to_files
 
 
@@ -90,7 +91,7 @@ class DataParallel:
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self._model.load_state_dict(weights, strict=True)
 
-    def optimizer_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+    def optimizer_state(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
         """AdamW's state (rank 0's: every rank holds the same, and rank 0 writes it)."""
         if rank_and_world()[0] != 0:
             return {}, {}

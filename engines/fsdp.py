@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,13 @@ from sluice.engines.parallel import (
 )
 from sluice.engines.ranks import backend, free_port, rank_and_world
 from sluice.rl.config import TrainConfig
+from sluice.storage.safetensors_stream import Streamed
 from sluice.storage.torch_state import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
+    Gathered,
     files_to_state,
-    state_to_files,
+    streamed_state_files,
 )
 
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -47,6 +50,11 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     """A CPU copy of the whole of ``tensor`` (gathered from every rank when sharded)."""
     whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
     return whole.detach().to("cpu", copy=True)
+
+
+def _meta(tensor: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of ``tensor``'s whole shape (a DTensor's is the full one) and dtype."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
 
 
 def _shard_like(live: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
@@ -139,10 +147,7 @@ class FullyShard:
 
     def layout(self) -> dict[str, torch.Tensor]:
         """The full weights' names, shapes and dtypes (a DTensor's shape is the whole's)."""
-        return {
-            name: torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
-            for name, tensor in self._model.state_dict().items()
-        }
+        return {name: _meta(tensor) for name, tensor in self._model.state_dict().items()}
 
     def gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights one parameter at a time, on the device, each gathered from
@@ -164,22 +169,23 @@ class FullyShard:
                 local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
                 local.copy_(shard.to_local() if isinstance(shard, DTensor) else shard)
 
-    def optimizer_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
-        """AdamW's state gathered into the torch engine's layout. Collective."""
+    def optimizer_state(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
+        """AdamW's state in the torch engine's layout, each moment gathered as it is
+        written. Collective: every rank reads the stream through."""
         params = list(self._model.parameters())
         group = self._optimizer.param_groups[0]
         hyper = {k: v for k, v in group.items() if k != "params"}
-        state: dict[int, dict[str, torch.Tensor]] = {}
+        state: dict[int, dict[str, Any]] = {}
         for index, param in enumerate(params):
             live = self._optimizer.state.get(param)
             if live:  # AdamW creates its state at the first step
                 step = live["step"]
                 state[index] = {
                     "step": _full(step) if isinstance(step, DTensor) else step.detach().clone(),
-                    **{k: _full(live[k]) for k in ADAM_MOMENTS},
+                    **{k: Gathered(_meta(live[k]), partial(_full, live[k])) for k in ADAM_MOMENTS},
                 }
         adamw = {"state": state, "param_groups": [{**hyper, "params": list(range(len(params)))}]}
-        files = state_to_files(adamw, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+        files = streamed_state_files(adamw, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
         return files, self._schedule.state_dict()
 
     def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from sluice.rl.config import TrainConfig
+from sluice.storage.safetensors_stream import Streamed
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,10 @@ class Parallelism(Protocol):
         """Set the weights from full tensors by name (each rank keeps its own part)."""
         ...
 
-    def optimizer_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+    def optimizer_state(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
         """AdamW's state as files in the torch engine's layout (so any engine at any rank
-        count can load it), and the schedule's state."""
+        count can load it), and the schedule's state; its tensors file is streamed (for a
+        partitioned state, gathered moment by moment as it is written: collective)."""
         ...
 
     def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from sluice.rl.batching import Sample, TrainBatch
 from sluice.storage.params import NamedTensors
+from sluice.storage.safetensors_stream import Streamed
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,9 @@ class TrainEngine(Protocol):
         """The weights as CPU copies."""
         ...
 
-    def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
-        """Weights, optimiser and RNG state as named files, and the counters to restore."""
+    def checkpoint_files(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
+        """Weights, optimiser and RNG state as named files, and the counters to restore;
+        the tensors' files are streamed (read them through before the next step)."""
         ...
 
     def load_checkpoint(self, files: dict[str, bytes], counters: dict[str, Any]) -> None:

@@ -46,6 +46,7 @@ from sluice.rl.config import TrainConfig
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.params import ParameterService
+from sluice.storage.safetensors_stream import drain
 from sluice.storage.trajectory_index import LeaseGrant
 from sluice.storage.trajectory_store import materialize
 from sluice.storage.urls import Credentials
@@ -151,6 +152,7 @@ class Trainer:
         by rank 0); returns its URL (rank 0) or ""."""
         files, counters = self.engine.checkpoint_files()
         if self.rank != 0:
+            drain(files)  # this rank's part in each gather
             return ""
         return CheckpointStore(url, keep_last).save(step, files, {**meta, **counters})
 

@@ -49,11 +49,11 @@ from sluice.rl.losses import (
     masked_mean,
     policy_loss,
 )
+from sluice.storage.safetensors_stream import Streamed, stream
 from sluice.storage.torch_state import (
     bytes_to_tensors,
     restore_rng,
     rng_state_files,
-    tensors_to_bytes,
 )
 
 # Files that travel with the weights when the trained policy is saved as a model folder.
@@ -364,16 +364,19 @@ class PolicyTrainer:
         clone on the device); on a CPU trainer, copies of the live tensors."""
         return cpu_copies(self.state()) if self.lora else self.parallel.cpu_state()
 
-    def checkpoint_files(self) -> tuple[dict[str, bytes], dict[str, Any]]:
+    def checkpoint_files(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
         """Weights (the adapter's under LoRA), AdamW state in the torch engine's layout and
-        this rank's RNG as named files, plus the counters to restore. Collective for a
-        sharded engine; rank 0 writes them, and a rank that holds what rank 0 holds
-        (DDP's weights and AdamW state, ZeRO-1/2's weights) builds none of it."""
+        this rank's RNG as named files, plus the counters to restore. The weights and the
+        AdamW tensors are streamed: each tensor is copied (gathered, when sharded) as it is
+        written and let go before the next, so no rank holds a second copy of the model.
+        Rank 0 writes the files; every other rank reads them through
+        (``storage.safetensors_stream.drain``), its part in the gathers. A rank that holds
+        what rank 0 holds (DDP's weights and AdamW state, ZeRO-1/2's weights) builds none."""
         optimizer, schedule = self.parallel.optimizer_state()  # collective if partitioned
-        weights = {}
+        weights: dict[str, bytes | Streamed] = {}
         if self.sharded or self._rank == 0:  # gathered by all, or rank 0's own (it writes)
             name = ADAPTER_FILE if self.lora else MODEL_FILE
-            weights[name] = tensors_to_bytes(self.cpu_state())
+            weights[name] = Streamed(stream(self.layout(), self.gathered()))
         files = {**weights, **optimizer, **rng_state_files()}
         return files, {"version": self._version, "scheduler": schedule}
 

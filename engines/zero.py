@@ -42,11 +42,12 @@ from sluice.engines.zero_state import (
     weights_layout,
 )
 from sluice.rl.config import TrainConfig
+from sluice.storage.safetensors_stream import Streamed
 from sluice.storage.torch_state import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
     files_to_state,
-    state_to_files,
+    streamed_state_files,
 )
 
 ZERO_STAGES = (1, 2, 3)
@@ -203,10 +204,11 @@ class Zero:
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         load_weights(self._model, weights)
 
-    def optimizer_state(self) -> tuple[dict[str, bytes], dict[str, Any]]:
-        """AdamW's state gathered into the torch engine's layout. Collective."""
+    def optimizer_state(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
+        """AdamW's state in the torch engine's layout, each moment gathered as it is
+        written. Collective: every rank reads the stream through."""
         adamw = gather_adamw_state(self._model, self._zero)
-        files = state_to_files(adamw, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+        files = streamed_state_files(adamw, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
         return files, self._engine.lr_scheduler.state_dict()
 
     def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:

@@ -12,12 +12,15 @@ ranks call it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import torch
 from deepspeed.runtime.zero import GatheredParameters
 from deepspeed.utils import safe_get_full_optimizer_state, safe_set_full_fp32_param
 from deepspeed.utils import safe_set_full_optimizer_state as set_full_state
+
+from sluice.storage.torch_state import Gathered
 
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -91,16 +94,20 @@ def _hyper_parameters(base: torch.optim.Optimizer) -> dict[str, Any]:
 
 
 def gather_adamw_state(model: torch.nn.Module, zero_optimizer: Any) -> dict[str, Any]:
-    """The state dict of an AdamW over ``model.parameters()`` (index-keyed, as torch's)."""
+    """The state dict of an AdamW over ``model.parameters()`` (index-keyed, as torch's),
+    each moment a ``Gathered`` made when it is written (``storage.torch_state``): every rank
+    must then read the written stream through."""
     base = zero_optimizer.optimizer  # the torch AdamW over ZeRO's flat fp32 partitions
     params = list(model.parameters())
     group = {**_hyper_parameters(base), "params": list(range(len(params)))}
     steps = [s["step"] for s in base.state.values() if "step" in s]
-    state: dict[int, dict[str, torch.Tensor]] = {}
+    state: dict[int, dict[str, Any]] = {}
     if steps:  # AdamW creates its state at the first step
         for index, param in enumerate(params):
-            moments = {  # each moment to the CPU as it is gathered
-                k: safe_get_full_optimizer_state(param, k).to("cpu", copy=True)
+            shape = getattr(param, "ds_shape", param.shape)  # ZeRO-3: the whole's shape
+            like = torch.empty(shape, dtype=torch.float32, device="meta")  # fp32 moments
+            moments = {
+                k: Gathered(like, partial(safe_get_full_optimizer_state, param, k))
                 for k in ADAM_MOMENTS
             }
             state[index] = {"step": steps[0].detach().clone(), **moments}

@@ -36,6 +36,7 @@ from sluice.engines.trainer_core import PolicyTrainer, build_engine
 from sluice.rl.batching import Sample, collate
 from sluice.rl.config import TrainConfig
 from sluice.storage.checkpoints import CheckpointStore
+from sluice.storage.safetensors_stream import drain
 
 
 def publish(trainer: PolicyTrainer, rank: int) -> None:
@@ -89,14 +90,16 @@ def main() -> None:
     if args.memory:
         Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
         memory["before_checkpoint_bytes"] = resident_bytes("VmRSS")
-    files, counters = trainer.checkpoint_files()  # collective under ZeRO: every rank gathers
+    files, counters = trainer.checkpoint_files()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if rank == 0:  # streamed: each tensor gathered (by every rank) as it is written
+        CheckpointStore(args.out.resolve().as_uri()).save(args.steps, files, counters)
+    else:
+        drain(files)
     if args.memory:
         memory["checkpoint_peak_bytes"] = resident_bytes("VmHWM")
-        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"memory-{rank}.json").write_text(json.dumps(memory))
     if rank == 0:
-        args.out.mkdir(parents=True, exist_ok=True)
-        CheckpointStore(args.out.resolve().as_uri()).save(args.steps, files, counters)
         (args.out / "metrics.json").write_text(
             json.dumps({"world_size": world, "steps": metrics, "step_s": seconds})
         )

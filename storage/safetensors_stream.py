@@ -42,6 +42,24 @@ class Streamed:
     chunks: Iterator[Chunk]
 
 
+def drain(files: Mapping[str, bytes | Streamed]) -> None:
+    """Read every streamed file through, writing nothing: a rank's part in the gathers of
+    files another rank writes (in the same order)."""
+    for data in files.values():
+        if isinstance(data, Streamed):
+            for _ in data.chunks:
+                pass
+
+
+def materialised(files: Mapping[str, bytes | Streamed]) -> dict[str, bytes]:
+    """The files with every streamed one read into bytes (a checkpoint handed over in
+    memory: tests, and loading into another engine in the same process)."""
+    return {
+        name: b"".join(bytes(c) for c in data.chunks) if isinstance(data, Streamed) else data
+        for name, data in files.items()
+    }
+
+
 def header(layout: Mapping[str, torch.Tensor]) -> bytes:
     """The length prefix and JSON header of a safetensors file holding ``layout``'s
     tensors in its order (each given by a tensor of the name's dtype and shape: a meta
@@ -81,7 +99,7 @@ def stream(
                 f"{like.dtype} {tuple(like.shape)}"
             )
         cpu = tensor.detach().to("cpu").contiguous()
-        yield memoryview(cpu.reshape(-1).view(torch.uint8).numpy())  # no copy of its own
+        yield cpu.reshape(-1).view(torch.uint8).numpy().data  # a view: no copy of its own
         del cpu, tensor  # let go before the next is gathered
     missing = [name for name, _ in expected]
     if missing:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from sluice.storage.safetensors_stream import Streamed, stream
 
 OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_JSON = "optimizer.json"
@@ -45,9 +49,22 @@ def bytes_to_tensors(data: bytes) -> dict[str, torch.Tensor]:
     return dict(st_load(data))
 
 
-def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """A JSON-able copy of ``obj`` with tensors moved into ``tensors`` and referenced by key."""
-    if isinstance(obj, torch.Tensor):
+@dataclass(frozen=True)
+class Gathered:
+    """A tensor of ``like``'s dtype and shape (a meta tensor), made by ``make`` only when it
+    is written: a sharded AdamW moment, gathered from the ranks."""
+
+    like: torch.Tensor
+    make: Callable[[], torch.Tensor]
+
+
+Leaf = torch.Tensor | Gathered
+
+
+def _encode(obj: Any, path: str, tensors: dict[str, Any]) -> Any:
+    """A JSON-able copy of ``obj`` with tensors (and ``Gathered`` ones) moved into ``tensors``
+    and referenced by key."""
+    if isinstance(obj, torch.Tensor | Gathered):
         key = f"{path}#{len(tensors)}"
         tensors[key] = obj
         return {_TENSOR: key}
@@ -86,14 +103,35 @@ def state_to_files(state: Any, json_name: str, tensors_name: str) -> dict[str, b
     return {json_name: json.dumps(tree).encode(), tensors_name: tensors_to_bytes(tensors)}
 
 
+def streamed_state_files(
+    state: Any, json_name: str, tensors_name: str
+) -> dict[str, bytes | Streamed]:
+    """``state_to_files``, its tensors file streamed: each ``Gathered`` leaf is made as it is
+    written and let go before the next, so no more than one is held at a time. Every rank
+    that gathers must read the stream through (``storage.safetensors_stream.drain``)."""
+    leaves: dict[str, Leaf] = {}
+    tree = _encode(state, "", leaves)
+    layout = {k: v.like if isinstance(v, Gathered) else v for k, v in leaves.items()}
+    return {
+        json_name: json.dumps(tree).encode(),
+        tensors_name: Streamed(stream(layout, _made(leaves))),
+    }
+
+
+def _made(leaves: dict[str, Leaf]) -> Iterator[tuple[str, torch.Tensor]]:
+    for key, leaf in leaves.items():
+        yield key, leaf.make() if isinstance(leaf, Gathered) else leaf
+
+
 def files_to_state(files: dict[str, bytes], json_name: str, tensors_name: str) -> Any:
     """The inverse of ``state_to_files``."""
     return _decode(json.loads(files[json_name]), bytes_to_tensors(files[tensors_name]))
 
 
-def optimizer_to_files(optimizer: torch.optim.Optimizer) -> dict[str, bytes]:
-    """The optimizer's state dict as ``optimizer.json`` + ``optimizer.safetensors``."""
-    return state_to_files(optimizer.state_dict(), OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+def optimizer_to_files(optimizer: torch.optim.Optimizer) -> dict[str, bytes | Streamed]:
+    """The optimizer's state dict as ``optimizer.json`` + ``optimizer.safetensors``, the
+    tensors streamed from the live ones (no copy of the whole state is made)."""
+    return streamed_state_files(optimizer.state_dict(), OPTIMIZER_JSON, OPTIMIZER_TENSORS)
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, files: dict[str, bytes]) -> None:

@@ -13,9 +13,10 @@ from typing import Any
 from sluice.engines.trainer_core import NO_TOKEN_LIMIT, PolicyTrainer, build_engine
 from sluice.rl.batching import Sample, collate
 from sluice.rl.config import TrainConfig
+from sluice.storage.safetensors_stream import materialised
 from sluice.storage.torch_state import tensors_to_bytes
 
-__all__ = ["NO_TOKEN_LIMIT", "make_trainer", "step", "weights"]
+__all__ = ["NO_TOKEN_LIMIT", "checkpoint", "make_trainer", "step", "weights"]
 
 
 def make_trainer(
@@ -40,3 +41,10 @@ def step(engine: PolicyTrainer, samples: list[Sample]) -> dict[str, float]:
 def weights(engine: PolicyTrainer) -> bytes:
     """The weights as one safetensors blob."""
     return tensors_to_bytes(engine.cpu_state())
+
+
+def checkpoint(engine: PolicyTrainer) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """``engine``'s checkpoint files, the streamed ones read now (before the next step
+    changes what they stream), and its counters."""
+    files, counters = engine.checkpoint_files()
+    return materialised(files), counters

@@ -17,7 +17,7 @@ from sluice.engines.trainer_core import PolicyTrainer
 from sluice.rl.batching import Sample
 from sluice.rl.config import LoraConfig
 from sluice.storage.checkpoints import CheckpointStore
-from tests.support.trainers import make_trainer, step
+from tests.support.trainers import checkpoint, make_trainer, step
 
 SETTINGS = {"lr": 5e-2, "clip_eps": 0.2, "grad_clip": 1.0, "micro_batch": 4, "threads": 1}
 LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"])
@@ -71,12 +71,12 @@ def test_a_checkpoint_resumes_to_the_bit(tiny_policy, tmp_path):
 def test_a_checkpoint_of_the_other_kind_is_refused(tiny_policy):
     lora, full = _trainer(tiny_policy), _trainer(tiny_policy, lora=None)
     with pytest.raises(ValueError, match=r"holds a LoRA adapter.*train\.lora set"):
-        full.load_checkpoint(*lora.checkpoint_files())
+        full.load_checkpoint(*checkpoint(lora))
     with pytest.raises(ValueError, match=r"holds full weights.*without train\.lora"):
-        lora.load_checkpoint(*full.checkpoint_files())
+        lora.load_checkpoint(*checkpoint(full))
     other = _trainer(tiny_policy, lora=LoraConfig(rank=8, target_modules=["q_proj"]))
     with pytest.raises(ValueError, match=r"does not fit train\.lora"):
-        other.load_checkpoint(*lora.checkpoint_files())
+        other.load_checkpoint(*checkpoint(lora))
 
 
 def test_the_saved_policy_is_an_adapter_peft_loads_and_merges(tiny_policy, tmp_path):

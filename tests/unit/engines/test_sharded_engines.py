@@ -22,7 +22,7 @@ from sluice.engines.zero import Zero, deepspeed_config
 from sluice.rl.batching import Sample
 from sluice.rl.config import TrainConfig
 from sluice.storage.checkpoints import CheckpointStore
-from tests.support.trainers import make_trainer, step
+from tests.support.trainers import checkpoint, make_trainer, step
 
 # Both engines run in float32, but DeepSpeed sums gradients and their norm over flat buffers,
 # in another order than torch: they agree to rounding, not to the bit. Measured after three
@@ -105,7 +105,7 @@ def test_fsdp_checkpoints_every_units_optimiser_state_after_a_forward_only_pass(
     step(engine, samples)
     engine.logprobs(samples)
     reference = make_trainer(str(policy_dir), **SETTINGS)
-    reference.load_checkpoint(*engine.checkpoint_files())
+    reference.load_checkpoint(*checkpoint(engine))
     _assert_same_step(step(reference, samples), step(engine, samples))
     _assert_same_weights(reference, engine, ATOL, RTOL)
 
@@ -139,9 +139,9 @@ def test_fsdp_checkpoints_resume_bit_identically_and_cross_engines(policy_dir, t
     reference.load_checkpoint(loaded.files, loaded.meta)
     step(reference, samples)
     zero = make_trainer(str(policy_dir), engine="deepspeed", zero_stage=3, **SETTINGS)
-    zero.load_checkpoint(*reference.checkpoint_files())
+    zero.load_checkpoint(*checkpoint(reference))
     back = make_trainer(str(policy_dir), engine="fsdp", **SETTINGS)
-    back.load_checkpoint(*zero.checkpoint_files())
+    back.load_checkpoint(*checkpoint(zero))
     _assert_same_step(step(back, samples), step(reference, samples))
     _assert_same_weights(reference, back, ATOL, RTOL)
 
@@ -178,12 +178,12 @@ def test_a_torch_checkpoint_resumes_under_deepspeed(policy_dir):
     reference = make_trainer(str(policy_dir), **SETTINGS)
     step(reference, samples)
     engine = make_trainer(str(policy_dir), engine="deepspeed", zero_stage=2, **SETTINGS)
-    engine.load_checkpoint(*reference.checkpoint_files())
+    engine.load_checkpoint(*checkpoint(reference))
     assert engine.version() == 1
     _assert_same_step(step(engine, samples), step(reference, samples))
     _assert_same_weights(reference, engine, ATOL, RTOL)
     back = make_trainer(str(policy_dir), **SETTINGS)
-    back.load_checkpoint(*engine.checkpoint_files())
+    back.load_checkpoint(*checkpoint(engine))
     _assert_same_step(step(back, samples), step(reference, samples))
     _assert_same_weights(reference, back, ATOL, RTOL)
 

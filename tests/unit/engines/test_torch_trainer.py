@@ -11,7 +11,7 @@ from sluice.engines.protocols import TrainEngine
 from sluice.engines.vllm_rollout import VLLMRolloutEngine
 from sluice.rl.batching import Sample, collate
 from sluice.rl.config import PolicyConfig
-from tests.support.trainers import make_trainer, step, weights
+from tests.support.trainers import checkpoint, make_trainer, step, weights
 
 
 def _trainer(folder, **overrides):
@@ -192,7 +192,7 @@ def test_checkpoint_resumes_the_same_trajectory(trainer):
     original = _trainer(trainer._model_dir, warmup_steps=4)
     step(original, samples)
     step(original, samples)
-    files, counters = original.checkpoint_files()
+    files, counters = checkpoint(original)
     assert json.loads(json.dumps(counters)) == counters  # plain JSON for the manifest
     third = step(original, samples)
     fresh.load_checkpoint(files, counters)
