@@ -168,7 +168,8 @@ class Trainer:
         saved again (the run's best policy) is never seen half-written."""
         if self.rank != 0:
             if self.engine.sharded:
-                self.engine.cpu_state()  # this rank's part in each gather
+                for _ in self.engine.gathered():  # this rank's part in each gather
+                    pass
             return
         out = Path(folder)
         staging, old = out.with_name(f".{out.name}.partial"), out.with_name(f".{out.name}.old")

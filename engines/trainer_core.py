@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import torch
 
 from sluice.engines.lora import (
@@ -49,6 +50,7 @@ from sluice.rl.losses import (
     masked_mean,
     policy_loss,
 )
+from sluice.storage.fsio import write_chunks
 from sluice.storage.safetensors_stream import Streamed, stream
 from sluice.storage.torch_state import (
     bytes_to_tensors,
@@ -413,16 +415,28 @@ class PolicyTrainer:
         LoRA an adapter folder naming its base (and, with ``merged_export``, the merged
         model in ``<folder>/merged``)."""
         out = Path(folder)
-        # Copies: an engine may hold its weights as views of one flat buffer, which
-        # save_pretrained would take for tied tensors.
-        weights = self.cpu_state()
         if self.lora is not None:
-            write_adapter(out, weights, self.lora, str(self._model_dir))
+            write_adapter(out, self.cpu_state(), self.lora, str(self._model_dir))
             if self.lora.merged_export:
                 self.save_merged(out / "merged")
         else:
-            self.model.save_pretrained(out, state_dict=weights, safe_serialization=True)
+            self._write_model(out)
         self._copy_tokenizer(out)
+
+    def _write_model(self, out: Path) -> None:
+        """The model's config and its weights as ``model.safetensors``, streamed one tensor
+        at a time (gathered, when sharded: collective) and, as ``save_pretrained`` leaves
+        them, without the copies of tied weights (a tied output embedding)."""
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.config.save_pretrained(out)
+        if getattr(self.model, "generation_config", None) is not None:
+            self.model.generation_config.save_pretrained(out)
+        kept = {n for n, _ in self.model.named_parameters()}  # one name per tied tensor
+        tied = {n for n, _ in self.model.named_parameters(remove_duplicate=False)} - kept
+        layout = {n: t for n, t in self.layout().items() if n not in tied}
+        tensors = ((n, t) for n, t in self.gathered() if n not in tied)
+        chunks = stream(layout, tensors, metadata={"format": "pt"})
+        write_chunks(fsspec.filesystem("file"), str(out / MODEL_FILE), chunks)
 
     def save_merged(self, folder: Path) -> None:
         """The base model with the current adapter merged into its weights, as a model

@@ -60,11 +60,11 @@ def materialised(files: Mapping[str, bytes | Streamed]) -> dict[str, bytes]:
     }
 
 
-def header(layout: Mapping[str, torch.Tensor]) -> bytes:
+def header(layout: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
     """The length prefix and JSON header of a safetensors file holding ``layout``'s
     tensors in its order (each given by a tensor of the name's dtype and shape: a meta
-    tensor will do)."""
-    entries: dict[str, object] = {}
+    tensor will do), with ``metadata`` (transformers looks for ``{"format": "pt"}``)."""
+    entries: dict[str, object] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for name, like in layout.items():
         if like.dtype not in DTYPES:
@@ -82,12 +82,14 @@ def header(layout: Mapping[str, torch.Tensor]) -> bytes:
 
 
 def stream(
-    layout: Mapping[str, torch.Tensor], tensors: Iterator[tuple[str, torch.Tensor]]
+    layout: Mapping[str, torch.Tensor],
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    metadata: dict[str, str] | None = None,
 ) -> Iterator[Chunk]:
     """The safetensors file of ``tensors``, which must come in ``layout``'s order with its
     dtypes and shapes: the header, then each tensor's bytes as it arrives (copied to the
     CPU one at a time). Raises ValueError at the first tensor that is not the layout's."""
-    yield header(layout)
+    yield header(layout, metadata)
     expected = iter(layout.items())
     for name, tensor in tensors:
         want_name, like = next(expected, (None, None))

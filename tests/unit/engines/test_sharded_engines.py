@@ -323,6 +323,19 @@ def test_a_ddp_rank_other_than_0_ties_a_tied_models_weights_as_rank_0s_load_does
     assert other.lm_head.weight is other.model.embed_tokens.weight
 
 
+@pytest.mark.parametrize("engine", ["torch", "fsdp"])
+def test_a_saved_tied_model_holds_its_embedding_once_and_loads_back(tmp_path, engine):
+    """The saved folder is streamed tensor by tensor; as save_pretrained does, it leaves out
+    the tied output embedding, and loads back as the weights the engine had."""
+    folder = _tied_folder(tmp_path / "tied")
+    trainer = make_trainer(folder, engine=engine, **SETTINGS)
+    step(trainer, [Sample([1, 5, 6], [7, 8, 9, 2], [-3.0] * 4, 1.0)])
+    trainer.save(str(tmp_path / "saved"))
+    with safe_open(str(tmp_path / "saved" / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in set(f.keys()) and f.metadata() == {"format": "pt"}
+    _assert_same_weights(trainer, make_trainer(tmp_path / "saved", **SETTINGS), atol=0, rtol=0)
+
+
 def test_a_folder_missing_a_tensor_is_refused_by_name(tmp_path, policy_dir):
     folder = tmp_path / "partial"
     shutil.copytree(policy_dir, folder)
