@@ -4,7 +4,8 @@ Each configuration runs ``scripts/train_ranks.py --memory`` under ``torchrun`` o
 folder (the SmolLM2-135M-Instruct folder of ``make model``): every rank records its resident
 memory after imports and joining the group (the base), its peak while the trainer is built
 (the model loaded, sharded and wrapped, AdamW made), then, after one optimiser step, its
-peak while ``checkpoint_files`` gathers and serialises the weights and AdamW's state. The
+peak while the checkpoint is written: rank 0 streams the weights and AdamW's moments into
+their files, each tensor gathered as it is written, and the other ranks take part. The
 table gives each peak above what the rank held before, against the model's float32 bytes:
 a rank that loads the whole model and then keeps its shard shows about 1.0 at start-up; one
 that materialises only its shard, about 1/ranks. ``--write`` puts it in BENCHMARKS.md
