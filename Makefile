@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: model test-real setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -199,6 +199,9 @@ bench-real-sync: model
 # on SmolLM2-135M-Instruct (~10 minutes; needs `make model`; not part of `make bench`).
 bench-startup-memory: model
 	$(PY) -m sluice.benchmarks.startup_memory --model models/smollm2-135m-instruct --write
+
+bench-bf16-ranks: model
+	$(PY) -m sluice.benchmarks.bf16_ranks --model models/smollm2-135m-instruct --write
 
 bench-learning: setup
 	$(PY) -m sluice.benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write

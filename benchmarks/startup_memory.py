@@ -61,37 +61,52 @@ def float32_bytes(folder: Path) -> int:
     return total
 
 
-def _samples(out: Path) -> Path:
-    """Eight short samples of token ids every vocabulary has: the step is not measured."""
-    rows = [
-        Sample([1, 30 + i], [20 + (i + j) % 9 for j in range(4 + i)] + [2], [-3.0] * (5 + i), 1.0)
+def samples() -> list[Sample]:
+    """Eight short samples of token ids every vocabulary has, half rewarded, half not."""
+    return [
+        Sample(
+            [1, 30 + i],
+            [20 + (i + j) % 9 for j in range(4 + i)] + [2],
+            [-3.0] * (5 + i),
+            (-1.0) ** i,
+        )
         for i in range(8)
     ]
+
+
+def samples_file(out: Path) -> Path:
     path = out / "samples.json"
-    path.write_text(json.dumps([asdict(r) for r in rows]))
+    path.write_text(json.dumps([asdict(r) for r in samples()]))
     return path
 
 
-def run(model: Path, engine: str, stage: int, ranks: int, work: Path) -> list[dict[str, int]]:
-    """Each rank's memory record for one launch."""
+def launch(
+    model: Path, train: TrainConfig, ranks: int, steps: int, work: Path, *extra: str
+) -> Path:
+    """``scripts/train_ranks.py`` at ``ranks`` ranks under torchrun, one thread a rank;
+    returns its output folder (metrics, checkpoint, memory records)."""
     out = Path(tempfile.mkdtemp(dir=work))
-    train = out / "train.json"
-    train.write_text(
-        TrainConfig(engine=engine, zero_stage=stage, micro_batch=8, threads=1).model_dump_json()  # type: ignore[arg-type]
-    )
+    (out / "train.json").write_text(train.model_dump_json())
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks)),
         *("--master_addr", "127.0.0.1", "--master_port", str(free_port())),
         str(ROOT / "scripts" / "train_ranks.py"),
-        *("--policy", str(model), "--samples", str(_samples(out)), "--train", str(train)),
-        *("--out", str(out), "--steps", "1", "--memory"),
+        *("--policy", str(model), "--samples", str(samples_file(out))),
+        *("--train", str(out / "train.json"), "--out", str(out), "--steps", str(steps), *extra),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         command, cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{engine} x{ranks} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{train.engine} x{ranks} failed:\n{done.stderr[-3000:]}")
+    return out
+
+
+def run(model: Path, engine: str, stage: int, ranks: int, work: Path) -> list[dict[str, int]]:
+    """Each rank's memory record for one launch."""
+    train = TrainConfig(engine=engine, zero_stage=stage, micro_batch=8, threads=1)  # type: ignore[arg-type]
+    out = launch(model, train, ranks, 1, work, "--memory")
     return [json.loads((out / f"memory-{r}.json").read_text()) for r in range(ranks)]
 
 
@@ -141,7 +156,8 @@ def main() -> None:
             f"{now}, commit {measured_commit()}, {platform.machine()}, one thread a rank. "
             "Resident memory of each rank (`/proc/self/status`), above what it held before: "
             "at start-up (the model loaded, sharded and wrapped, AdamW built) and while "
-            "`checkpoint_files` builds a checkpoint after one step. "
+            "the checkpoint is written after one step (streamed: each tensor gathered as it "
+            "is written). "
             "`.venv/bin/python -m sluice.benchmarks.startup_memory --model "
             f"{args.model} --write`."
         )

@@ -1,0 +1,117 @@
+"""Every engine's bf16 steps at two ranks against one torch process's, on a real model.
+
+Each engine (torch DDP, FSDP2, ZeRO-2, ZeRO-3) trains the model folder (the
+SmolLM2-135M-Instruct folder of ``make model``) for ``--steps`` steps at ``train.ranks=2``
+in bf16 under torchrun (``scripts/train_ranks.py``), each rank on its share of one batch.
+One torch process takes the same steps on the whole batch in bf16, and once more in
+float32. The table gives, per engine, the largest gap between its per-step loss and the
+process's, and how far its update (the weights after the steps less the folder's) is from
+the process's bf16 update, as a fraction of that update's norm; the float32 row shows how
+far bf16 rounding alone moves the update. ``--write`` puts it in BENCHMARKS.md (section
+"bf16 at two ranks").
+
+    .venv/bin/python -m sluice.benchmarks.bf16_ranks --model models/smollm2-135m-instruct --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from sluice.benchmarks.startup_memory import launch, samples
+from sluice.benchmarks.tables import markdown_table
+from sluice.engines.trainer_core import MODEL_FILE, PolicyTrainer, build_engine
+from sluice.rl.batching import collate
+from sluice.rl.config import TrainConfig
+from sluice.sim.report import measured_commit, write_section
+from sluice.storage.checkpoints import CheckpointStore
+from sluice.storage.torch_state import bytes_to_tensors
+
+# (label, train.engine, train.zero_stage)
+ENGINES = [
+    ("torch (DDP)", "torch", 2),
+    ("fsdp (FSDP2)", "fsdp", 2),
+    ("deepspeed ZeRO-2", "deepspeed", 2),
+    ("deepspeed ZeRO-3", "deepspeed", 3),
+]
+# The tolerances tests/unit/engines/test_trainer_device.py states for one bf16 step.
+LOSS_TOL, UPDATE_TOL = 1e-4, 0.15
+SETTINGS = {"lr": 1e-5, "micro_batch": 4, "threads": 1, "loss": "ppo"}
+
+
+def train(dtype: str, **engine: object) -> TrainConfig:
+    return TrainConfig(**SETTINGS, dtype=dtype, **engine)  # type: ignore[arg-type]
+
+
+def in_process(model: Path, dtype: str, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One torch process's losses and weights after ``steps`` steps on the whole batch."""
+    trainer: PolicyTrainer = build_engine(train(dtype), str(model), seed=0, device="cpu")
+    batch = collate(samples(), trainer.pad_id)
+    losses = [trainer.step_batch(batch)["loss"] for _ in range(steps)]
+    return losses, trainer.cpu_state()
+
+
+def update_gap(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], start: dict[str, torch.Tensor]
+) -> float:
+    """``|got - want| / |want - start|`` over every weight, flattened."""
+    names = sorted(want)
+    diff = torch.cat([(got[n].float() - want[n].float()).flatten() for n in names])
+    moved = torch.cat([(want[n].float() - start[n].float()).flatten() for n in names])
+    return float(diff.norm() / moved.norm())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True, help="model folder")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md's section")
+    args = parser.parse_args()
+    model = args.model.resolve()
+    print("one torch process, bf16 and float32 ...", flush=True)
+    start = build_engine(train("float32"), str(model), seed=0, device="cpu").cpu_state()
+    want_losses, want = in_process(model, "bfloat16", args.steps)
+    _, float32 = in_process(model, "float32", args.steps)
+    rows = [["one torch process, float32", "1", "-", f"{update_gap(float32, want, start):.3f}"]]
+    work = Path(tempfile.mkdtemp(prefix="sluice-bench-bf16-"))
+    worst_loss = worst_update = 0.0
+    for label, engine, stage in ENGINES:
+        print(f"{label} x2 ...", flush=True)
+        out = launch(model, train("bfloat16", engine=engine, zero_stage=stage), 2, args.steps, work)
+        losses = [m["loss"] for m in json.loads((out / "metrics.json").read_text())["steps"]]
+        saved = CheckpointStore(out.as_uri()).load_latest()
+        assert saved is not None
+        weights = bytes_to_tensors(saved.files[MODEL_FILE])
+        loss_gap = max(abs(a - b) for a, b in zip(losses, want_losses, strict=True))
+        gap = update_gap(weights, want, start)
+        worst_loss, worst_update = max(worst_loss, loss_gap), max(worst_update, gap)
+        rows.append([label, "2", f"{loss_gap:.1e}", f"{gap:.3f}"])
+    shutil.rmtree(work, ignore_errors=True)
+    header = ["engine", "ranks", "largest loss gap to one bf16 process", "update gap (of its norm)"]
+    body = "\n".join(markdown_table(header, rows))
+    verdict = (
+        f"Within the stated tolerances (loss {LOSS_TOL:g}, update {UPDATE_TOL:g}): "
+        f"{'yes' if worst_loss <= LOSS_TOL and worst_update <= UPDATE_TOL else 'no'}."
+    )
+    print(body + "\n\n" + verdict)
+    if args.write:
+        now = datetime.now(UTC).strftime("%Y-%m-%d")
+        intro = (
+            f"`{args.model.name}`, {args.steps} steps of 8 samples at lr {SETTINGS['lr']:g}; "
+            f"{now}, commit {measured_commit()}, {platform.machine()}, one thread a rank. "
+            "Each engine at `train.ranks=2` in bf16 against one torch process in bf16 on the "
+            "whole batch; the float32 row is one process in float32 against the same. "
+            f"`.venv/bin/python -m sluice.benchmarks.bf16_ranks --model {args.model} --write`."
+        )
+        write_section("bf16-ranks", "bf16 at two ranks", intro + "\n\n" + body + "\n\n" + verdict)
+
+
+if __name__ == "__main__":
+    main()
