@@ -5,7 +5,8 @@ folder (the SmolLM2-135M-Instruct folder of ``make model``): every rank records 
 memory after imports and joining the group (the base), its peak while the trainer is built
 (the model loaded, sharded and wrapped, AdamW made), then, after one optimiser step, its
 peak while the checkpoint is written: rank 0 streams the weights and AdamW's moments into
-their files, each tensor gathered as it is written, and the other ranks take part. The
+their files, each tensor gathered as it is written, and the other ranks take part; last,
+its peak while every rank loads that checkpoint back, reading it from storage. The
 table gives each peak above what the rank held before, against the model's float32 bytes:
 a rank that loads the whole model and then keeps its shard shows about 1.0 at start-up; one
 that materialises only its shard, about 1/ranks. ``--write`` puts it in BENCHMARKS.md
@@ -117,12 +118,12 @@ def table(results: dict[tuple[str, int], list[dict[str, int]]], weights: int) ->
             per_rank = results[(label, ranks)]
             startup = max(m["startup_peak_bytes"] - m["base_bytes"] for m in per_rank)
             ckpt = max(m["checkpoint_peak_bytes"] - m["before_checkpoint_bytes"] for m in per_rank)
+            back = max(m["resume_peak_bytes"] - m["before_resume_bytes"] for m in per_rank)
             rows.append(
                 [
                     label,
                     str(ranks),
-                    f"{startup / MIB:,.0f} MB ({startup / weights:.2f}x)",
-                    f"{ckpt / MIB:,.0f} MB ({ckpt / weights:.2f}x)",
+                    *(f"{b / MIB:,.0f} MB ({b / weights:.2f}x)" for b in (startup, ckpt, back)),
                 ]
             )
     header = [
@@ -130,6 +131,7 @@ def table(results: dict[tuple[str, int], list[dict[str, int]]], weights: int) ->
         "ranks",
         "start-up peak above base, worst rank",
         "checkpoint peak above before, worst rank",
+        "resume peak above before, worst rank",
     ]
     return "\n".join(markdown_table(header, rows))
 
@@ -157,7 +159,7 @@ def main() -> None:
             "Resident memory of each rank (`/proc/self/status`), above what it held before: "
             "at start-up (the model loaded, sharded and wrapped, AdamW built) and while "
             "the checkpoint is written after one step (streamed: each tensor gathered as it "
-            "is written). "
+            "is written), and while it is loaded back from storage. "
             "`.venv/bin/python -m sluice.benchmarks.startup_memory --model "
             f"{args.model} --write`."
         )

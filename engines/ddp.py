@@ -10,7 +10,7 @@ steps them alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -88,8 +88,8 @@ class DataParallel:
     def cpu_state(self) -> dict[str, torch.Tensor]:
         return cpu_copies(self.state())
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self._model.load_state_dict(weights, strict=True)
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        self._model.load_state_dict(dict(weights), strict=True)  # a rank holds it whole
 
     def optimizer_state(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
         """AdamW's state (rank 0's: every rank holds the same, and rank 0 writes it)."""
@@ -97,6 +97,6 @@ class DataParallel:
             return {}, {}
         return optimizer_to_files(self._optimizer), self._schedule.state_dict()
 
-    def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:
+    def load_optimizer_state(self, files: Mapping[str, bytes], schedule: dict[str, Any]) -> None:
         load_optimizer(self._optimizer, files)
         self._schedule.load_state_dict(schedule)

@@ -13,7 +13,7 @@ collective: all ranks call it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from pathlib import Path
@@ -157,7 +157,8 @@ class FullyShard:
             yield name, whole.detach()
             del whole
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Each rank keeps its shard of each full tensor, read one at a time."""
         live = self._model.state_dict()
         if set(weights) != set(live):
             raise ValueError(
@@ -188,7 +189,7 @@ class FullyShard:
         files = streamed_state_files(adamw, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
         return files, self._schedule.state_dict()
 
-    def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:
+    def load_optimizer_state(self, files: Mapping[str, bytes], schedule: dict[str, Any]) -> None:
         saved = files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
         params = list(self._model.parameters())
         (group,) = saved["param_groups"]

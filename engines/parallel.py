@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,8 +120,9 @@ class Parallelism(Protocol):
         """The full weights as CPU copies, never a whole-model copy on the device."""
         ...
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Set the weights from full tensors by name (each rank keeps its own part)."""
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Set the weights from full tensors by name (each rank keeps its own part; a
+        tensor is read from ``weights`` when it is looked up)."""
         ...
 
     def optimizer_state(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
@@ -130,7 +131,7 @@ class Parallelism(Protocol):
         partitioned state, gathered moment by moment as it is written: collective)."""
         ...
 
-    def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:
+    def load_optimizer_state(self, files: Mapping[str, bytes], schedule: dict[str, Any]) -> None:
         """Restore what ``optimizer_state`` wrote (by this engine or another)."""
         ...
 

@@ -11,7 +11,7 @@ generators and trainers plug in behind the same methods.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -150,7 +150,7 @@ class TrainEngine(Protocol):
         the tensors' files are streamed (read them through before the next step)."""
         ...
 
-    def load_checkpoint(self, files: dict[str, bytes], counters: dict[str, Any]) -> None:
+    def load_checkpoint(self, files: Mapping[str, bytes], counters: dict[str, Any]) -> None:
         """Restore what ``checkpoint_files`` (of any engine, at any rank count) wrote."""
         ...
 

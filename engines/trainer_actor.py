@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -123,7 +123,7 @@ class Trainer:
             "publish_s": publish_s,
         }
 
-    def restore(self, files: dict[str, bytes], meta: dict[str, Any]) -> int:
+    def restore(self, files: Mapping[str, bytes], meta: dict[str, Any]) -> int:
         """Load a checkpoint (every rank); rank 0 publishes its weights for the workers."""
         self.engine.load_checkpoint(files, meta)
         self._publish()
@@ -247,7 +247,7 @@ class TrainerPool:
         world = len(self.handles)
         return self._all(lambda h: h.train.remote(lease, world))
 
-    def restore(self, files: dict[str, bytes], meta: dict[str, Any]) -> ObjectRef[int]:
+    def restore(self, files: Mapping[str, bytes], meta: dict[str, Any]) -> ObjectRef[int]:
         stored = ray.put(files)
         return self._all(lambda h: h.restore.remote(stored, meta))
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,10 +50,10 @@ from sluice.rl.losses import (
     masked_mean,
     policy_loss,
 )
+from sluice.storage.checkpoints import tensors_of
 from sluice.storage.fsio import write_chunks
 from sluice.storage.safetensors_stream import Streamed, stream
 from sluice.storage.torch_state import (
-    bytes_to_tensors,
     restore_rng,
     rng_state_files,
 )
@@ -382,20 +382,22 @@ class PolicyTrainer:
         files = {**weights, **optimizer, **rng_state_files()}
         return files, {"version": self._version, "scheduler": schedule}
 
-    def load_checkpoint(self, files: dict[str, bytes], counters: dict[str, Any]) -> None:
+    def load_checkpoint(self, files: Mapping[str, bytes], counters: dict[str, Any]) -> None:
         """Restore what ``checkpoint_files`` (of any engine, at any rank count) wrote;
-        continues at the saved version. Collective for a sharded engine."""
+        continues at the saved version. Collective for a sharded engine. The weights are
+        read a tensor at a time (from storage, for a saved checkpoint's files), so a
+        sharded engine's rank holds one full tensor beside its shards."""
         self._before_update()
         weights = self._checkpoint_weights(files)
         if self.lora is not None:
-            load_adapter_state(self.model, weights)
+            load_adapter_state(self.model, dict(weights))
         else:
             self.parallel.load_weights(weights)
         self.parallel.load_optimizer_state(files, counters["scheduler"])
         restore_rng(files)
         self._version = int(counters["version"])
 
-    def _checkpoint_weights(self, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
+    def _checkpoint_weights(self, files: Mapping[str, bytes]) -> Mapping[str, torch.Tensor]:
         """The weights a checkpoint holds, once they are known to be of this run's kind (an
         adapter for a LoRA run, full weights otherwise)."""
         if self.lora is None and ADAPTER_FILE in files:
@@ -408,7 +410,7 @@ class PolicyTrainer:
                 "the checkpoint holds full weights (a run without train.lora): resume it "
                 "without train.lora, or start a LoRA run afresh"
             )
-        return bytes_to_tensors(files[ADAPTER_FILE if self.lora else MODEL_FILE])
+        return tensors_of(files, ADAPTER_FILE if self.lora else MODEL_FILE)
 
     def save(self, folder: str) -> None:
         """Write the current policy as a model folder (safetensors + tokenizer files); under

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -201,8 +201,8 @@ class Zero:
         holds more than one module's full weights."""
         return gathered_weights(self._model) if self.sharded else cpu_copies(self.state())
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        load_weights(self._model, weights)
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        load_weights(self._model, dict(weights))  # read once: each tensor is used twice
 
     def optimizer_state(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
         """AdamW's state in the torch engine's layout, each moment gathered as it is
@@ -211,7 +211,7 @@ class Zero:
         files = streamed_state_files(adamw, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
         return files, self._engine.lr_scheduler.state_dict()
 
-    def load_optimizer_state(self, files: dict[str, bytes], schedule: dict[str, Any]) -> None:
+    def load_optimizer_state(self, files: Mapping[str, bytes], schedule: dict[str, Any]) -> None:
         adamw = files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
         scatter_adamw_state(self._model, self._zero, adamw)
         self._engine.lr_scheduler.load_state_dict(schedule)

@@ -61,8 +61,8 @@ def main() -> None:
     parser.add_argument(
         "--memory",
         action="store_true",
-        help="write each rank's resident memory at start-up and in the checkpoint to "
-        "<out>/memory-<rank>.json (Linux: /proc/self/status)",
+        help="write each rank's resident memory at start-up, in the checkpoint and in loading "
+        "it back to <out>/memory-<rank>.json (Linux: /proc/self/status)",
     )
     args = parser.parse_args()
 
@@ -98,6 +98,13 @@ def main() -> None:
         drain(files)
     if args.memory:
         memory["checkpoint_peak_bytes"] = resident_bytes("VmHWM")
+        dist.barrier()  # the checkpoint is complete
+        Path("/proc/self/clear_refs").write_text("5")
+        memory["before_resume_bytes"] = resident_bytes("VmRSS")
+        saved = CheckpointStore(args.out.resolve().as_uri()).load_latest()
+        assert saved is not None
+        trainer.load_checkpoint(saved.files, saved.meta)  # read from storage, tensor by tensor
+        memory["resume_peak_bytes"] = resident_bytes("VmHWM")
         (args.out / f"memory-{rank}.json").write_text(json.dumps(memory))
     if rank == 0:
         (args.out / "metrics.json").write_text(

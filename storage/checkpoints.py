@@ -7,8 +7,11 @@ go to ``step-NNNNNNNN.tmp-<random>/`` first and the folder is renamed into place
 where rename is a copy, the files go straight into the final folder, manifest last. A
 corrupt or incomplete newest checkpoint is skipped with a warning in favour of the previous
 one; pruning keeps the newest ones that verify against their checksums, and a save that
-died between its renames is put back in place before anything is listed or loaded. Tensor,
-optimizer and RNG state are packed with ``storage.torch_state`` (no pickle).
+died between its renames is put back in place before anything is listed or loaded. A
+checkpoint is verified by reading each file a block at a time; its loaded files are read
+from storage when asked for (``CheckpointFiles``: a safetensors file tensor by tensor), so
+neither a save nor a load holds a whole model. Tensor, optimizer and RNG state are packed
+with ``storage.torch_state`` (no pickle).
 """
 
 from __future__ import annotations
@@ -17,14 +20,14 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from sluice.storage import fsio
 from sluice.storage.faults import fault_point
-from sluice.storage.safetensors_stream import Streamed
+from sluice.storage.safetensors_stream import StoredTensors, Streamed
 from sluice.storage.urls import is_local, open_url, redact, url_of
 
 logger = logging.getLogger(__name__)
@@ -39,11 +42,58 @@ class CheckpointError(RuntimeError):
     """A checkpoint is corrupt or incomplete; the message says which and why."""
 
 
+class CheckpointFiles(Mapping[str, bytes]):
+    """A saved checkpoint's files, read from its folder when asked for: ``files[name]`` the
+    whole file, ``tensors(name)`` a safetensors file tensor by tensor, by byte range. It
+    holds the store's URL and the folder's place under it, not the bytes, so a training
+    pool's ranks each read what they need of it (S3 credentials come from the environment,
+    as the store's own do)."""
+
+    def __init__(self, store_url: str, folder: str, names: list[str]) -> None:
+        self._store_url, self._folder, self._names = store_url, folder, names
+
+    def _path(self, name: str) -> tuple[Any, str]:
+        if name not in self._names:
+            raise KeyError(name)
+        fs, root = open_url(self._store_url)
+        return fs, fsio.join(root, "checkpoints", self._folder, name)
+
+    def __getitem__(self, name: str) -> bytes:
+        return fsio.read_bytes(*self._path(name))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def tensors(self, name: str) -> StoredTensors:
+        fs, path = self._path(name)
+
+        def read(offset: int, size: int) -> bytes:
+            with fs.open(path, "rb") as f:
+                f.seek(offset)
+                return bytes(f.read(size))
+
+        return StoredTensors(read)
+
+
+def tensors_of(files: Mapping[str, bytes], name: str) -> StoredTensors:
+    """The tensors of the safetensors file ``name`` of ``files``, each read when asked for
+    (from storage for a saved checkpoint's files, else from the bytes in hand)."""
+    if isinstance(files, CheckpointFiles):
+        return files.tensors(name)
+    return StoredTensors.of_bytes(files[name])
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     step: int
     meta: dict[str, Any]
-    files: dict[str, bytes] = field(repr=False)
+    files: Mapping[str, bytes] = field(repr=False)
     url: str = ""
 
 
@@ -114,6 +164,7 @@ class CheckpointStore:
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
         self.url = redact(url)
+        self._url = url  # what the files of a loaded checkpoint are opened by
         self.keep_last = keep_last
         self._fs, root = open_url(url)
         self._dir = fsio.join(root, "checkpoints")
@@ -242,15 +293,10 @@ class CheckpointStore:
         )
 
     def _verifies(self, step: int) -> bool:
-        """The checkpoint at ``step`` matches its checksums (each file read a block at a
-        time, never held whole)."""
-        folder = self._path(step)
+        """The checkpoint at ``step`` matches its checksums."""
         try:
-            manifest = _parse_manifest(fsio.read_bytes(self._fs, fsio.join(folder, MANIFEST)), step)
-            for name, entry in manifest["files"].items():
-                _check_file_name(name)
-                _verify(name, fsio.digest_file(self._fs, fsio.join(folder, name)), entry)
-        except (FileNotFoundError, ValueError, CheckpointError):
+            self.load(step)
+        except CheckpointError:
             return False
         return True
 
@@ -260,26 +306,27 @@ class CheckpointStore:
         return [step for step in self._steps() if self._complete(self._path(step), step)]
 
     def load(self, step: int) -> Checkpoint:
-        """Load and verify one checkpoint; raises ``CheckpointError`` saying what is wrong."""
+        """Verify one checkpoint (each file checksummed a block at a time, none held whole)
+        and return it, its files read from storage when asked for; raises
+        ``CheckpointError`` saying what is wrong."""
         folder = self._path(step)
         try:
             raw = fsio.read_bytes(self._fs, fsio.join(folder, MANIFEST))
         except FileNotFoundError as err:
             raise CheckpointError("no manifest (incomplete checkpoint)") from err
         manifest = _parse_manifest(raw, step)
-        files: dict[str, bytes] = {}
         for name, entry in manifest["files"].items():
             try:
                 _check_file_name(name)
             except ValueError as err:
                 raise CheckpointError(f"manifest lists {err}") from err
             try:
-                data = fsio.read_bytes(self._fs, fsio.join(folder, name))
+                got = fsio.digest_file(self._fs, fsio.join(folder, name))
             except FileNotFoundError as err:
                 raise CheckpointError(f"file {name!r} is missing") from err
-            _verify(name, file_entry(data), entry)
-            files[name] = data
+            _verify(name, got, entry)
         meta = manifest.get("meta")
+        files = CheckpointFiles(self._url, folder_name(step), sorted(manifest["files"]))
         return Checkpoint(
             step, meta if isinstance(meta, dict) else {}, files, url_of(self._fs, folder)
         )

@@ -1,11 +1,12 @@
-"""A safetensors file written as its tensors arrive, one tensor at a time.
+"""A safetensors file written as its tensors arrive, and read back one tensor at a time.
 
 A sharded engine's checkpoint gathers each full tensor from the ranks in turn; held all at
 once, that is the whole model and AdamW's two moments in float32 on one host (131 GB of
 weights alone at 32B). A safetensors header needs only each tensor's name, dtype and shape,
 which are known before anything is gathered, so the file can be written as the tensors come
 and the writer holds one of them at a time. ``stream`` gives the file's bytes as chunks;
-``storage.checkpoints.CheckpointStore.save`` takes them as a ``Streamed`` file.
+``storage.checkpoints.CheckpointStore.save`` takes them as a ``Streamed`` file. Read back,
+``StoredTensors`` reads each tensor by its byte range when it is asked for.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ DTYPES = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
+NAMES = {name: dtype for dtype, name in DTYPES.items()}
 ALIGN = 8  # the header is padded with spaces to this (safetensors does the same)
 Chunk = bytes | memoryview
 
@@ -106,3 +108,41 @@ def stream(
     missing = [name for name, _ in expected]
     if missing:
         raise ValueError(f"the stream ended without {missing[:5]} (of {len(missing)})")
+
+
+class StoredTensors(Mapping[str, torch.Tensor]):
+    """The tensors of a safetensors file by name, each read when asked for through
+    ``read(offset, size)`` (a byte range of the file, in memory or in storage): reading a
+    checkpoint's weights this way holds one tensor at a time."""
+
+    def __init__(self, read: Callable[[int, int], bytes | memoryview]) -> None:
+        (length,) = struct.unpack("<Q", bytes(read(0, 8)))
+        try:
+            entries = json.loads(bytes(read(8, length)))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"not a safetensors file: its header is not JSON ({err})") from err
+        entries.pop("__metadata__", None)
+        self._read, self._base, self._entries = read, 8 + length, entries
+
+    @classmethod
+    def of_bytes(cls, data: bytes) -> StoredTensors:
+        view = memoryview(data)
+        return cls(lambda offset, size: view[offset : offset + size])
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        entry = self._entries[name]
+        begin, end = entry["data_offsets"]
+        dtype, shape = NAMES[entry["dtype"]], entry["shape"]
+        if end == begin:
+            return torch.empty(shape, dtype=dtype)
+        raw = bytearray(self._read(self._base + begin, end - begin))  # the tensor's own copy
+        return torch.frombuffer(raw, dtype=dtype).reshape(shape)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries  # Mapping's own would read the tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from sluice.storage.checkpoints import tensors_of
 from sluice.storage.safetensors_stream import Streamed, stream
 
 OPTIMIZER_TENSORS = "optimizer.safetensors"
@@ -84,7 +85,7 @@ def _encode(obj: Any, path: str, tensors: dict[str, Any]) -> Any:
     raise TypeError(f"cannot store a {type(obj).__name__} at {path} without pickle")
 
 
-def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     if isinstance(obj, list):
         return [_decode(v, tensors) for v in obj]
     if not isinstance(obj, dict):
@@ -123,9 +124,9 @@ def _made(leaves: dict[str, Leaf]) -> Iterator[tuple[str, torch.Tensor]]:
         yield key, leaf.make() if isinstance(leaf, Gathered) else leaf
 
 
-def files_to_state(files: dict[str, bytes], json_name: str, tensors_name: str) -> Any:
-    """The inverse of ``state_to_files``."""
-    return _decode(json.loads(files[json_name]), bytes_to_tensors(files[tensors_name]))
+def files_to_state(files: Mapping[str, bytes], json_name: str, tensors_name: str) -> Any:
+    """The inverse of ``state_to_files`` (the tensors read as the JSON names them)."""
+    return _decode(json.loads(files[json_name]), tensors_of(files, tensors_name))
 
 
 def optimizer_to_files(optimizer: torch.optim.Optimizer) -> dict[str, bytes | Streamed]:
@@ -134,7 +135,7 @@ def optimizer_to_files(optimizer: torch.optim.Optimizer) -> dict[str, bytes | St
     return streamed_state_files(optimizer.state_dict(), OPTIMIZER_JSON, OPTIMIZER_TENSORS)
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, files: dict[str, bytes]) -> None:
+def load_optimizer(optimizer: torch.optim.Optimizer, files: Mapping[str, bytes]) -> None:
     """Restore state written by ``optimizer_to_files`` into a freshly built optimizer."""
     optimizer.load_state_dict(files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS))
 
@@ -165,7 +166,7 @@ def rng_state_files() -> dict[str, bytes]:
     return {RNG_JSON: json.dumps(doc).encode(), RNG_TENSORS: tensors_to_bytes(tensors)}
 
 
-def restore_rng(files: dict[str, bytes]) -> None:
+def restore_rng(files: Mapping[str, bytes]) -> None:
     """Restore the RNG states written by ``rng_state_files``."""
     doc = json.loads(files[RNG_JSON])
     py = doc["python"]

@@ -20,10 +20,12 @@ def test_the_table_gives_the_worst_ranks_peak_above_its_base():
         "startup_peak_bytes": 550 * MIB,  # half the weights above its base
         "before_checkpoint_bytes": 600 * MIB,
         "checkpoint_peak_bytes": 900 * MIB,  # three times the weights
+        "before_resume_bytes": 900 * MIB,
+        "resume_peak_bytes": 1000 * MIB,  # the weights once
     }
     worse = {**ranks, "startup_peak_bytes": 580 * MIB}
     results = {(label, n): [ranks, worse][:n] for label, _, _ in ENGINES for n in RANKS}
     rows = table(results, weights).splitlines()
     assert len(rows) == 2 + len(ENGINES) * len(RANKS)
-    assert "| 50 MB (0.50x) | 300 MB (3.00x) |" in rows[2]  # one rank
-    assert "| 80 MB (0.80x) | 300 MB (3.00x) |" in rows[3]  # two: the worse one
+    assert "| 50 MB (0.50x) | 300 MB (3.00x) | 100 MB (1.00x) |" in rows[2]  # one rank
+    assert "| 80 MB (0.80x) | 300 MB (3.00x) | 100 MB (1.00x) |" in rows[3]  # two: the worse

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import pickle
 import weakref
 
 import numpy as np
@@ -13,8 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load
 
-from sluice.storage.checkpoints import MANIFEST, CheckpointStore, folder_name
-from sluice.storage.safetensors_stream import Streamed, stream
+from sluice.storage.checkpoints import MANIFEST, CheckpointStore, folder_name, tensors_of
+from sluice.storage.safetensors_stream import StoredTensors, Streamed, stream
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -108,3 +109,42 @@ def test_the_store_writes_a_streamed_file_and_checks_it_like_any_other(tmp_path)
     path.write_bytes(whole[:-1] + b"x")
     assert not store._verifies(2)
     assert store.load_latest().step == 1  # type: ignore[union-attr]
+
+
+def test_stored_tensors_read_only_the_header_and_the_tensor_asked_for():
+    tensors = _tensors()
+    data = b"".join(bytes(c) for c in stream(_layout(tensors), iter(tensors.items())))
+    ranges: list[tuple[int, int]] = []
+
+    def read(offset: int, size: int) -> bytes:
+        ranges.append((offset, size))
+        return data[offset : offset + size]
+
+    stored = StoredTensors(read)
+    assert set(stored) == set(tensors) and "embed.weight" in stored and len(ranges) == 2
+    assert torch.equal(stored["embed.weight"], tensors["embed.weight"])
+    assert ranges[2][1] == tensors["embed.weight"].nbytes  # that tensor's bytes alone
+    for name, tensor in tensors.items():
+        assert stored[name].dtype == tensor.dtype and torch.equal(stored[name], tensor), name
+
+
+def test_a_loaded_checkpoints_files_are_read_from_storage_when_asked_for(tmp_path):
+    """What a training pool's ranks get: the files' names and where they are, not their
+    bytes; each rank reads the tensors it needs (a pickled copy reads the same)."""
+    tensors = _tensors()
+    store = CheckpointStore((tmp_path / "run #1").as_uri())
+    store.save(
+        4,
+        {
+            "model.safetensors": Streamed(stream(_layout(tensors), iter(tensors.items()))),
+            "rng.json": b"{}",
+        },
+        {},
+    )
+    loaded = store.load_latest()
+    assert loaded is not None and set(loaded.files) == {"model.safetensors", "rng.json"}
+    files = pickle.loads(pickle.dumps(loaded.files))
+    assert len(pickle.dumps(loaded.files)) < 500  # no file's bytes travel
+    assert files["rng.json"] == b"{}"
+    stored = tensors_of(files, "model.safetensors")
+    assert torch.equal(stored["ids"], tensors["ids"]) and set(stored) == set(tensors)
