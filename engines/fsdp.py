@@ -39,7 +39,7 @@ from sluice.storage.torch_state import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
     Gathered,
-    files_to_state,
+    files_to_deferred_state,
     streamed_state_files,
 )
 
@@ -190,7 +190,8 @@ class FullyShard:
         return files, self._schedule.state_dict()
 
     def load_optimizer_state(self, files: Mapping[str, bytes], schedule: dict[str, Any]) -> None:
-        saved = files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+        # Each moment is read when its shard is cut: one full tensor at a time.
+        saved = files_to_deferred_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
         params = list(self._model.parameters())
         (group,) = saved["param_groups"]
         if len(group["params"]) != len(params):
@@ -206,7 +207,7 @@ class FullyShard:
                 self._optimizer.state.pop(param, None)
                 continue
             self._optimizer.state[param] = {
-                "step": entry["step"].detach().clone(),
-                **{k: _shard_like(param, entry[k]) for k in ADAM_MOMENTS},
+                "step": entry["step"]().detach().clone(),
+                **{k: _shard_like(param, entry[k]()) for k in ADAM_MOMENTS},
             }
         self._schedule.load_state_dict(schedule)

@@ -12,6 +12,7 @@ import json
 import random
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,7 @@ def _encode(obj: Any, path: str, tensors: dict[str, Any]) -> Any:
     raise TypeError(f"cannot store a {type(obj).__name__} at {path} without pickle")
 
 
-def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+def _decode(obj: Any, tensors: Mapping[str, Any]) -> Any:
     if isinstance(obj, list):
         return [_decode(v, tensors) for v in obj]
     if not isinstance(obj, dict):
@@ -127,6 +128,30 @@ def _made(leaves: dict[str, Leaf]) -> Iterator[tuple[str, torch.Tensor]]:
 def files_to_state(files: Mapping[str, bytes], json_name: str, tensors_name: str) -> Any:
     """The inverse of ``state_to_files`` (the tensors read as the JSON names them)."""
     return _decode(json.loads(files[json_name]), tensors_of(files, tensors_name))
+
+
+class _Deferred(Mapping[str, Callable[[], torch.Tensor]]):
+    """Each stored tensor as a call that reads it."""
+
+    def __init__(self, stored: Mapping[str, torch.Tensor]) -> None:
+        self._stored = stored
+
+    def __getitem__(self, key: str) -> Callable[[], torch.Tensor]:
+        if key not in self._stored:
+            raise KeyError(key)
+        return partial(self._stored.__getitem__, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._stored)
+
+    def __len__(self) -> int:
+        return len(self._stored)
+
+
+def files_to_deferred_state(files: Mapping[str, bytes], json_name: str, tensors_name: str) -> Any:
+    """``files_to_state`` with every tensor a call that reads it: a loader that shards each
+    tensor as it goes holds one full tensor at a time."""
+    return _decode(json.loads(files[json_name]), _Deferred(tensors_of(files, tensors_name)))
 
 
 def optimizer_to_files(optimizer: torch.optim.Optimizer) -> dict[str, bytes | Streamed]:
