@@ -75,27 +75,35 @@ def samples() -> list[Sample]:
     ]
 
 
-def samples_file(out: Path) -> Path:
+def samples_file(out: Path, rows: list[Sample]) -> Path:
     path = out / "samples.json"
-    path.write_text(json.dumps([asdict(r) for r in samples()]))
+    path.write_text(json.dumps([asdict(r) for r in rows]))
     return path
 
 
 def launch(
-    model: Path, train: TrainConfig, ranks: int, steps: int, work: Path, *extra: str
+    model: Path,
+    train: TrainConfig,
+    ranks: int,
+    steps: int,
+    work: Path,
+    *extra: str,
+    rows: list[Sample] | None = None,
 ) -> Path:
-    """``scripts/train_ranks.py`` at ``ranks`` ranks under torchrun, one thread a rank;
-    returns its output folder (metrics, checkpoint, memory records)."""
+    """``scripts/train_ranks.py`` at ``ranks`` ranks under torchrun, one thread a rank, on
+    ``rows`` (``samples()`` by default); returns its output folder (metrics, checkpoint,
+    memory records)."""
     out = Path(tempfile.mkdtemp(dir=work))
     (out / "train.json").write_text(train.model_dump_json())
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks)),
         *("--master_addr", "127.0.0.1", "--master_port", str(free_port())),
         str(ROOT / "scripts" / "train_ranks.py"),
-        *("--policy", str(model), "--samples", str(samples_file(out))),
+        *("--policy", str(model), "--samples", str(samples_file(out, rows or samples()))),
         *("--train", str(out / "train.json"), "--out", str(out), "--steps", str(steps), *extra),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     done = subprocess.run(
         command, cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )

@@ -50,6 +50,24 @@ def publish(trainer: PolicyTrainer, rank: int) -> None:
             pass
 
 
+class GpuPeaks:
+    """On a GPU, the peak bytes allocated on it in each phase, into ``memory`` as
+    ``gpu_<phase>_peak_bytes`` (``gpu_base_bytes``: allocated before the model); nothing on
+    a CPU."""
+
+    def __init__(self, memory: dict[str, int]) -> None:
+        self.memory = memory
+        self.on = torch.cuda.is_available()
+        if self.on:
+            memory["gpu_base_bytes"] = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+
+    def record(self, phase: str) -> None:
+        if self.on:
+            self.memory[f"gpu_{phase}_peak_bytes"] = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", required=True, help="model folder to start from")
@@ -62,7 +80,8 @@ def main() -> None:
         "--memory",
         action="store_true",
         help="write each rank's resident memory at start-up, in the checkpoint and in loading "
-        "it back to <out>/memory-<rank>.json (Linux: /proc/self/status)",
+        "it back to <out>/memory-<rank>.json (Linux: /proc/self/status), and on a GPU the "
+        "peak allocated on it in each of those and in the steps (gpu_*)",
     )
     args = parser.parse_args()
 
@@ -76,17 +95,25 @@ def main() -> None:
     mine = [samples[i] for i in shares(lengths, world)[rank]]
     train = TrainConfig.model_validate_json(args.train.read_text())
     memory = {"base_bytes": resident_bytes("VmRSS")}  # imports and the group, before the model
+    gpu = GpuPeaks(memory)
     trainer = build_engine(train, args.policy, args.seed)
     memory["startup_peak_bytes"] = resident_bytes("VmHWM")
+    gpu.record("startup")
     metrics, seconds = [], []
+    seen: set[str] = set()  # the dtypes the linear layers return in the steps
+    linears = [m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.add(str(out.dtype))) for m in linears]
     for _ in range(args.steps):
         publish(trainer, rank)
         start = time.perf_counter()
         metrics.append(trainer.step_batch(collate(mine, trainer.pad_id)))
         seconds.append(time.perf_counter() - start)  # the pool's: every step ends collectively
+    for hook in hooks:
+        hook.remove()
     # A session's log-prob check (a forward with no backward) may come right before a
     # checkpoint: the checkpoint must find the optimiser's state as a step left it.
     trainer.logprobs(mine)
+    gpu.record("steps")
     if args.memory:
         Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
         memory["before_checkpoint_bytes"] = resident_bytes("VmRSS")
@@ -98,6 +125,7 @@ def main() -> None:
         drain(files)
     if args.memory:
         memory["checkpoint_peak_bytes"] = resident_bytes("VmHWM")
+        gpu.record("checkpoint")
         dist.barrier()  # the checkpoint is complete
         Path("/proc/self/clear_refs").write_text("5")
         memory["before_resume_bytes"] = resident_bytes("VmRSS")
@@ -105,10 +133,18 @@ def main() -> None:
         assert saved is not None
         trainer.load_checkpoint(saved.files, saved.meta)  # read from storage, tensor by tensor
         memory["resume_peak_bytes"] = resident_bytes("VmHWM")
+        gpu.record("resume")
         (args.out / f"memory-{rank}.json").write_text(json.dumps(memory))
     if rank == 0:
         (args.out / "metrics.json").write_text(
-            json.dumps({"world_size": world, "steps": metrics, "step_s": seconds})
+            json.dumps(
+                {
+                    "world_size": world,
+                    "steps": metrics,
+                    "step_s": seconds,
+                    "linear_dtypes": sorted(seen),
+                }
+            )
         )
     dist.barrier()
 
