@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: model test-real setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -202,6 +202,11 @@ bench-startup-memory: model
 
 bench-bf16-ranks: model
 	$(PY) -m sluice.benchmarks.bf16_ranks --model models/smollm2-135m-instruct --write
+
+# On a GPU machine (make setup-gpu): each engine at one rank in bf16 on a random model of
+# Qwen2.5-0.5B's shape, GPU memory per phase and agreement (~5 minutes on an H200).
+bench-gpu-trainer: setup
+	$(PY) -m sluice.benchmarks.gpu_trainer --shape 0.5b --write
 
 bench-learning: setup
 	$(PY) -m sluice.benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write

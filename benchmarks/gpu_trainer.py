@@ -93,7 +93,9 @@ def long_samples(prompt: int, response: int) -> list[Sample]:
     ]
 
 
-def measure(shape: str, steps: int) -> dict[str, Any]:
+def measure(shape: str, steps: int, labels: list[str], path: Path, commit: str) -> None:
+    """Each engine of ``labels`` in turn, the results so far written to ``path`` after each
+    (a run cut short keeps what it measured)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-gpu-"))
     try:
@@ -103,9 +105,21 @@ def measure(shape: str, steps: int) -> dict[str, Any]:
         prompt, response = SMOKE_TOKENS if shape == "smoke" else (PROMPT_TOKENS, RESPONSE_TOKENS)
         rows = long_samples(prompt, response)
         engines: dict[str, dict[str, Any]] = {}
+        result = {
+            "shape": shape,
+            "parameters": sum(t.numel() for t in start.values()),
+            "float32_bytes": float32_bytes(model),
+            "steps": steps,
+            "tokens_per_step": ROWS * (prompt + response),
+            "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
+            "torch": torch.__version__,
+            "date": f"{datetime.now(UTC):%Y-%m-%d}",
+            "commit": commit,
+            "engines": engines,
+        }
         want: dict[str, torch.Tensor] | None = None
         want_losses: list[float] = []
-        for label, engine, stage in ENGINES:
+        for label, engine, stage in [e for e in ENGINES if e[0] in labels]:
             print(f"{label} ...", flush=True)
             # float32 on a CPU: without AVX-512 BF16 its bf16 matmuls are emulated, ~100x slower
             dtype = "bfloat16" if device == "cuda" else "float32"
@@ -128,17 +142,7 @@ def measure(shape: str, steps: int) -> dict[str, Any]:
                 "update_gap": update_gap(weights, want, start),
             }
             shutil.rmtree(out, ignore_errors=True)
-        return {
-            "shape": shape,
-            "parameters": sum(t.numel() for t in start.values()),
-            "float32_bytes": float32_bytes(model),
-            "steps": steps,
-            "tokens_per_step": ROWS * (prompt + response),
-            "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
-            "torch": torch.__version__,
-            "date": f"{datetime.now(UTC):%Y-%m-%d}",
-            "engines": engines,
-        }
+            path.write_text(json.dumps(result, indent=1))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -196,15 +200,16 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--results", type=Path, default=RESULTS, help="the results' folder")
+    labels = [label for label, _, _ in ENGINES]
+    parser.add_argument("--engines", nargs="+", choices=labels, default=labels, metavar="LABEL")
     parser.add_argument("--commit", default=None, help="the commit measured (default: git's)")
     parser.add_argument("--table-only", action="store_true", help="read --results, run nothing")
     parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md's section")
     args = parser.parse_args()
     if not args.table_only:
-        result = measure(args.shape, args.steps)
-        result["commit"] = args.commit or measured_commit()
         args.results.mkdir(parents=True, exist_ok=True)
-        (args.results / f"{args.shape}.json").write_text(json.dumps(result, indent=1))
+        path = args.results / f"{args.shape}.json"
+        measure(args.shape, args.steps, args.engines, path, args.commit or measured_commit())
     found = {p.stem: json.loads(p.read_text()) for p in args.results.glob("*.json")}
     results = [found[shape] for shape in SHAPES if shape in found]
     body = table(results)
