@@ -9,8 +9,9 @@ response), then a streamed checkpoint and its resume. Per engine: the GPU's peak
 bytes at start-up, in the steps, in the checkpoint and in the resume, against the model's
 float32 bytes (AdamW keeps float32 master weights and two float32 moments: start-up holds
 1x, a step up to 4x plus activations); the host's resident peak at start-up above its base;
-the last step's seconds; and the engine's largest loss gap and its update's gap (a fraction
-of the update's norm) to the torch engine's.
+the dtypes the linear layers returned in the steps; the last step's seconds; and the
+engine's largest loss gap and its update's gap (a fraction of the update's norm) to the
+torch engine's (the first of ``--engines`` is the reference: keep torch first).
 
 Each shape's results go to ``<--results>/<shape>.json``; ``--table-only --write`` puts every
 shape's there in BENCHMARKS.md (section "The trainer on one GPU"). On a GPU machine with the
