@@ -11,7 +11,7 @@ float32 bytes (AdamW keeps float32 master weights and two float32 moments: start
 1x, a step up to 4x plus activations); the host's resident peak at start-up above its base;
 the dtypes the linear layers returned in the steps; the last step's seconds; and the
 engine's largest loss gap and its update's gap (a fraction of the update's norm) to the
-torch engine's (the first of ``--engines`` is the reference: keep torch first).
+torch engine's (the first engine run is the reference: include torch in ``--engines``).
 
 Each shape's results go to ``<--results>/<shape>.json``; ``--table-only --write`` puts every
 shape's there in BENCHMARKS.md (section "The trainer on one GPU"). On a GPU machine with the
