@@ -59,6 +59,7 @@ SHAPES: dict[str, dict[str, int]] = {
 }  # fmt: skip
 PROMPT_TOKENS, RESPONSE_TOKENS, ROWS = 128, 896, 8
 SMOKE_TOKENS = 16, 48  # the smoke shape's rows: a CPU's time
+PHASES = ("startup", "steps", "checkpoint", "resume")  # train_ranks.py's gpu_<phase>_peak_bytes
 SETTINGS = {"lr": 1e-5, "micro_batch": 4, "threads": 4, "loss": "ppo"}
 
 
@@ -191,9 +192,6 @@ def table(results: list[dict[str, Any]]) -> str:
         "update gap to torch",
     ]
     return "\n".join(markdown_table(header, rows))
-
-
-PHASES = ("startup", "steps", "checkpoint", "resume")
 
 
 def main() -> None:
