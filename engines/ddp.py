@@ -27,6 +27,7 @@ from sluice.engines.parallel import (
     materialise,
     meta_layout,
     meta_policy,
+    storage_dtype,
 )
 from sluice.engines.ranks import rank_and_world
 from sluice.rl.config import TrainConfig
@@ -42,9 +43,10 @@ class DataParallel:
     def load(self, folder: Path, device: torch.device, train: TrainConfig) -> Any:
         """Rank 0 reads the folder; the other ranks only make room, and DDP's construction
         (``attach``) broadcasts rank 0's weights into it: one read of the folder per pool."""
+        dtype = storage_dtype(train)
         if rank_and_world()[0] == 0:
-            return load_policy(folder, device)
-        model = meta_policy(folder)
+            return load_policy(folder, device, dtype)
+        model = meta_policy(folder, dtype)
         materialise(model, device)
         # to_empty gave each module a tensor of its own: tie them again, as rank 0's loading
         # does, or the ranks would hold different parameters (DDP refuses to start).

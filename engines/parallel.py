@@ -74,7 +74,7 @@ class Parallelism(Protocol):
         ...
 
     def load(self, folder: Path, device: torch.device, train: TrainConfig) -> Any:
-        """The model folder's causal LM for this rank, float32, built so that the rank
+        """The model folder's causal LM for this rank, in ``storage_dtype``, built so that the rank
         never holds more of it than it will own: whole (one rank, or DDP's rank 0), or
         built on the meta device and filled in ``attach``."""
         ...
@@ -159,19 +159,30 @@ def clip_and_step(
     return grad_norm, lr
 
 
-def load_policy(folder: Path, device: torch.device | None) -> Any:
-    """The model folder's causal LM in float32, moved to ``device`` unless None (safetensors
-    only: a ``pytorch_model.bin`` would be unpickled)."""
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
+def load_policy(
+    folder: Path, device: torch.device | None, dtype: torch.dtype = torch.float32
+) -> Any:
+    """The model folder's causal LM in ``dtype``, moved to ``device`` unless None
+    (safetensors only: a ``pytorch_model.bin`` would be unpickled)."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
     return model if device is None else model.to(device)  # type: ignore[arg-type]
 
 
-def meta_policy(folder: Path) -> Any:
-    """The model folder's architecture in float32 with every tensor on the meta device: no
-    storage, nothing read. ``materialise`` gives it storage and its buffers."""
+def meta_policy(folder: Path, dtype: torch.dtype = torch.float32) -> Any:
+    """The model folder's architecture in ``dtype`` with every tensor on the meta device:
+    no storage, nothing read. ``materialise`` gives it storage and its buffers."""
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def storage_dtype(train: TrainConfig) -> torch.dtype:
+    """The dtype the model's weights are held in: float32 master weights for whatever the
+    optimiser steps; a LoRA run's frozen base in the run's compute dtype, since it is only
+    ever read (its float32 adapters are peft's upcast of them: ``autocast_adapter_dtype``)."""
+    if train.lora is not None and train.dtype == "bfloat16":
+        return torch.bfloat16
+    return torch.float32
 
 
 def materialise(model: Any, device: torch.device) -> None:

@@ -46,6 +46,24 @@ def test_only_the_adapters_train(tiny_policy):
     assert any(".lora_B." in k for k in moved)
 
 
+def test_a_bf16_run_holds_its_frozen_base_in_bf16_and_trains_float32_adapters(tiny_policy):
+    trainer = make_trainer(
+        str(tiny_policy), lora=LORA, dtype="bfloat16", **{**SETTINGS, "packing": True}
+    )
+    named = dict(trainer.model.named_parameters())
+    base = {k: v for k, v in named.items() if "lora_" not in k}
+    adapters = {k: v for k, v in named.items() if "lora_" in k}
+    assert {v.dtype for v in base.values()} == {torch.bfloat16}
+    assert {v.dtype for v in adapters.values()} == {torch.float32}
+    assert all(v.requires_grad for v in adapters.values())
+    frozen = {k: v.clone() for k, v in base.items()}
+    before = {k: v.clone() for k, v in trainer.state().items()}
+    metrics = step(trainer, _samples())
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert all(torch.equal(named[k], v) for k, v in frozen.items())
+    assert any(not torch.equal(v, before[k]) for k, v in trainer.state().items())
+
+
 def test_targets_the_model_lacks_are_named_with_the_models_own(tiny_policy):
     bad = LoraConfig(target_modules=["q_proj", "query_key_value"])
     with pytest.raises(ValueError, match=r"\['query_key_value'\] are not linear .*q_proj"):
