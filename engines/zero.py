@@ -46,7 +46,7 @@ from sluice.storage.safetensors_stream import Streamed
 from sluice.storage.torch_state import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
-    files_to_state,
+    files_to_deferred_state,
     streamed_state_files,
 )
 
@@ -202,7 +202,7 @@ class Zero:
         return gathered_weights(self._model) if self.sharded else cpu_copies(self.state())
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        load_weights(self._model, dict(weights))  # read once: each tensor is used twice
+        load_weights(self._model, weights)
 
     def optimizer_state(self) -> tuple[dict[str, bytes | Streamed], dict[str, Any]]:
         """AdamW's state in the torch engine's layout, each moment gathered as it is
@@ -212,6 +212,7 @@ class Zero:
         return files, self._engine.lr_scheduler.state_dict()
 
     def load_optimizer_state(self, files: Mapping[str, bytes], schedule: dict[str, Any]) -> None:
-        adamw = files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+        # Each moment is read when it is scattered: one full tensor at a time.
+        adamw = files_to_deferred_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
         scatter_adamw_state(self._model, self._zero, adamw)
         self._engine.lr_scheduler.load_state_dict(schedule)

@@ -11,7 +11,7 @@ ranks call it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -76,14 +76,33 @@ def weights_layout(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Set the model's weights and the optimiser's fp32 master copy of them."""
-    params = dict(model.named_parameters())
-    # Stage 3: every rank sees full tensors inside, rank 0's are re-partitioned on the way out.
-    with GatheredParameters(list(params.values()), modifier_rank=0):
-        model.load_state_dict(tensors, strict=True)
-    for name, param in params.items():
-        safe_set_full_fp32_param(param, tensors[name])
+def load_weights(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Set the model's weights and the optimiser's fp32 master copy of them, one parameter
+    at a time: each tensor is read from ``tensors`` when its turn comes, and under ZeRO-3
+    only that parameter is gathered (rank 0's copy re-partitioned on the way out), so no
+    rank ever holds the whole model."""
+    named = model.state_dict().keys()
+    if set(named) != set(tensors):
+        raise ValueError(
+            f"checkpoint weights {sorted(set(named) ^ set(tensors))[:5]} do not match the model"
+        )
+    for name, param in model.named_parameters():  # a tied weight once, under its first name
+        value = tensors[name]
+        shape = getattr(param, "ds_shape", param.shape)  # ZeRO-3: the whole's shape
+        if value.shape != shape:
+            raise ValueError(f"checkpoint weight {name} is {tuple(value.shape)}, not {shape}")
+        with GatheredParameters([param], modifier_rank=0), torch.no_grad():
+            param.copy_(value)
+        safe_set_full_fp32_param(param, value)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in tensors:  # a persistent buffer
+                buffer.copy_(tensors[name])
+
+
+def _read(value: Any) -> torch.Tensor:
+    """A stored tensor, or the call that reads it (``files_to_deferred_state``)."""
+    return value() if callable(value) else value
 
 
 def _hyper_parameters(base: torch.optim.Optimizer) -> dict[str, Any]:
@@ -141,7 +160,9 @@ def _ensure_adam_state(zero_optimizer: Any) -> None:
 
 
 def scatter_adamw_state(model: torch.nn.Module, zero_optimizer: Any, saved: dict[str, Any]) -> None:
-    """Load the output of ``gather_adamw_state`` (or a torch AdamW's state dict)."""
+    """Load the output of ``gather_adamw_state`` (or a torch AdamW's state dict), its
+    tensors in hand or deferred: each moment is then read as it is scattered, one full
+    tensor at a time."""
     params = list(model.parameters())
     (group,) = saved["param_groups"]
     if len(group["params"]) != len(params):
@@ -153,10 +174,11 @@ def scatter_adamw_state(model: torch.nn.Module, zero_optimizer: Any, saved: dict
         live.update({k: v for k, v in group.items() if k != "params" and k in live})
     _ensure_adam_state(zero_optimizer)
     state = saved["state"]
-    step = state[0]["step"] if state else torch.tensor(0.0)
+    step = _read(state[0]["step"]) if state else torch.tensor(0.0)
     for flat in _flat_partitions(zero_optimizer):
         base.state[flat]["step"].copy_(step)
     for index, param in enumerate(params):
         for key in ADAM_MOMENTS:
-            value = state[index][key] if state else torch.zeros_like(param)
+            value = _read(state[index][key]) if state else torch.zeros_like(param)
             set_full_state(param, value, key)
+            del value

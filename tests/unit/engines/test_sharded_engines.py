@@ -171,6 +171,28 @@ def test_checkpoint_resumes_bit_identically(policy_dir, tmp_path, stage):
     _assert_same_weights(original, fresh, atol=0, rtol=0)
 
 
+def test_a_zero3_resume_gathers_one_parameter_at_a_time(policy_dir, monkeypatch):
+    """Loading a checkpoint's weights into ZeRO-3 never gathers the whole model on a rank:
+    each parameter is gathered alone while its stored tensor is copied in."""
+    import sluice.engines.zero_state as zero_state
+
+    source = make_trainer(str(policy_dir), **SETTINGS)
+    step(source, _samples())
+    engine = make_trainer(str(policy_dir), engine="deepspeed", zero_stage=3, **SETTINGS)
+    gathered: list[int] = []
+    real = zero_state.GatheredParameters
+
+    def counted(params, *args, **kwargs):
+        gathered.append(len(params))
+        return real(params, *args, **kwargs)
+
+    monkeypatch.setattr(zero_state, "GatheredParameters", counted)
+    engine.load_checkpoint(*checkpoint(source))
+    assert gathered and set(gathered) == {1}
+    assert len(gathered) == len(list(engine.model.parameters()))
+    _assert_same_weights(source, engine, ATOL, RTOL)
+
+
 def test_a_torch_checkpoint_resumes_under_deepspeed(policy_dir):
     """Both engines store AdamW's state in one layout: a run may change engines on resume,
     and then goes on as the torch engine would (to rounding, as in the step test)."""
