@@ -161,8 +161,28 @@ def optimizer_to_files(optimizer: torch.optim.Optimizer) -> dict[str, bytes | St
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, files: Mapping[str, bytes]) -> None:
-    """Restore state written by ``optimizer_to_files`` into a freshly built optimizer."""
-    optimizer.load_state_dict(files_to_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS))
+    """Restore state written by ``optimizer_to_files``, one tensor in flight: torch's
+    ``load_state_dict`` checks the groups and sets their hyper-parameters, then each
+    parameter's state is read from storage when its turn comes, placed as torch places it
+    (its dtype and device; ``step`` as it was), and replaces what the parameter held."""
+    saved = files_to_deferred_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+    groups = saved["param_groups"]
+    optimizer.load_state_dict({"state": {}, "param_groups": groups})
+    ids = [i for group in groups for i in group["params"]]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    stray = sorted(set(saved["state"]) - set(ids), key=str)
+    if stray:
+        raise ValueError(f"optimizer state for parameters {stray[:5]} its groups do not list")
+    place = torch.optim.Optimizer._process_value_according_to_param_policy
+    for param_id, param in zip(ids, params, strict=True):
+        entry = saved["state"].get(param_id)
+        if entry is None:
+            continue
+        optimizer.state.pop(param, None)  # the old moments go before the new are read
+        optimizer.state[param] = {
+            key: place(param, value(), param_id, groups, key) if callable(value) else value
+            for key, value in entry.items()
+        }
 
 
 def _byte_tensor(state: torch.Tensor) -> torch.Tensor:

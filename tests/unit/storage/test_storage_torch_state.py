@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sluice.storage.checkpoints import CheckpointStore
+from sluice.storage.safetensors_stream import materialised
 from sluice.storage.torch_state import (
     bytes_to_tensors,
     load_optimizer,
@@ -85,6 +86,21 @@ def test_resuming_from_a_checkpoint_trains_identically(tmp_path):
     resumed = fresh_model.state_dict()
     for name, tensor in uninterrupted.items():
         assert torch.equal(resumed[name], tensor), name
+
+
+def test_loading_into_an_optimizer_that_has_stepped_replaces_its_state_exactly():
+    model, optimizer = make_model(seed=0)
+    train_step(model, optimizer)
+    files = materialised(optimizer_to_files(optimizer))
+    want = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
+    for _ in range(2):
+        train_step(model, optimizer)
+    load_optimizer(optimizer, files)
+    got = optimizer.state_dict()["state"][0]
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+    assert got["step"].dtype == torch.float32 and got["step"].device.type == "cpu"
 
 
 def test_non_tensor_non_json_optimizer_state_is_refused():
