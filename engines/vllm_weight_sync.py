@@ -6,11 +6,13 @@ there; the worker's ``reload_weights`` runs the full loading path and works on C
 it gathers each layer's tensors, processes the layer, and copies the result into the
 layer's original storage (which CUDA graphs keep pointing at).
 
-The tensors come as an iterator that the method consumes while it loads, so one bucket of
-a pulled version (``storage.params.Weights``) is read at a time. That needs vLLM in this
-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker): vLLM's in-process executor
-then calls the method with the caller's own objects; a multiprocess executor would have to
-pickle them.
+With one worker (no tensor parallelism) the tensors come as an iterator that the method
+consumes while it loads, so one bucket of a pulled version (``storage.params.Weights``) is
+read at a time: vLLM's in-process executor calls the method with the caller's own objects.
+Tensor-parallel ranks are processes of vLLM's multiprocess executor, which pickles what it
+sends them: the engine writes the version into safetensors files in shared memory and each
+rank reads them from there (``sluice_load_files``), taking its own shard of each tensor as
+vLLM's weight loaders do.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
+from safetensors import safe_open
 
 
 class WeightSyncExtension:
@@ -37,3 +40,15 @@ class WeightSyncExtension:
 
         self.reload_weights(weights_iterator=counted())  # type: ignore[attr-defined]
         return count
+
+    def sluice_load_files(self, paths: list[str]) -> int:
+        """``sluice_load_weights`` of the tensors of safetensors files, file by file and in
+        each file by name, read as they are loaded (the files are memory-mapped)."""
+
+        def read() -> Iterator[tuple[str, torch.Tensor]]:
+            for path in paths:
+                with safe_open(path, "pt") as f:
+                    for name in sorted(f.keys()):
+                        yield name, f.get_tensor(name)
+
+        return self.sluice_load_weights(read())

@@ -342,7 +342,15 @@ class RolloutConfig(_Section):
         None,
         ge=0.0,
         description="Ray GPUs per rollout actor (Ray then sets its CUDA_VISIBLE_DEVICES). "
-        "Unset: 1 when the Ray cluster has GPUs, else 0.",
+        "Unset: 1 when the Ray cluster has GPUs, else 0 (tensor_parallel_size when above 1).",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="vLLM's tensor-parallel ranks per rollout worker: the worker asks Ray for "
+        "this many GPUs and vLLM runs one process per rank on them, so a model too large for "
+        "one GPU's memory (with room for its KV cache) is served across several. Each weight "
+        "push reaches every rank through files in shared memory (/dev/shm).",
     )
     dtype: Dtype = Field(
         "auto",
@@ -403,6 +411,17 @@ class RolloutConfig(_Section):
         "is placed only on nodes that advertise them (`ray start --resources`; the "
         "infra/terraform rollout group advertises `rollout`). Empty: any node with CPUs.",
     )
+
+    @model_validator(mode="after")
+    def _a_gpu_per_tensor_parallel_rank(self) -> RolloutConfig:
+        tp, gpus = self.tensor_parallel_size, self.gpus_per_worker
+        if tp > 1 and gpus and gpus != tp:
+            raise ValueError(
+                f"rollout.gpus_per_worker {gpus} with rollout.tensor_parallel_size {tp}: a "
+                f"tensor-parallel worker runs one rank per GPU, so it asks for {tp} (leave "
+                "gpus_per_worker unset, or set it to 0 to run the ranks on CPUs)"
+            )
+        return self
 
 
 # The adapter ranks vLLM can serve (vllm.config.lora.MaxLoRARanks, vLLM 0.32): a worker's

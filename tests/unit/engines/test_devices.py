@@ -66,3 +66,23 @@ def test_the_config_takes_devices_and_refuses_gpu_in_custom_resources():
         load_config(None, ["rollout.dtype=float8"])
     with pytest.raises(ConfigError, match="gpus_per_worker"):
         load_config(None, ["rollout.resources.GPU=1"])
+
+
+def test_a_tensor_parallel_worker_asks_for_a_gpu_per_rank(monkeypatch):
+    import sluice.engines.cluster as cluster
+
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 4.0, "GPU": 4.0})
+    assert gpus_each(None, ranks=2) == 2.0 and gpus_each(None) == 1.0
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 4.0})
+    assert gpus_each(None, ranks=2) == 0.0  # a CPU cluster: the ranks run on CPU cores
+
+
+def test_the_config_refuses_a_gpu_count_other_than_the_tensor_parallel_ranks():
+    cfg = load_config(None, ["rollout.tensor_parallel_size=2"])
+    assert cfg.rollout.tensor_parallel_size == 2 and cfg.rollout.gpus_per_worker is None
+    for fine in ("2", "0"):  # one GPU a rank, or the ranks on CPUs
+        load_config(None, ["rollout.tensor_parallel_size=2", f"rollout.gpus_per_worker={fine}"])
+    with pytest.raises(ConfigError, match=r"it asks for 2 \(leave gpus_per_worker unset"):
+        load_config(None, ["rollout.tensor_parallel_size=2", "rollout.gpus_per_worker=1"])
+    with pytest.raises(ConfigError, match="tensor_parallel_size"):
+        load_config(None, ["rollout.tensor_parallel_size=0"])
