@@ -4,12 +4,15 @@ push, vLLM's log-probs of its own samples agree with the trainer's within bf16 r
 The rollout worker is a Ray actor that asks for a GPU (``rollout.gpus_per_worker`` unset:
 the local Ray instance has GPUs), so ``rollout.dtype=auto`` resolves to bfloat16 and vLLM
 runs on cuda. The trainer runs in the test process; the parameter service carries its
-weights to the worker as it does in a run.
+weights to the worker as it does in a run. With ``rollout.tensor_parallel_size=2`` (on a
+machine with two GPUs or more) the worker holds two GPUs, one vLLM rank on each, and the
+push reaches both through the hand-over files.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from sluice.engines.rollout_worker import launch_rollout_workers
@@ -45,11 +48,16 @@ def _gaps(a: list[list[float]], b: list[list[float]]) -> tuple[float, float]:
     return sum(diffs) / len(diffs), max(diffs)
 
 
-def test_bf16_weight_push_on_cuda(ray_local, tiny_policy):
+@pytest.mark.parametrize("tensor_parallel", [1, 2], ids=["one-gpu", "tensor-parallel-2"])
+def test_bf16_weight_push_on_cuda(ray_local, tiny_policy, tensor_parallel):
+    if torch.cuda.device_count() < tensor_parallel:
+        pytest.skip(f"{tensor_parallel} GPUs needed, {torch.cuda.device_count()} here")
     ray = ray_local
     params = ParameterService.create(relays=1, bucket_bytes=256 << 10)
     # A share of the device: this test process holds a CUDA context on it too.
-    rollout = RolloutConfig(kv_cache_gib=0.25, gpu_memory_utilization=0.5)
+    rollout = RolloutConfig(
+        kv_cache_gib=0.25, gpu_memory_utilization=0.5, tensor_parallel_size=tensor_parallel
+    )
     (worker,) = launch_rollout_workers(
         rollout,
         str(tiny_policy),
@@ -62,7 +70,8 @@ def test_bf16_weight_push_on_cuda(ray_local, tiny_policy):
         count=1,
     )
     try:
-        assert ray.get(worker.devices()) != "cpu"  # Ray gave the worker a GPU
+        devices = ray.get(worker.devices())
+        assert devices != "cpu" and len(devices.split(",")) == tensor_parallel  # Ray's GPUs
         trainer = make_trainer(
             str(tiny_policy),
             lr=5e-2,
