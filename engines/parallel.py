@@ -74,9 +74,9 @@ class Parallelism(Protocol):
         ...
 
     def load(self, folder: Path, device: torch.device, train: TrainConfig) -> Any:
-        """The model folder's causal LM for this rank, in ``storage_dtype``, built so that the rank
-        never holds more of it than it will own: whole (one rank, or DDP's rank 0), or
-        built on the meta device and filled in ``attach``."""
+        """The model folder's causal LM for this rank, in ``storage_dtype``, built so that
+        the rank never holds more of it than it will own: whole (one rank, or DDP's rank 0),
+        or built on the meta device and filled in ``attach``."""
         ...
 
     def attach(self, model: torch.nn.Module, opt: Optimisation, train: TrainConfig) -> Any:

@@ -98,19 +98,13 @@ def _decode(obj: Any, tensors: Mapping[str, Any]) -> Any:
     return {key: _decode(value, tensors) for key, value in obj[_ITEMS]}
 
 
-def state_to_files(state: Any, json_name: str, tensors_name: str) -> dict[str, bytes]:
-    """Any nest of dicts/lists/tuples/scalars/tensors as a JSON file plus a safetensors file."""
-    tensors: dict[str, torch.Tensor] = {}
-    tree = _encode(state, "", tensors)
-    return {json_name: json.dumps(tree).encode(), tensors_name: tensors_to_bytes(tensors)}
-
-
 def streamed_state_files(
     state: Any, json_name: str, tensors_name: str
 ) -> dict[str, bytes | Streamed]:
-    """``state_to_files``, its tensors file streamed: each ``Gathered`` leaf is made as it is
-    written and let go before the next, so no more than one is held at a time. Every rank
-    that gathers must read the stream through (``storage.safetensors_stream.drain``)."""
+    """Any nest of dicts/lists/tuples/scalars/tensors as a JSON file plus a safetensors
+    file, the latter streamed: each ``Gathered`` leaf is made as it is written and let go
+    before the next, so no more than one is held at a time. Every rank that gathers must
+    read the stream through (``storage.safetensors_stream.drain``)."""
     leaves: dict[str, Leaf] = {}
     tree = _encode(state, "", leaves)
     layout = {k: v.like if isinstance(v, Gathered) else v for k, v in leaves.items()}
@@ -123,11 +117,6 @@ def streamed_state_files(
 def _made(leaves: dict[str, Leaf]) -> Iterator[tuple[str, torch.Tensor]]:
     for key, leaf in leaves.items():
         yield key, leaf.make() if isinstance(leaf, Gathered) else leaf
-
-
-def files_to_state(files: Mapping[str, bytes], json_name: str, tensors_name: str) -> Any:
-    """The inverse of ``state_to_files`` (the tensors read as the JSON names them)."""
-    return _decode(json.loads(files[json_name]), tensors_of(files, tensors_name))
 
 
 class _Deferred(Mapping[str, Callable[[], torch.Tensor]]):
@@ -149,8 +138,8 @@ class _Deferred(Mapping[str, Callable[[], torch.Tensor]]):
 
 
 def files_to_deferred_state(files: Mapping[str, bytes], json_name: str, tensors_name: str) -> Any:
-    """``files_to_state`` with every tensor a call that reads it: a loader that shards each
-    tensor as it goes holds one full tensor at a time."""
+    """The inverse of ``streamed_state_files``, every tensor a call that reads it: a loader that
+    places or shards each tensor as it goes holds one full tensor at a time."""
     return _decode(json.loads(files[json_name]), _Deferred(tensors_of(files, tensors_name)))
 
 
@@ -162,9 +151,9 @@ def optimizer_to_files(optimizer: torch.optim.Optimizer) -> dict[str, bytes | St
 
 def load_optimizer(optimizer: torch.optim.Optimizer, files: Mapping[str, bytes]) -> None:
     """Restore state written by ``optimizer_to_files``, one tensor in flight: torch's
-    ``load_state_dict`` checks the groups and sets their hyper-parameters, then each
-    parameter's state is read from storage when its turn comes, placed as torch places it
-    (its dtype and device; ``step`` as it was), and replaces what the parameter held."""
+    ``load_state_dict`` checks the groups, sets their hyper-parameters and drops the state
+    the optimizer held, then each parameter's state is read from storage when its turn
+    comes and placed as torch places it (its dtype and device; ``step`` as it was)."""
     saved = files_to_deferred_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
     groups = saved["param_groups"]
     optimizer.load_state_dict({"state": {}, "param_groups": groups})
@@ -178,7 +167,6 @@ def load_optimizer(optimizer: torch.optim.Optimizer, files: Mapping[str, bytes])
         entry = saved["state"].get(param_id)
         if entry is None:
             continue
-        optimizer.state.pop(param, None)  # the old moments go before the new are read
         optimizer.state[param] = {
             key: place(param, value(), param_id, groups, key) if callable(value) else value
             for key, value in entry.items()
