@@ -62,7 +62,7 @@ def _engine(core: _AsyncCore) -> VLLMRolloutEngine:
         core.version += 1
 
     engine._llm = SimpleNamespace(llm_engine=core, collective_rpc=load)
-    engine._lora, engine._version = None, 0
+    engine._lora, engine._version, engine._tensor_parallel = None, 0, False
     return engine
 
 
