@@ -20,7 +20,6 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +55,11 @@ def handover_dir() -> Path:
 
 def write_handover(
     weights: NamedTensors, folder: Path, file_bytes: int = HANDOVER_FILE_BYTES
-) -> list[str]:
+) -> tuple[list[str], int]:
     """``weights`` as safetensors files in ``folder``, in the order they come, a file of
     about ``file_bytes`` at a time (only its tensors are held while it is written); returns
-    the files' paths in that order."""
+    the files' paths in that order and how many tensors they hold."""
+    from sluice.engines.parallel import meta_layout
     from sluice.storage.safetensors_stream import stream
 
     paths: list[str] = []
@@ -68,7 +68,7 @@ def write_handover(
 
     def flush() -> None:
         path = folder / f"{len(paths):05d}.safetensors"
-        layout = {k: v.to("meta") for k, v in chunk.items()}
+        layout = meta_layout(chunk)
         try:
             with path.open("wb") as f:
                 for data in stream(layout, iter(chunk.items())):
@@ -86,15 +86,17 @@ def write_handover(
             ) from error
         paths.append(str(path))
 
+    count = 0
     for name, tensor in weights:
         chunk[name] = tensor
+        count += 1
         size += tensor.numel() * tensor.element_size()
         if size >= file_bytes:
             flush()
             chunk, size = {}, 0
     if chunk:
         flush()
-    return paths
+    return paths, count
 
 
 def engine_args(
@@ -359,17 +361,9 @@ class VLLMRolloutEngine:
     def _load_through_files(self, weights: NamedTensors) -> None:
         """Every tensor-parallel rank loads the version from files in shared memory, which
         are removed once all have; each must have loaded every tensor written."""
-        written = 0
-
-        def counted() -> Iterator[tuple[str, Any]]:
-            nonlocal written
-            for pair in weights:
-                written += 1
-                yield pair
-
         folder = Path(tempfile.mkdtemp(dir=self._handover))
         try:
-            paths = write_handover(counted(), folder)
+            paths, written = write_handover(weights, folder)
             loaded = self._llm.collective_rpc("sluice_load_files", args=(paths,))
         finally:
             shutil.rmtree(folder, ignore_errors=True)

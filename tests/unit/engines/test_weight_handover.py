@@ -34,7 +34,8 @@ def _version() -> list[tuple[str, torch.Tensor]]:
 
 def test_a_version_is_cut_into_bounded_files_and_each_rank_loads_it_in_order(tmp_path):
     version = _version()
-    paths = write_handover(iter(version), tmp_path, file_bytes=1024)
+    paths, count = write_handover(iter(version), tmp_path, file_bytes=1024)
+    assert count == len(version)
     # Tensor i is 16 x (8 + i) float32, 512 + 64 i bytes: a file closes once it holds 1 KiB,
     # so two tensors a file, and the bf16 norm alone in the last.
     held = []
