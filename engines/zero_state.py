@@ -20,7 +20,7 @@ from deepspeed.runtime.zero import GatheredParameters
 from deepspeed.utils import safe_get_full_optimizer_state, safe_set_full_fp32_param
 from deepspeed.utils import safe_set_full_optimizer_state as set_full_state
 
-from sluice.storage.torch_state import Gathered
+from sluice.storage.torch_state import Gathered, read_deferred
 
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -100,11 +100,6 @@ def load_weights(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) ->
                 buffer.copy_(tensors[name])
 
 
-def _read(value: Any) -> torch.Tensor:
-    """A stored tensor, or the call that reads it (``files_to_deferred_state``)."""
-    return value() if callable(value) else value
-
-
 def _hyper_parameters(base: torch.optim.Optimizer) -> dict[str, Any]:
     group = base.param_groups[0]
     if any(g["lr"] != group["lr"] for g in base.param_groups):
@@ -174,11 +169,11 @@ def scatter_adamw_state(model: torch.nn.Module, zero_optimizer: Any, saved: dict
         live.update({k: v for k, v in group.items() if k != "params" and k in live})
     _ensure_adam_state(zero_optimizer)
     state = saved["state"]
-    step = _read(state[0]["step"]) if state else torch.tensor(0.0)
+    step = read_deferred(state[0]["step"]) if state else torch.tensor(0.0)
     for flat in _flat_partitions(zero_optimizer):
         base.state[flat]["step"].copy_(step)
     for index, param in enumerate(params):
         for key in ADAM_MOMENTS:
-            value = _read(state[index][key]) if state else torch.zeros_like(param)
+            value = read_deferred(state[index][key]) if state else torch.zeros_like(param)
             set_full_state(param, value, key)
             del value

@@ -137,6 +137,12 @@ class _Deferred(Mapping[str, Callable[[], torch.Tensor]]):
         return len(self._stored)
 
 
+def read_deferred(value: Any) -> Any:
+    """A leaf of ``files_to_deferred_state``'s state read now (a call that reads a stored
+    tensor), or the value itself (a number, or a tensor already in hand)."""
+    return value() if callable(value) else value
+
+
 def files_to_deferred_state(files: Mapping[str, bytes], json_name: str, tensors_name: str) -> Any:
     """The inverse of ``streamed_state_files``, every tensor a call that reads it: a loader that
     places or shards each tensor as it goes holds one full tensor at a time."""
