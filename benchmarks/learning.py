@@ -62,9 +62,15 @@ def slug(label: str, seed: int) -> str:
     return "".join(c if c.isalnum() else "-" for c in label).strip("-") + f"-s{seed}"
 
 
-def record_path(label: str, seed: int, steps: int, config: str = CONFIG) -> Path:
-    """One record per variant, seed and length: a 400-step run does not replace a 1,600."""
-    return records_dir(config) / f"{slug(label, seed)}-{steps}steps.json"
+def record_path(
+    label: str, seed: int, steps: int, config: str = CONFIG, train_seed: int | None = None
+) -> Path:
+    """One record per variant, seed and length: a 400-step run does not replace a 1,600.
+    A run with its own ``train_seed`` (the same starting policy, other training prompts) is
+    kept under ``draws/``, beside the grid's table, not in it."""
+    if train_seed is None:
+        return records_dir(config) / f"{slug(label, seed)}-{steps}steps.json"
+    return records_dir(config) / "draws" / f"{slug(label, seed)}-t{train_seed}-{steps}steps.json"
 
 
 def cpu_name() -> str:
@@ -96,11 +102,20 @@ def rl_seconds(logged_ms: dict[int, float], eval_s: dict[int, float]) -> dict[in
 
 
 def run_one(
-    label: str, seed: int, steps: int, root: Path, commit: str, config: str = CONFIG
+    label: str,
+    seed: int,
+    steps: int,
+    root: Path,
+    commit: str,
+    config: str = CONFIG,
+    train_seed: int | None = None,
 ) -> dict:
-    """Run one variant and seed of ``config`` at ``commit`` (the checkout's); its record."""
-    name = slug(label, seed)
+    """Run one variant and seed of ``config`` at ``commit`` (the checkout's); its record.
+    ``train_seed``: draw the training prompts by it (``env.train_seed``), not by ``seed``."""
+    name = slug(label, seed) + ("" if train_seed is None else f"-t{train_seed}")
     settings = [*VARIANTS[label], f"seed={seed}", f"train.steps={steps}", f"name={name}"]
+    if train_seed is not None:
+        settings.append(f"env.train_seed={train_seed}")
     cmd = [sys.executable, "-m", "sluice.flows.cli", "run", config]
     for setting in [*settings, f"root={root}"]:
         cmd += ["--set", setting]
@@ -128,6 +143,7 @@ def run_one(
         "config": config,
         "variant": label,
         "seed": seed,
+        **({} if train_seed is None else {"train_seed": train_seed}),
         "steps": steps,
         "heldout": {str(k): v for k, v in sorted(curve.items())},
         "rl_seconds": {str(k): v for k, v in rl_seconds(logged, eval_s).items()},
@@ -215,6 +231,11 @@ def main() -> None:
         choices=list(VARIANTS),
         help=f"default: {', '.join(DEFAULT_VARIANTS)} for {CONFIG}, else as configured",
     )
+    parser.add_argument(
+        "--train-seed",
+        type=int,
+        help="draw the training prompts by this seed (same starting policy); kept under draws/",
+    )
     parser.add_argument("--root", type=Path, default=ROOT / "runs" / "bench-learning")
     parser.add_argument("--write", action="store_true", help="write docs/results.md's table")
     parser.add_argument(
@@ -225,18 +246,20 @@ def main() -> None:
     if changed:  # a record names the commit it measured: that must be the code that ran
         raise SystemExit(f"commit these first, the records name a commit: {', '.join(changed)}")
     variants = args.variants or (DEFAULT_VARIANTS if args.config == CONFIG else ["as configured"])
-    records_dir(args.config).mkdir(parents=True, exist_ok=True)
+    if args.train_seed is not None and args.write:
+        raise SystemExit("--write writes the grid's table; draws (--train-seed) are not in it")
     commit = measured_commit()
     for seed in [] if args.table_only else args.seeds:  # a seed's variants side by side
         for label in variants:
-            path = record_path(label, seed, args.steps, args.config)
+            path = record_path(label, seed, args.steps, args.config, args.train_seed)
             if path.exists():
                 old = json.loads(path.read_text())
                 if old["commit"] == commit and old["steps"] == args.steps:
                     print(f"{label}, seed {seed}: already measured at {commit}")
                     continue
             root = args.root / commit
-            record = run_one(label, seed, args.steps, root, commit, args.config)
+            record = run_one(label, seed, args.steps, root, commit, args.config, args.train_seed)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record, indent=1) + "\n")
     body = table(load_records(args.config), args.steps, args.config)
     print(body)

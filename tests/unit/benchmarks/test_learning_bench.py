@@ -42,6 +42,11 @@ def test_run_names_are_folder_safe():
     assert record_path("one_step", 0, 1600).name == "one-step-s0-1600steps.json"
 
 
+def test_other_prompt_draws_are_kept_apart_from_the_grid():
+    draw = record_path("one_step", 0, 1600, train_seed=2)
+    assert (draw.parent.name, draw.name) == ("draws", "one-step-s0-t2-1600steps.json")
+
+
 def test_rl_seconds_leave_out_the_evaluations():
     logged = {0: 10_000.0, 10: 80_000.0, 20: 150_000.0}  # ms, when each accuracy was logged
     spent = {0: 9.0, 10: 10.0, 20: 10.0}  # each evaluation's own seconds
