@@ -39,7 +39,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from sluice.flows.runtime import use_credentials_block
-from sluice.rl.config import build_config
+from sluice.rl.config import build_config, cautions
 from sluice.storage.layout import RunLayout
 from sluice.tasks.job import (
     Job,
@@ -107,6 +107,8 @@ def rl_job(config: dict[str, Any], resume: bool | None = None) -> dict[str, Any]
     run is a retry (a retried flow run picks up where the failed one stopped).
     """
     cfg = build_config(config)
+    for caution in cautions(cfg):
+        log.warning("config: %s", caution)
     layout = RunLayout(cfg.run_dir, cfg.cache_dir).create()
     if cfg.storage.credentials_block:
         use_credentials_block(cfg.storage.credentials_block)

@@ -4,7 +4,7 @@ from typing import get_args
 
 import pytest
 
-from sluice.rl.config import MOVED, ConfigError, RunConfig, TrainConfig, load_config
+from sluice.rl.config import MOVED, ConfigError, RunConfig, TrainConfig, cautions, load_config
 from sluice.rl.losses import LOSS_NAMES
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
@@ -203,3 +203,12 @@ def test_set_values_are_taken_as_written(assignment: str, value: object) -> None
     cfg = load_config(None, [assignment])
     got = getattr(getattr(cfg, section), field) if section else getattr(cfg, field)
     assert got == value
+
+
+def test_a_learning_rate_the_tiny_policy_collapses_at_is_cautioned(tmp_path):
+    assert cautions(load_config(None)) == []
+    (line,) = cautions(load_config(None, ["train.lr=1e-3"]))
+    assert line.startswith("train.lr 0.001: the tiny policy collapsed at 0.0003")
+    folder = tmp_path / "policy"  # a real model's rate is its own business
+    assert cautions(load_config(None, ["train.lr=1e-3", f"policy.path={folder}"])) == []
+    assert cautions(load_config(None, ["train.lr=1e-3", "train.lora={}"])) == []
