@@ -8,7 +8,8 @@ how many cores each run really got, so the table can show it beside the throughp
 A background thread reads ``/proc/<pid>/stat`` (user + system time) of the root process
 and every process below it every ``SAMPLE_EVERY_S`` seconds and keeps the last value seen
 per process, so a process that exits still counts up to its last sample. Linux only.
-``resident_bytes`` reads this process's resident memory from the same place.
+``resident_bytes`` reads this process's resident memory from the same place, and
+``ResidentKinds`` samples its anonymous and file-backed parts while a phase runs.
 """
 
 from __future__ import annotations
@@ -105,3 +106,47 @@ def resident_bytes(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def resident_kinds() -> dict[str, int]:
+    """This process's resident bytes now by kind: ``anon`` (its heap: tensors, buffers),
+    ``file`` (mapped files' pages: libraries, safetensors read by mmap) and ``shmem``."""
+    found = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        for kind in ("Anon", "File", "Shmem"):
+            if line.startswith(f"Rss{kind}:"):
+                found[kind.lower()] = int(line.split()[1]) * 1024
+    return found
+
+
+class ResidentKinds:
+    """The peak of each kind of this process's resident memory (``resident_kinds``) while a
+    phase runs, sampled by a thread every ``every_s``: what a ``VmHWM`` peak was made of.
+    A peak shorter than the interval can be missed; the kernel's ``VmHWM`` cannot."""
+
+    def __init__(self, every_s: float = 0.002) -> None:
+        self.every_s = every_s
+        self.peaks: dict[str, int] = {}
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> ResidentKinds:
+        self.peaks = resident_kinds()
+        self._done.clear()
+        self._thread = threading.Thread(target=self._run, name="resident-kinds", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        assert self._thread is not None
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        for kind, now in resident_kinds().items():
+            self.peaks[kind] = max(self.peaks.get(kind, 0), now)

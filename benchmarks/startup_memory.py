@@ -9,7 +9,9 @@ their files, each tensor gathered as it is written, and the other ranks take par
 its peak while every rank loads that checkpoint back, reading it from storage. The
 table gives each peak above what the rank held before, against the model's float32 bytes:
 a rank that loads the whole model and then keeps its shard shows about 1.0 at start-up; one
-that materialises only its shard, about 1/ranks. ``--write`` puts it in BENCHMARKS.md
+that materialises only its shard, about 1/ranks. The start-up peak is split into the heap
+(tensors, buffers) and mapped files' pages (libraries, safetensors read by mmap: shared and
+reclaimable), so a peak over target says which it is. ``--write`` puts it in BENCHMARKS.md
 (section "Trainer memory at start-up").
 
     .venv/bin/python -m sluice.benchmarks.startup_memory \\
@@ -119,29 +121,52 @@ def run(model: Path, engine: str, stage: int, ranks: int, work: Path) -> list[di
     return [json.loads((out / f"memory-{r}.json").read_text()) for r in range(ranks)]
 
 
+def _worst(per_rank: list[dict[str, int]], peak: str, before: str) -> dict[str, int]:
+    """The rank whose ``peak`` rose most above ``before``."""
+    return max(per_rank, key=lambda m: m[peak] - m[before])
+
+
+def _mb(b: int, weights: int) -> str:
+    return f"{b / MIB:,.0f} MB ({b / weights:.2f}x)"
+
+
 def table(results: dict[tuple[str, int], list[dict[str, int]]], weights: int) -> str:
+    """Per engine and rank count, each phase's peak above what the worst rank held before
+    it; at start-up also the heap (anonymous) and mapped-file parts of that peak and the heap
+    the rank keeps once built, where the records have them."""
     rows = []
     for label, _, _ in ENGINES:
         for ranks in RANKS:
             per_rank = results[(label, ranks)]
-            startup = max(m["startup_peak_bytes"] - m["base_bytes"] for m in per_rank)
-            ckpt = max(m["checkpoint_peak_bytes"] - m["before_checkpoint_bytes"] for m in per_rank)
-            back = max(m["resume_peak_bytes"] - m["before_resume_bytes"] for m in per_rank)
-            rows.append(
-                [
-                    label,
-                    str(ranks),
-                    *(f"{b / MIB:,.0f} MB ({b / weights:.2f}x)" for b in (startup, ckpt, back)),
-                ]
-            )
+            cells = []
+            for phase, before in (
+                ("startup", "base"),
+                ("checkpoint", "before_checkpoint"),
+                ("resume", "before_resume"),
+            ):
+                m = _worst(per_rank, f"{phase}_peak_bytes", f"{before}_bytes")
+                cells.append(_mb(m[f"{phase}_peak_bytes"] - m[f"{before}_bytes"], weights))
+                if phase == "startup":
+                    cells.append(_split(m, weights))
+            rows.append([label, str(ranks), *cells])
     header = [
         "engine",
         "ranks",
         "start-up peak above base, worst rank",
+        "of it heap / mapped files; heap kept",
         "checkpoint peak above before, worst rank",
         "resume peak above before, worst rank",
     ]
     return "\n".join(markdown_table(header, rows))
+
+
+def _split(m: dict[str, int], weights: int) -> str:
+    if "startup_peak_anon_bytes" not in m:
+        return "-"
+    heap = m["startup_peak_anon_bytes"] - m["base_anon_bytes"]
+    mapped = m["startup_peak_file_bytes"] - m["base_file_bytes"]
+    kept = m["after_startup_anon_bytes"] - m["base_anon_bytes"]
+    return f"{heap / weights:.2f}x / {mapped / weights:.2f}x; {kept / weights:.2f}x"
 
 
 def main() -> None:
@@ -167,7 +192,10 @@ def main() -> None:
             "Resident memory of each rank (`/proc/self/status`), above what it held before: "
             "at start-up (the model loaded, sharded and wrapped, AdamW built) and while "
             "the checkpoint is written after one step (streamed: each tensor gathered as it "
-            "is written), and while it is loaded back from storage. "
+            "is written), and while it is loaded back from storage. The start-up peak's "
+            "parts: the peak of the heap (`RssAnon`) and of mapped files' pages (`RssFile`: "
+            "libraries, safetensors read by mmap) above the base, sampled every 2 ms, and the "
+            "heap the rank still holds once built. "
             "`.venv/bin/python -m sluice.benchmarks.startup_memory --model "
             f"{args.model} --write`."
         )

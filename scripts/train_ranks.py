@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from sluice.benchmarks.cpu_meter import resident_bytes
+from sluice.benchmarks.cpu_meter import ResidentKinds, resident_bytes, resident_kinds
 from sluice.engines.ranks import Rendezvous, join, shares
 from sluice.engines.trainer_core import PolicyTrainer, build_engine
 from sluice.rl.batching import Sample, collate
@@ -68,6 +68,11 @@ class GpuPeaks:
             torch.cuda.reset_peak_memory_stats()
 
 
+def kinds(phase: str, found: dict[str, int]) -> dict[str, int]:
+    """``found`` (bytes by kind of resident memory) as ``<phase>_<kind>_bytes`` entries."""
+    return {f"{phase}_{kind}_bytes": value for kind, value in found.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", required=True, help="model folder to start from")
@@ -95,9 +100,12 @@ def main() -> None:
     mine = [samples[i] for i in shares(lengths, world)[rank]]
     train = TrainConfig.model_validate_json(args.train.read_text())
     memory = {"base_bytes": resident_bytes("VmRSS")}  # imports and the group, before the model
+    memory |= kinds("base", resident_kinds())
     gpu = GpuPeaks(memory)
-    trainer = build_engine(train, args.policy, args.seed)
+    with ResidentKinds() as startup:
+        trainer = build_engine(train, args.policy, args.seed)
     memory["startup_peak_bytes"] = resident_bytes("VmHWM")
+    memory |= kinds("startup_peak", startup.peaks) | kinds("after_startup", resident_kinds())
     gpu.record("startup")
     metrics, seconds = [], []
     seen: set[str] = set()  # the dtypes the linear layers return in the steps
@@ -117,22 +125,28 @@ def main() -> None:
     if args.memory:
         Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
         memory["before_checkpoint_bytes"] = resident_bytes("VmRSS")
+        memory |= kinds("before_checkpoint", resident_kinds())
     files, counters = trainer.checkpoint_files()
     args.out.mkdir(parents=True, exist_ok=True)
-    if rank == 0:  # streamed: each tensor gathered (by every rank) as it is written
-        CheckpointStore(args.out.resolve().as_uri()).save(args.steps, files, counters)
-    else:
-        drain(files)
+    with ResidentKinds() as writing:
+        if rank == 0:  # streamed: each tensor gathered (by every rank) as it is written
+            CheckpointStore(args.out.resolve().as_uri()).save(args.steps, files, counters)
+        else:
+            drain(files)
     if args.memory:
         memory["checkpoint_peak_bytes"] = resident_bytes("VmHWM")
+        memory |= kinds("checkpoint_peak", writing.peaks)
         gpu.record("checkpoint")
         dist.barrier()  # the checkpoint is complete
         Path("/proc/self/clear_refs").write_text("5")
         memory["before_resume_bytes"] = resident_bytes("VmRSS")
+        memory |= kinds("before_resume", resident_kinds())
         saved = CheckpointStore(args.out.resolve().as_uri()).load_latest()
         assert saved is not None
-        trainer.load_checkpoint(saved.files, saved.meta)  # read from storage, tensor by tensor
+        with ResidentKinds() as loading:  # read from storage, tensor by tensor
+            trainer.load_checkpoint(saved.files, saved.meta)
         memory["resume_peak_bytes"] = resident_bytes("VmHWM")
+        memory |= kinds("resume_peak", loading.peaks)
         gpu.record("resume")
         (args.out / f"memory-{rank}.json").write_text(json.dumps(memory))
     if rank == 0:
