@@ -513,8 +513,8 @@ class TrainConfig(_Section):
     lr: float = Field(
         1e-4,
         gt=0.0,
-        description=f"AdamW learning rate. {TINY_POLICY_LR_LIMIT:g} and above collapsed the tiny "
-        "policy's entropy and lost held-out accuracy.",
+        description="AdamW learning rate. 3e-4 and above collapsed the tiny policy's entropy "
+        "and lost held-out accuracy (a run warns at start).",
     )
     warmup_steps: int = Field(
         10,
