@@ -272,12 +272,21 @@ def evaluate(
     ] = None,
     debug: DebugOption = False,
 ) -> None:
-    """Held-out accuracy of a policy (a folder or a registered model version); with
-    eval.k > 1 also mean@k and pass@k at eval.temperature."""
+    """Held-out accuracy of a policy (a folder, a registered model version, or else the
+    config's policy.path); with eval.k > 1 also mean@k and pass@k at eval.temperature."""
     _setup_logging(debug)
-    if (model is None) == (policy is None):
-        _fail("give exactly one of --model NAME@ALIAS and --policy FOLDER", debug, ValueError())
+    if model is not None and policy is not None:
+        _fail("give one of --model NAME@ALIAS and --policy FOLDER, not both", debug, ValueError())
     cfg = _load(config, set_ or [], debug)
+    if model is None and policy is None:
+        if not cfg.policy.path:
+            _fail(
+                "give --model NAME@ALIAS or --policy FOLDER: the config names no policy.path "
+                "to evaluate",
+                debug,
+                ValueError(),
+            )
+        policy = Path(cfg.policy.path)
     from sluice.flows.runtime import configure_process
 
     configure_process(RunLayout(cfg.run_dir, cfg.cache_dir))

@@ -51,3 +51,17 @@ def test_an_error_raised_in_an_actor_is_named_by_its_own_exception() -> None:
     assert described.startswith("OSError in ")
     assert described.endswith(": injected fault at checkpoint.write")
     assert describe(ValueError("bad\nsecond")) == "ValueError: bad"
+
+
+def test_eval_evaluates_the_configs_policy_folder_or_says_what_to_give(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from sluice.flows.cli import app
+
+    root = f"root={tmp_path}"
+    both = CliRunner().invoke(app, ["eval", "--model", "m@champion", "--policy", "p"])
+    assert both.exit_code == 2 and "not both" in both.output
+    # The default config builds its own policy: there is no folder to fall back on.
+    neither = CliRunner().invoke(app, ["eval", "--set", root])
+    assert neither.exit_code == 2
+    assert "the config names no policy.path" in neither.output
