@@ -12,10 +12,13 @@ for. With ``tools`` in the request, the first call renders them into the prompt 
 template does) and a reply's Hermes tool calls come back as ``tool_calls``. One call at a
 time per session (a second one meanwhile is refused with 409); an
 unknown or closed session is 404; a call that cannot continue its session is 400 and fails
-the episode; streaming and ``n > 1`` are refused. The run samples at its own temperature
-(``rollout.temperature``; greedy in held-out evaluation), whatever a request asks: the
-trainer's log-prob ratios assume the sampler's. The server runs on threads of its own,
-one per call, and stops with ``close``.
+the episode. ``stream: true`` gets the same reply as server-sent events (OpenAI's
+``chat.completion.chunk`` objects, the reply's text in one delta once the engine has
+generated it, then ``[DONE]``; usage last with ``stream_options.include_usage``): the
+session's tokens are the same either way. ``n > 1`` is refused. The run samples at its
+own temperature (``rollout.temperature``; greedy in held-out evaluation), whatever a
+request asks: the trainer's log-prob ratios assume the sampler's. The server runs on
+threads of its own, one per call, and stops with ``close``.
 """
 
 from __future__ import annotations
@@ -120,15 +123,21 @@ class ChatEndpoint:
 
     def _post(self, handler: BaseHTTPRequestHandler) -> None:
         try:
-            status, body = 200, self._complete(handler)
+            request, completion = self._complete(handler)
         except _Refused as refused:
-            status, body = refused.status, _error(str(refused))
+            _reply(handler, refused.status, _error(str(refused)))
         except Exception as error:  # a bug here must not leave the agent waiting
             log.exception("chat endpoint call failed")
-            status, body = 500, _error(f"{type(error).__name__}: {error}")
-        _reply(handler, status, body)
+            _reply(handler, 500, _error(f"{type(error).__name__}: {error}"))
+        else:
+            if request.get("stream"):
+                usage = bool((request.get("stream_options") or {}).get("include_usage"))
+                _stream(handler, chunks(completion, usage))
+            else:
+                _reply(handler, 200, completion)
 
-    def _complete(self, handler: BaseHTTPRequestHandler) -> dict[str, Any]:
+    def _complete(self, handler: BaseHTTPRequestHandler) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The request and its completion."""
         match = _PATH.match(handler.path.split("?", 1)[0])
         if match is None:
             raise _Refused(404, f"no such path {handler.path!r}; POST .../v1/chat/completions")
@@ -137,8 +146,6 @@ class ChatEndpoint:
         if session is None:
             raise _Refused(404, f"no open session {session_id!r}: use your episode's base URL")
         request = _body(handler)
-        if request.get("stream"):
-            raise _Refused(400, "streaming is not supported; call without stream")
         if request.get("n", 1) != 1:
             raise _Refused(400, "n must be 1")
         max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
@@ -146,7 +153,7 @@ class ChatEndpoint:
         if not session.lock.acquire(blocking=False):
             raise _Refused(409, f"session {session_id} has a call running; one at a time")
         try:
-            return self._call(session, request, max_tokens)
+            return request, self._call(session, request, max_tokens)
         finally:
             session.lock.release()
 
@@ -206,6 +213,54 @@ class ChatEndpoint:
             },
             "sluice": {"session": session.session_id, "version": got.version},
         }
+
+
+def chunks(completion: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
+    """A completion as the ``chat.completion.chunk`` objects a streamed call gets: the
+    role, then the content (and tool calls, each with its ``index``) with the log-probs,
+    then the finish reason with Sluice's token ids and version, then the usage if asked."""
+    (choice,) = completion["choices"]
+    message = choice["message"]
+    head = {k: completion[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+
+    def chunk(choice: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+        return {**head, "choices": [] if choice is None else [{"index": 0, **choice}], **extra}
+
+    delta: dict[str, Any] = {}
+    if message["content"] is not None:
+        delta["content"] = message["content"]
+    if "tool_calls" in message:
+        delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
+    body = {"delta": delta, "finish_reason": None}
+    if "logprobs" in choice:
+        body["logprobs"] = choice["logprobs"]
+    out = [
+        chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None}),
+        chunk(body),
+        chunk(
+            {
+                "delta": {},
+                "finish_reason": choice["finish_reason"],
+                "token_ids": choice["token_ids"],
+            },
+            sluice=completion["sluice"],
+        ),
+    ]
+    if usage:
+        out.append(chunk(None, usage=completion["usage"]))
+    return out
+
+
+def _stream(handler: BaseHTTPRequestHandler, events: list[dict[str, Any]]) -> None:
+    """Server-sent events, then ``[DONE]``; the connection's close ends the body (HTTP/1.0)."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Cache-Control", "no-cache")
+    handler.end_headers()
+    for event in events:
+        handler.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+    handler.wfile.write(b"data: [DONE]\n\n")
 
 
 def _body(handler: BaseHTTPRequestHandler) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""Agents written against the ``openai`` client, plain or through the OpenAI Agents SDK,
-play episodes through a rollout worker's chat endpoint, on vLLM with a chat model (the test
-BPE folder): the trajectory is exactly the template's rendering of the first messages, then
-per call what vLLM sampled and the template's text for the new messages, tokenized once. An
-agent that uses another session or never calls fails its episode with the reason."""
+"""Agents written against the ``openai`` client, plain, streamed or through the OpenAI
+Agents SDK, play episodes through a rollout worker's chat endpoint, on vLLM with a chat
+model (the test BPE folder): the trajectory is exactly the template's rendering of the first
+messages, then per call what vLLM sampled and the template's text for the new messages,
+tokenized once. An agent that uses another session or never calls fails its episode with the
+reason."""
 
 from __future__ import annotations
 
@@ -36,8 +37,12 @@ def worker_with(agent: str, bpe_policy: Path) -> RolloutWorker:
 
 @pytest.mark.parametrize(
     ("agent", "system"),
-    [("two_turns", []), ("agents_sdk", [{"role": "system", "content": "Add the numbers."}])],
-    ids=["openai-client", "agents-sdk"],
+    [
+        ("two_turns", []),
+        ("streamed_two_turns", []),
+        ("agents_sdk", [{"role": "system", "content": "Add the numbers."}]),
+    ],
+    ids=["openai-client", "openai-client-streamed", "agents-sdk"],
 )
 def test_an_openai_client_agent_plays_token_exact_episodes(
     in_process_vllm, bpe_policy, agent, system

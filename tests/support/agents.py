@@ -59,6 +59,26 @@ async def two_turns(base_url: str, prompt: str, answer: str) -> dict:
     return {"reward": float(correct), "correct": correct, "calls": 2}
 
 
+async def streamed_two_turns(base_url: str, prompt: str, answer: str) -> dict:
+    """``two_turns`` with its first reply streamed, read as streaming clients read it: the
+    deltas' text joined."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="sluice", max_retries=0)
+    messages = [{"role": "user", "content": prompt}]
+    stream = await client.chat.completions.create(
+        model="policy", messages=messages, max_tokens=6, stream=True
+    )
+    reply = "".join([e.choices[0].delta.content or "" async for e in stream if e.choices])
+    messages += [
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "and the answer is"},
+    ]
+    second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    correct = answer in second.choices[0].message.content
+    return {"reward": float(correct), "correct": correct, "calls": 2}
+
+
 async def someone_elses_session(base_url: str, prompt: str) -> float:
     from openai import AsyncOpenAI
 

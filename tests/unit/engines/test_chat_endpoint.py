@@ -77,8 +77,8 @@ def test_bad_calls_get_errors_and_a_rewritten_history_fails_the_session(served):
         openai.OpenAI(base_url=endpoint.base_url("nobody"), api_key="x").chat.completions.create(
             model="any", messages=messages
         )
-    with pytest.raises(openai.BadRequestError, match="streaming"):
-        client.chat.completions.create(model="any", messages=messages, stream=True)
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        client.chat.completions.create(model="any", messages=messages, n=2)
     client.chat.completions.create(model="any", messages=messages)
     rewritten = [{"role": "user", "content": "hello"}, {"role": "user", "content": "again"}]
     with pytest.raises(openai.BadRequestError, match="do not continue this session"):
@@ -87,6 +87,37 @@ def test_bad_calls_get_errors_and_a_rewritten_history_fails_the_session(served):
     sessions.close("s2")
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="any", messages=messages)
+
+
+def test_a_streamed_call_gets_the_same_reply_and_the_session_the_same_tokens(served):
+    endpoint, sessions, _, _, sampled = served
+    streamed, plain = sessions.open("st", PROBLEM), sessions.open("pl", PROBLEM)
+    messages = [{"role": "user", "content": PROBLEM.prompt}]
+    client = openai.OpenAI(base_url=endpoint.base_url("st"), api_key="none")
+    events = list(
+        client.chat.completions.create(
+            model="any",
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            logprobs=True,
+        )
+    )
+    assert all(e.object == "chat.completion.chunk" for e in events)
+    assert events[0].choices[0].delta.role == "assistant"
+    assert "".join(e.choices[0].delta.content or "" for e in events if e.choices) == (
+        "The sum is 5"
+    )
+    finished = [e.choices[0].finish_reason for e in events if e.choices]
+    assert finished == [None, None, "stop"]
+    assert len(events[1].choices[0].logprobs.content) == len(sampled)
+    assert events[-1].usage.completion_tokens == len(sampled)
+    assert events[2].model_extra["sluice"] == {"session": "st", "version": 3}
+    openai.OpenAI(base_url=endpoint.base_url("pl"), api_key="none").chat.completions.create(
+        model="any", messages=messages
+    )
+    assert streamed.token_ids == plain.token_ids == sampled
+    assert streamed.prompt_ids == plain.prompt_ids and streamed.marks == plain.marks
 
 
 def test_tool_calls_come_back_in_the_openai_form_and_a_tool_result_continues(bpe_policy):
@@ -118,6 +149,17 @@ def test_tool_calls_come_back_in_the_openai_form_and_a_tool_result_continues(bpe
             {"role": "tool", "tool_call_id": tool_call.id, "content": "42"},
         ]
         client.chat.completions.create(model="any", messages=messages, tools=tools)
+        sessions.open("t2", PROBLEM)  # streamed: the same call in the delta, with its index
+        streamed = openai.OpenAI(base_url=endpoint.base_url("t2"), api_key="none")
+        events = list(
+            streamed.chat.completions.create(
+                model="any", messages=messages[:1], tools=tools, stream=True
+            )
+        )
+        (delta_call,) = events[1].choices[0].delta.tool_calls
+        assert (delta_call.index, delta_call.function.name) == (0, "calculator")
+        assert delta_call.function.arguments == tool_call.function.arguments
+        assert events[2].choices[0].finish_reason == "tool_calls"
     finally:
         endpoint.close()
     added = tokenizer(
