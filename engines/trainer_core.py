@@ -25,6 +25,7 @@ from typing import Any
 import fsspec
 import torch
 
+from sluice.engines.heap import returned_heap
 from sluice.engines.lora import (
     ADAPTER_FILE,
     adapter_state,
@@ -181,34 +182,35 @@ class PolicyTrainer:
         # Master weights stay float32; bfloat16 runs the forward passes in autocast (and
         # the strategy's own mixed precision, where it has one).
         self._autocast = AUTOCAST[train.dtype]
-        # A transformers causal LM, or peft's wrapper of one under LoRA; each rank holds only
-        # what it will own (engines/parallel.py: Parallelism.load).
         self.parallel = parallel
-        self.model = parallel.load(self._model_dir, self.device, train)
         self.lora = train.lora
-        if self.lora is not None:  # base weights frozen; only the adapters train
-            self.model = attach(self.model, self.lora, str(self._model_dir))
-        self.model.train()
-        self._pad_id = int(self.model.config.pad_token_id or 0)
         # The policy is softmax(logits / temperature): the distribution rollouts sample from.
         self._temperature = temperature
         # Called right before the weights change in place: a weight publish may still be
         # copying them (storage.params: ParameterService.wait_snapshot).
         self.before_update = before_update
         self._version = 0
-        # What the forward pass calls: the model, or the strategy's wrapper of it. From
-        # here every rank holds its weights.
-        self._network: Callable[..., Any] = parallel.attach(
-            self.model, Optimisation.of(train), train
-        )
         # This rank's place in the training pool's group (0 of 1 outside one).
         self._rank, self._world = rank_and_world()
-        # The vocabulary projection, applied outside the model's forward to the trained
-        # positions alone, a chunk at a time (None: the model's logits are used whole).
-        self._head = OutputHead.of(self.model, self.device)
-        if train.packing:
-            check_packing(self.model, self.device)
-        parallel.settle()
+        with returned_heap():  # what loading and the checks free goes back (engines/heap.py)
+            # A transformers causal LM, or peft's wrapper of one under LoRA; each rank holds
+            # only what it will own (engines/parallel.py: Parallelism.load).
+            self.model = parallel.load(self._model_dir, self.device, train)
+            if self.lora is not None:  # base weights frozen; only the adapters train
+                self.model = attach(self.model, self.lora, str(self._model_dir))
+            self.model.train()
+            self._pad_id = int(self.model.config.pad_token_id or 0)
+            # What the forward pass calls: the model, or the strategy's wrapper of it. From
+            # here every rank holds its weights.
+            self._network: Callable[..., Any] = parallel.attach(
+                self.model, Optimisation.of(train), train
+            )
+            # The vocabulary projection, applied outside the model's forward to the trained
+            # positions alone, a chunk at a time (None: the model's logits are used whole).
+            self._head = OutputHead.of(self.model, self.device)
+            if train.packing:
+                check_packing(self.model, self.device)
+            parallel.settle()
 
     def version(self) -> int:
         return self._version
