@@ -47,6 +47,7 @@ class Optimisation:
             train.warmup_steps,
             (train.betas[0], train.betas[1]),
             train.weight_decay,
+            train.adam_eps,
         )
 
     def warmup(self) -> Callable[[int], float]:

@@ -547,6 +547,13 @@ class TrainConfig(_Section):
         "its square forget; each in [0, 1).",
     )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW's decoupled weight decay.")
+    adam_eps: float = Field(
+        1e-8,
+        gt=0.0,
+        description="AdamW's epsilon, added to the root of its squared-gradient average. A "
+        "gradient much smaller than it moves its weight by less than the learning rate; one "
+        "much larger moves it by about the rate whatever its size.",
+    )
     scale_adv_by_std: bool = Field(
         True, description="GRPO's std scaling of advantages (False: Dr. GRPO, centred only)."
     )

@@ -21,7 +21,18 @@ from sluice.storage.torch_state import restore_rng, rng_state_files
 from tests.support.trainers import make_trainer, step
 
 BF16_ATOL = 0.05
-SETTINGS = {"lr": 1e-2, "clip_eps": 0.2, "grad_clip": 1.0, "micro_batch": 2, "threads": 1}
+# adam_eps: AdamW's first update is lr * g / (|g| + eps), about lr * sign(g) at torch's
+# 1e-8, so a gradient within rounding of zero flips its weight's update between two engines
+# that agree to rounding (seen on AVX-512: 4e-3 of the update's norm). At 1e-5 an update is
+# continuous in the gradients, and the comparisons measure the engines, not that sign.
+SETTINGS = {
+    "lr": 1e-2,
+    "clip_eps": 0.2,
+    "grad_clip": 1.0,
+    "micro_batch": 2,
+    "adam_eps": 1e-5,
+    "threads": 1,
+}
 
 
 def _samples() -> list[Sample]:
@@ -94,13 +105,15 @@ def test_deepspeed_runs_bf16_on_gloo_here_and_saves_cpu_weights(tiny_policy, sta
 
 # Every engine's bf16 step against the torch engine's, from the same weights on one batch:
 # ZeRO runs torch's autocast (measured on the tiny policy at lr 1e-3: the same loss, update
-# within 5e-8); FSDP2 gathers bf16 weights (RMSNorm scales included), so it differs by bf16
-# rounding: loss by 4e-5, the update by 9.5% of its norm, as much as torch's own bf16 update
-# differs from its float32 one (8.8%).
+# within 5e-8 on AVX2; ZeRO-3, which gathers each layer's weights into buffers of its own,
+# within 4e-5 on AVX-512 with AMX, whose bf16 matmuls round by the operands' layout); FSDP2
+# gathers bf16 weights (RMSNorm scales included), so it differs by bf16 rounding: loss by
+# 4e-5, the update by 9.5% of its norm, as much as torch's own bf16 update differs from its
+# float32 one (8.8%).
 BF16_ENGINES = {
     "fsdp2": ({"engine": "fsdp"}, 1e-4, 0.15),
     "zero2": ({"engine": "deepspeed", "zero_stage": 2}, 1e-6, 1e-6),
-    "zero3": ({"engine": "deepspeed", "zero_stage": 3}, 1e-6, 1e-6),
+    "zero3": ({"engine": "deepspeed", "zero_stage": 3}, 1e-6, 1e-3),
 }
 
 
