@@ -41,8 +41,11 @@ ENGINES = [
     ("deepspeed ZeRO-2", "deepspeed", 2),
     ("deepspeed ZeRO-3", "deepspeed", 3),
 ]
-# The tolerances tests/unit/engines/test_trainer_device.py states for one bf16 step.
-LOSS_TOL, UPDATE_TOL = 1e-4, 0.15
+# The tolerance: an engine's gaps to one bf16 process stay under the gaps bf16 rounding
+# alone opens on the same steps (one process in float32 against the same in bf16). The
+# tiny policy's one-step bounds (tests/unit/engines/test_trainer_device.py: loss 1e-4) do not
+# carry over: on a 30-layer model at two ranks each rank's batch has other shapes, and bf16
+# matmuls round by shape.
 SETTINGS = {"lr": 1e-5, "micro_batch": 4, "threads": 1, "loss": "ppo"}
 
 
@@ -56,6 +59,10 @@ def in_process(model: Path, dtype: str, steps: int) -> tuple[list[float], dict[s
     batch = collate(samples(), trainer.pad_id)
     losses = [trainer.step_batch(batch)["loss"] for _ in range(steps)]
     return losses, trainer.cpu_state()
+
+
+def largest_gap(losses: list[float], want: list[float]) -> float:
+    return max(abs(a - b) for a, b in zip(losses, want, strict=True))
 
 
 def update_gap(
@@ -78,8 +85,10 @@ def main() -> None:
     print("one torch process, bf16 and float32 ...", flush=True)
     start = build_engine(train("float32"), str(model), seed=0, device="cpu").cpu_state()
     want_losses, want = in_process(model, "bfloat16", args.steps)
-    _, float32 = in_process(model, "float32", args.steps)
-    rows = [["one torch process, float32", "1", "-", f"{update_gap(float32, want, start):.3f}"]]
+    float32_losses, float32 = in_process(model, "float32", args.steps)
+    loss_tol = largest_gap(float32_losses, want_losses)
+    update_tol = update_gap(float32, want, start)
+    rows = [["one torch process, float32", "1", f"{loss_tol:.1e}", f"{update_tol:.3f}"]]
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-bf16-"))
     worst_loss = worst_update = 0.0
     for label, engine, stage in ENGINES:
@@ -89,7 +98,7 @@ def main() -> None:
         saved = CheckpointStore(out.as_uri()).load_latest()
         assert saved is not None
         weights = bytes_to_tensors(saved.files[MODEL_FILE])
-        loss_gap = max(abs(a - b) for a, b in zip(losses, want_losses, strict=True))
+        loss_gap = largest_gap(losses, want_losses)
         gap = update_gap(weights, want, start)
         worst_loss, worst_update = max(worst_loss, loss_gap), max(worst_update, gap)
         rows.append([label, "2", f"{loss_gap:.1e}", f"{gap:.3f}"])
@@ -97,8 +106,9 @@ def main() -> None:
     header = ["engine", "ranks", "largest loss gap to one bf16 process", "update gap (of its norm)"]
     body = "\n".join(markdown_table(header, rows))
     verdict = (
-        f"Within the stated tolerances (loss {LOSS_TOL:g}, update {UPDATE_TOL:g}): "
-        f"{'yes' if worst_loss <= LOSS_TOL and worst_update <= UPDATE_TOL else 'no'}."
+        "Every engine's gaps under bf16's own (the float32 row: loss "
+        f"{loss_tol:.1e}, update {update_tol:.3f}): "
+        f"{'yes' if worst_loss < loss_tol and worst_update < update_tol else 'no'}."
     )
     print(body + "\n\n" + verdict)
     if args.write:
