@@ -124,24 +124,26 @@ class ResidentKinds:
     phase runs, sampled by a thread every ``every_s``: what a ``VmHWM`` peak was made of.
     A peak shorter than the interval can be missed; the kernel's ``VmHWM`` cannot."""
 
-    def __init__(self, every_s: float = 0.002) -> None:
-        self.every_s = every_s
+    def __init__(self, on: bool = True, every_s: float = 0.002) -> None:
+        self.on, self.every_s = on, every_s  # off: no thread, no peaks
         self.peaks: dict[str, int] = {}
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> ResidentKinds:
-        self.peaks = resident_kinds()
-        self._done.clear()
-        self._thread = threading.Thread(target=self._run, name="resident-kinds", daemon=True)
-        self._thread.start()
+        if self.on:
+            self.peaks = resident_kinds()
+            self._done.clear()
+            self._thread = threading.Thread(target=self._run, name="resident-kinds", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._done.set()
-        assert self._thread is not None
-        self._thread.join()
-        self._sample()
+        if self._thread is not None:
+            self._done.set()
+            self._thread.join()
+            self._thread = None
+            self._sample()
 
     def _run(self) -> None:
         while not self._done.wait(self.every_s):

@@ -16,26 +16,23 @@ dynamic threshold ends up in a training loop anyway. Elsewhere than glibc it doe
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-log = logging.getLogger(__name__)
+from functools import cache
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
 START_UP_THRESHOLD = 64 << 10
 STEADY_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
 
+@cache
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """The C library's allocator calls, from the symbols this process already has (no
+    library search, which runs ``ldconfig``); None where they are not glibc's."""
+    libc = ctypes.CDLL(None)
     try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt, libc.malloc_trim  # noqa: B018  (glibc has both; musl has neither)
-    except (OSError, AttributeError):
+        libc.mallopt, libc.malloc_trim  # noqa: B018  (glibc has both; musl and macOS do not)
+    except AttributeError:
         return None
     return libc
 

@@ -102,7 +102,7 @@ def main() -> None:
     memory = {"base_bytes": resident_bytes("VmRSS")}  # imports and the group, before the model
     memory |= kinds("base", resident_kinds())
     gpu = GpuPeaks(memory)
-    with ResidentKinds() as startup:
+    with ResidentKinds(args.memory) as startup:
         trainer = build_engine(train, args.policy, args.seed)
     memory["startup_peak_bytes"] = resident_bytes("VmHWM")
     memory |= kinds("startup_peak", startup.peaks) | kinds("after_startup", resident_kinds())
@@ -128,7 +128,7 @@ def main() -> None:
         memory |= kinds("before_checkpoint", resident_kinds())
     files, counters = trainer.checkpoint_files()
     args.out.mkdir(parents=True, exist_ok=True)
-    with ResidentKinds() as writing:
+    with ResidentKinds(args.memory) as writing:
         if rank == 0:  # streamed: each tensor gathered (by every rank) as it is written
             CheckpointStore(args.out.resolve().as_uri()).save(args.steps, files, counters)
         else:
@@ -143,7 +143,7 @@ def main() -> None:
         memory |= kinds("before_resume", resident_kinds())
         saved = CheckpointStore(args.out.resolve().as_uri()).load_latest()
         assert saved is not None
-        with ResidentKinds() as loading:  # read from storage, tensor by tensor
+        with ResidentKinds(args.memory) as loading:  # read from storage, tensor by tensor
             trainer.load_checkpoint(saved.files, saved.meta)
         memory["resume_peak_bytes"] = resident_bytes("VmHWM")
         memory |= kinds("resume_peak", loading.peaks)
