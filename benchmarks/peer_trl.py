@@ -588,8 +588,9 @@ def main() -> None:
     plots = ROOT / "runs" / "bench-quick" if args.quick else PLOTS
     plots.mkdir(parents=True, exist_ok=True)
     (ROOT / "runs").mkdir(exist_ok=True)
-    if not args.quick and uncommitted():  # a record names the commit it measured
-        parser.error(f"commit these first, the records name a commit: {', '.join(uncommitted())}")
+    changed = [] if args.quick else uncommitted()
+    if changed:  # a record names the commit it measured: that must be the code that ran
+        parser.error(f"commit these first, the records name a commit: {', '.join(changed)}")
     commit = measured_commit()
     kept: list[Kept] = []
     new = 0
