@@ -245,11 +245,14 @@ def chunked_token_stats(
     """``token_stats`` of ``head(hidden)``, [tokens, hidden] -> [tokens] each, holding the
     vocabulary logits of at most ``chunk`` tokens at a time, in the backward pass too.
 
-    With gradients on, each chunk runs under activation checkpointing: the forward keeps
-    only its input (``chunk x hidden``), and the backward recomputes that chunk's logits,
-    so a micro-batch's peak holds one chunk's ``chunk x vocab`` float32 tensors whatever
-    its length. The values and gradients are ``token_stats``' of the whole logits.
-    ``entropy_grad`` False: the entropy is a metric only, detached from the graph.
+    With gradients on and more than one chunk, each chunk runs under activation
+    checkpointing: the forward keeps only its input (``chunk x hidden``), and the backward
+    recomputes that chunk's logits, so a micro-batch's peak holds one chunk's ``chunk x
+    vocab`` float32 tensors whatever its length. Tokens that fit in one chunk keep its
+    logits for the backward instead: the same one chunk, without the recompute (a second
+    head matmul, a third more of a step at 151,936 words and two layers: make bench-vocab).
+    The values and gradients are ``token_stats``' of the whole logits. ``entropy_grad``
+    False: the entropy is a metric only, detached from the graph.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 token, got {chunk}")
@@ -257,10 +260,12 @@ def chunked_token_stats(
     def stats(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return token_stats(head(h), t, temperature)
 
+    starts = range(0, max(int(hidden.shape[0]), 1), chunk)
+    recompute = torch.is_grad_enabled() and hidden.requires_grad and len(starts) > 1
     logprobs, entropies = [], []
-    for start in range(0, max(int(hidden.shape[0]), 1), chunk):
+    for start in starts:
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
-        if torch.is_grad_enabled() and h.requires_grad:
+        if recompute:
             lp, ent = checkpoint(stats, h, t, use_reentrant=False)
         else:
             lp, ent = stats(h, t)

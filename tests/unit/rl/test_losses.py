@@ -152,6 +152,17 @@ def test_chunked_stats_hold_one_chunk_of_logits_for_the_backward():
     assert max(kept) >= 512 * 5000  # the unchunked path saves them
 
 
+@pytest.mark.parametrize(("tokens", "runs"), [(64, 1), (65, 4)])
+def test_only_tokens_beyond_one_chunk_recompute_their_logits_in_the_backward(tokens, runs):
+    head = torch.nn.Linear(8, 50, bias=False)
+    calls = []
+    head.register_forward_pre_hook(lambda *_: calls.append(1))
+    hidden = torch.randn(tokens, 8, requires_grad=True)
+    lp, _ = chunked_token_stats(head, hidden, torch.zeros(tokens, dtype=torch.long), 64, False)
+    lp.sum().backward()
+    assert len(calls) == runs  # one chunk: once; two: each again in the backward
+
+
 def test_masked_mean_empty_mask_is_zero():
     assert masked_mean(torch.ones(2, 2), torch.zeros(2, 2)).item() == 0.0
 
