@@ -196,6 +196,8 @@ class PolicyTrainer:
             # A transformers causal LM, or peft's wrapper of one under LoRA; each rank holds
             # only what it will own (engines/parallel.py: Parallelism.load).
             self.model = parallel.load(self._model_dir, self.device, train)
+            if train.activation_checkpointing:  # recomputed in the backward, layer by layer
+                self.model.gradient_checkpointing_enable({"use_reentrant": False})
             if self.lora is not None:  # base weights frozen; only the adapters train
                 self.model = attach(self.model, self.lora, str(self._model_dir))
             self.model.train()

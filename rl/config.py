@@ -572,8 +572,16 @@ class TrainConfig(_Section):
         ge=16,
         description="Response tokens whose vocabulary logits the trainer holds at once, in "
         "the forward and the backward pass (the prompt's logits are never computed). At a "
-        "49k vocabulary 1,024 tokens are 200 MB of float32 logits; the peak no longer grows "
-        "with micro_batch_tokens beyond this (make bench-vocab).",
+        "49k vocabulary 1,024 tokens are 200 MB of float32 logits; their share of the peak "
+        "no longer grows with micro_batch_tokens beyond this (make bench-vocab).",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass "
+        "(transformers' gradient checkpointing, non-reentrant) instead of holding them from "
+        "the forward: a micro-batch then holds one layer's activations and each layer's "
+        "input, for about one more forward pass of compute. For micro-batches of thousands "
+        "of tokens, whose activations outgrow the weights (make bench-vocab).",
     )
     packing: bool = Field(
         False,

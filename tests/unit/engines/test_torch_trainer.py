@@ -235,6 +235,23 @@ def test_packed_rows_give_the_padded_loss_and_gradients(trainer, loss):
         torch.testing.assert_close(grads_packed[name], grad, atol=1e-5, rtol=1e-5)
 
 
+def test_recomputed_activations_give_the_same_loss_and_gradients(trainer):
+    folder = trainer._model_dir
+    held = _trainer(folder, micro_batch=256)
+    recomputed = _trainer(folder, micro_batch=256, activation_checkpointing=True)
+    batch = _ragged(held, [3, 12, 7, 20])
+    calls = []  # each decoder layer's forwards: once, or again in the backward
+    for trainer_ in (held, recomputed):
+        layer = trainer_.model.model.layers[0]
+        layer.register_forward_pre_hook(lambda *_, t=trainer_: calls.append(t))
+    loss_held, grads_held = _loss_and_grads(held, batch)
+    loss_recomputed, grads_recomputed = _loss_and_grads(recomputed, batch)
+    assert (calls.count(held), calls.count(recomputed)) == (1, 2)
+    assert loss_recomputed == pytest.approx(loss_held, abs=1e-6)
+    for name, grad in grads_held.items():
+        torch.testing.assert_close(grads_recomputed[name], grad, atol=1e-6, rtol=1e-5)
+
+
 class _SeesEverything(torch.nn.Module):
     """A model whose token i sees every token before it, wherever position ids restart."""
 
