@@ -3,10 +3,12 @@
 Each configuration runs ``scripts/train_ranks.py --memory`` under ``torchrun`` on a model
 folder (the SmolLM2-135M-Instruct folder of ``make model``): every rank records its resident
 memory after imports and joining the group (the base), its peak while the trainer is built
-(the model loaded, sharded and wrapped, AdamW made), then, after one optimiser step, its
-peak while the checkpoint is written: rank 0 streams the weights and AdamW's moments into
-their files, each tensor gathered as it is written, and the other ranks take part; last,
-its peak while every rank loads that checkpoint back, reading it from storage. The
+(the model loaded, sharded and wrapped, AdamW made), its peak in the second optimiser
+step (two micro-batches a rank at two ranks, four at one, so the gradients accumulate;
+AdamW's state was made by the first), then its peak while the checkpoint is written: rank
+0 streams the weights and AdamW's moments into their files, each tensor gathered as it is
+written, and the other ranks take part; last, its peak while every rank loads that
+checkpoint back, reading it from storage. The
 table gives each peak above what the rank held before, against the model's float32 bytes:
 a rank that loads the whole model and then keeps its shard shows about 1.0 at start-up; one
 that materialises only its shard, about 1/ranks. The start-up peak is split into the heap
@@ -52,6 +54,7 @@ ENGINES = [
 RANKS = (1, 2)
 MIB = 1 << 20
 TIMEOUT_S = 900
+STEPS = 2  # the second step's peak: AdamW's state was made by the first
 
 
 def float32_bytes(folder: Path) -> int:
@@ -116,8 +119,8 @@ def launch(
 
 def run(model: Path, engine: str, stage: int, ranks: int, work: Path) -> list[dict[str, int]]:
     """Each rank's memory record for one launch."""
-    train = TrainConfig(engine=engine, zero_stage=stage, micro_batch=8, threads=1)  # type: ignore[arg-type]
-    out = launch(model, train, ranks, 1, work, "--memory")
+    train = TrainConfig(engine=engine, zero_stage=stage, micro_batch=2, threads=1)  # type: ignore[arg-type]
+    out = launch(model, train, ranks, STEPS, work, "--memory")
     return [json.loads((out / f"memory-{r}.json").read_text()) for r in range(ranks)]
 
 
@@ -141,6 +144,7 @@ def table(results: dict[tuple[str, int], list[dict[str, int]]], weights: int) ->
             cells = []
             for phase, before in (
                 ("startup", "base"),
+                ("step", "before_step"),
                 ("checkpoint", "before_checkpoint"),
                 ("resume", "before_resume"),
             ):
@@ -154,6 +158,7 @@ def table(results: dict[tuple[str, int], list[dict[str, int]]], weights: int) ->
         "ranks",
         "start-up peak above base, worst rank",
         "of it heap / mapped files; heap kept",
+        "second step's peak above before, worst rank",
         "checkpoint peak above before, worst rank",
         "resume peak above before, worst rank",
     ]
@@ -190,9 +195,11 @@ def main() -> None:
             f"`{args.model.name}`, float32 weights {weights / MIB:,.0f} MB; "
             f"{now}, commit {measured_commit()}, {platform.machine()}, one thread a rank. "
             "Resident memory of each rank (`/proc/self/status`), above what it held before: "
-            "at start-up (the model loaded, sharded and wrapped, AdamW built) and while "
-            "the checkpoint is written after one step (streamed: each tensor gathered as it "
-            "is written), and while it is loaded back from storage. The start-up peak's "
+            "at start-up (the model loaded, sharded and wrapped, AdamW built), in the second "
+            "step (micro-batches of 2 samples out of 8, so a rank accumulates the gradients "
+            "of 2 at two ranks and of 4 at one), while the checkpoint is written after it "
+            "(streamed: each tensor gathered as it is written), and while it is loaded back "
+            "from storage. The start-up peak's "
             "parts: the peak of the heap (`RssAnon`) and of mapped files' pages (`RssFile`: "
             "libraries, safetensors read by mmap) above the base, sampled every 2 ms, and the "
             "heap the rank still holds once built. "

@@ -84,9 +84,10 @@ def main() -> None:
     parser.add_argument(
         "--memory",
         action="store_true",
-        help="write each rank's resident memory at start-up, in the checkpoint and in loading "
-        "it back to <out>/memory-<rank>.json (Linux: /proc/self/status), and on a GPU the "
-        "peak allocated on it in each of those and in the steps (gpu_*)",
+        help="write each rank's resident memory at start-up, in the last step, in the "
+        "checkpoint and in loading it back to <out>/memory-<rank>.json (Linux: "
+        "/proc/self/status), and on a GPU the peak allocated on it in each of those and in "
+        "the steps (gpu_*)",
     )
     args = parser.parse_args()
 
@@ -111,11 +112,16 @@ def main() -> None:
     seen: set[str] = set()  # the dtypes the linear layers return in the steps
     linears = [m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)]
     hooks = [m.register_forward_hook(lambda _m, _i, out: seen.add(str(out.dtype))) for m in linears]
-    for _ in range(args.steps):
+    for step in range(args.steps):
+        if args.memory and step == args.steps - 1:  # AdamW's state is there by now
+            Path("/proc/self/clear_refs").write_text("5")
+            memory["before_step_bytes"] = resident_bytes("VmRSS")
         publish(trainer, rank)
         start = time.perf_counter()
         metrics.append(trainer.step_batch(collate(mine, trainer.pad_id)))
         seconds.append(time.perf_counter() - start)  # the pool's: every step ends collectively
+    if args.memory:
+        memory["step_peak_bytes"] = resident_bytes("VmHWM")
     for hook in hooks:
         hook.remove()
     # A session's log-prob check (a forward with no backward) may come right before a

@@ -18,6 +18,8 @@ def test_the_table_gives_the_worst_ranks_peak_above_its_base():
     ranks = {
         "base_bytes": 500 * MIB,
         "startup_peak_bytes": 550 * MIB,  # half the weights above its base
+        "before_step_bytes": 550 * MIB,
+        "step_peak_bytes": 750 * MIB,  # twice the weights: gradients and activations
         "before_checkpoint_bytes": 600 * MIB,
         "checkpoint_peak_bytes": 900 * MIB,  # three times the weights
         "before_resume_bytes": 900 * MIB,
@@ -27,8 +29,9 @@ def test_the_table_gives_the_worst_ranks_peak_above_its_base():
     results = {(label, n): [ranks, worse][:n] for label, _, _ in ENGINES for n in RANKS}
     rows = table(results, weights).splitlines()
     assert len(rows) == 2 + len(ENGINES) * len(RANKS)
-    assert "| 50 MB (0.50x) | - | 300 MB (3.00x) | 100 MB (1.00x) |" in rows[2]  # one rank
-    assert "| 80 MB (0.80x) | - | 300 MB (3.00x) | 100 MB (1.00x) |" in rows[3]  # two: the worse
+    one, two = "| 50 MB (0.50x) | - | 200 MB", "| 80 MB (0.80x) | - | 200 MB"  # two: the worse
+    assert f"{one} (2.00x) | 300 MB (3.00x) | 100 MB (1.00x) |" in rows[2]
+    assert f"{two} (2.00x) | 300 MB (3.00x) | 100 MB (1.00x) |" in rows[3]
 
 
 def test_the_start_up_peak_is_split_into_heap_and_mapped_files():
@@ -41,9 +44,10 @@ def test_the_start_up_peak_is_split_into_heap_and_mapped_files():
         "startup_peak_anon_bytes": 450 * MIB,  # the heap rose 1.5 weights at its peak
         "startup_peak_file_bytes": 250 * MIB,  # the safetensors file's pages: half
         "after_startup_anon_bytes": 400 * MIB,  # and kept one
+        **{f"{phase}_bytes": 0 for phase in ("before_step", "step_peak")},
         **{f"{phase}_bytes": 0 for phase in ("before_checkpoint", "checkpoint_peak")},
         **{f"{phase}_bytes": 0 for phase in ("before_resume", "resume_peak")},
     }
     results = {(label, n): [rank] * n for label, _, _ in ENGINES for n in RANKS}
     row = table(results, weights).splitlines()[2]
-    assert "| 200 MB (2.00x) | 1.50x / 0.50x; 1.00x | 0 MB (0.00x) |" in row
+    assert "| 200 MB (2.00x) | 1.50x / 0.50x; 1.00x | 0 MB (0.00x) | 0 MB (0.00x) |" in row
