@@ -27,6 +27,8 @@ from sluice.engines.protocols import Delta, StreamingRolloutEngine
 from sluice.envs import Problem, RewardResult
 from sluice.envs.agents import AgentOutcome, AgentPool
 
+CHOICE_SEEDS = 100_003  # a call's k-th reply samples at its first's seed + k times this
+
 
 @dataclass(frozen=True)
 class AgentSpec:
@@ -44,6 +46,7 @@ class _Call:
     session: ChatSession
     ids: list[int]
     max_tokens: int
+    choice: int  # which of the call's n replies, from 0
     answer: Future[Generated]
 
 
@@ -73,9 +76,11 @@ class AgentEpisodes:
         self.runs: list[tuple[Future[AgentOutcome], str, PartialSample, str]] = []
         self.wake = threading.Event()  # a call arrived or an agent ended
 
-    def _enqueue(self, session: ChatSession, ids: list[int], max_tokens: int) -> Future[Generated]:
+    def _enqueue(
+        self, session: ChatSession, ids: list[int], max_tokens: int, choice: int
+    ) -> Future[Generated]:
         answer: Future[Generated] = Future()
-        self.calls.put(_Call(session, ids, max_tokens, answer))
+        self.calls.put(_Call(session, ids, max_tokens, choice, answer))
         self.wake.set()
         return answer
 
@@ -114,6 +119,8 @@ class AgentEpisodes:
                 continue
             request = f"{call.session.session_id}#{call.session.calls}"
             seed = int(call.session.session_id[:8], 16) + call.session.calls
+            if call.choice:  # another of the call's n replies: its own request and draw
+                request, seed = f"{request}.{call.choice}", seed + CHOICE_SEEDS * call.choice
             version = self.engine.version()  # its tokens' version: the oldest they can have
             self.replies[request] = _Reply(call, version, [], [])
             self.engine.start(

@@ -15,7 +15,9 @@ unknown or closed session is 404; a call that cannot continue its session is 400
 the episode. ``stream: true`` gets the same reply as server-sent events (OpenAI's
 ``chat.completion.chunk`` objects, the reply's text in one delta once the engine has
 generated it, then ``[DONE]``; usage last with ``stream_options.include_usage``): the
-session's tokens are the same either way. ``n > 1`` is refused. The run samples at its
+session's tokens are the same either way. ``n`` up to ``MAX_CHOICES`` samples that many
+replies, each its own engine request; the session keeps the one the agent continues with
+(``engines/chat_sessions.py``). The run samples at its
 own temperature (``rollout.temperature``; greedy in held-out evaluation), whatever a
 request asks: the trainer's log-prob ratios assume the sampler's. The server runs on
 threads of its own, one per call, and stops with ``close``.
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sluice.engines.chat_sessions import ChatSession, ChatSessions, SessionError
+from sluice.engines.chat_sessions import ChatSession, ChatSessions, Reply, SessionError
 from sluice.engines.chat_template import TurnFormat
 from sluice.envs.tool_calls import ToolCall, parse_tool_calls
 
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _PATH = re.compile(r"^(?:/s/(?P<session>[A-Za-z0-9_.-]+))?/v1/chat/completions/?$")
 MAX_BODY = 8 << 20  # a request larger than this is refused unread
+MAX_CHOICES = 16  # replies one call may ask for (``n``)
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class Generated:
     finished: bool  # False: it stopped at max_tokens
 
 
-Generate = Callable[[ChatSession, list[int], int], "Future[Generated]"]
+Generate = Callable[[ChatSession, list[int], int, int], "Future[Generated]"]
 
 
 class CallAbandoned(RuntimeError):
@@ -76,8 +79,9 @@ class _Refused(Exception):
 
 
 class ChatEndpoint:
-    """The HTTP server; ``generate(session, input ids, max tokens)`` runs one generation in
-    the worker's engine and returns its future."""
+    """The HTTP server; ``generate(session, input ids, max tokens, choice)`` runs one
+    generation in the worker's engine and returns its future (``choice``: which of the
+    call's ``n`` replies it is, from 0)."""
 
     def __init__(
         self,
@@ -146,19 +150,21 @@ class ChatEndpoint:
         if session is None:
             raise _Refused(404, f"no open session {session_id!r}: use your episode's base URL")
         request = _body(handler)
-        if request.get("n", 1) != 1:
-            raise _Refused(400, "n must be 1")
+        n = request.get("n")
+        n = 1 if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+            raise _Refused(400, f"n must be a whole number from 1 to {MAX_CHOICES}, not {n!r}")
         max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
         max_tokens = int(max_tokens) if max_tokens else self.max_tokens
         if not session.lock.acquire(blocking=False):
             raise _Refused(409, f"session {session_id} has a call running; one at a time")
         try:
-            return request, self._call(session, request, max_tokens)
+            return request, self._call(session, request, max_tokens, n)
         finally:
             session.lock.release()
 
     def _call(
-        self, session: ChatSession, request: dict[str, Any], max_tokens: int
+        self, session: ChatSession, request: dict[str, Any], max_tokens: int, n: int
     ) -> dict[str, Any]:
         tools = request.get("tools") or None
         try:
@@ -166,89 +172,101 @@ class ChatEndpoint:
         except SessionError as error:
             session.failed = str(error)
             raise _Refused(400, str(error)) from None
-        answer = self.generate(session, ids, max_tokens)
+        answers = [self.generate(session, ids, max_tokens, k) for k in range(n)]
+        deadline = time.monotonic() + self.call_timeout_s
         try:
-            got = answer.result(timeout=self.call_timeout_s)
+            got = [a.result(timeout=max(deadline - time.monotonic(), 0.0)) for a in answers]
         except CallAbandoned as error:
             raise _Refused(410, str(error)) from None
-        reply = self.tokenizer.decode(got.token_ids, skip_special_tokens=True)
-        session.add_reply(got.token_ids, got.logprobs, got.version, reply)
-        message: dict[str, Any] = {"role": "assistant", "content": reply}
-        finish = "stop" if got.finished else "length"
-        calls = [c for c in parse_tool_calls(reply) if isinstance(c, ToolCall)] if tools else []
-        if calls:  # the Hermes calls in the reply, in the OpenAI form
-            message["content"] = reply[: reply.find("<tool_call>")].strip() or None
-            message["tool_calls"] = [
-                {
-                    "id": f"call-{session.session_id[:8]}-{session.calls}-{k}",
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-                }
-                for k, c in enumerate(calls)
-            ]
-            finish = "tool_calls"
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "finish_reason": finish,
-            "token_ids": got.token_ids,
-        }
-        if request.get("logprobs"):
-            choice["logprobs"] = {
-                "content": [
-                    {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in zip(got.token_ids, got.logprobs, strict=True)
-                ]
+        replies = [self._reply(session, g, k, tools) for k, g in enumerate(got)]
+        session.add_replies(replies)
+        choices = []
+        for k, (g, reply) in enumerate(zip(got, replies, strict=True)):
+            finish = "stop" if g.finished else "length"
+            choice: dict[str, Any] = {
+                "index": k,
+                "message": reply.message,
+                "finish_reason": "tool_calls" if "tool_calls" in reply.message else finish,
+                "token_ids": g.token_ids,
             }
+            if request.get("logprobs"):
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                        for t, lp in zip(g.token_ids, g.logprobs, strict=True)
+                    ]
+                }
+            choices.append(choice)
+        completion_tokens = sum(len(g.token_ids) for g in got)
         return {
             "id": f"chatcmpl-{session.session_id}-{session.calls}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": {
                 "prompt_tokens": len(ids),
-                "completion_tokens": len(got.token_ids),
-                "total_tokens": len(ids) + len(got.token_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(ids) + completion_tokens,
             },
-            "sluice": {"session": session.session_id, "version": got.version},
+            "sluice": {"session": session.session_id, "version": got[0].version},
         }
+
+    def _reply(
+        self, session: ChatSession, got: Generated, choice: int, tools: list[Any] | None
+    ) -> Reply:
+        """One sampled reply with its OpenAI message: the text, or the Hermes tool calls in
+        it in the OpenAI form."""
+        text = self.tokenizer.decode(got.token_ids, skip_special_tokens=True)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        calls = [c for c in parse_tool_calls(text) if isinstance(c, ToolCall)] if tools else []
+        if calls:
+            message["content"] = text[: text.find("<tool_call>")].strip() or None
+            message["tool_calls"] = [
+                {
+                    "id": f"call-{session.session_id[:8]}-{session.calls}-{choice}-{k}",
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                }
+                for k, c in enumerate(calls)
+            ]
+        return Reply(got.token_ids, got.logprobs, got.version, text, message)
 
 
 def chunks(completion: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
-    """A completion as the ``chat.completion.chunk`` objects a streamed call gets: the
-    role, then the content (and tool calls, each with its ``index``) with the log-probs,
-    then the finish reason with Sluice's token ids and version, then the usage if asked."""
-    (choice,) = completion["choices"]
-    message = choice["message"]
+    """A completion as the ``chat.completion.chunk`` objects a streamed call gets, choice
+    by choice (each chunk names its choice's ``index``): the role, then the content (and
+    tool calls, each with its ``index``) with the log-probs, then the finish reason with
+    Sluice's token ids and version; then the usage if asked."""
     head = {k: completion[k] for k in ("id", "created", "model")}
     head["object"] = "chat.completion.chunk"
 
-    def chunk(choice: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
-        return {**head, "choices": [] if choice is None else [{"index": 0, **choice}], **extra}
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {**head, "choices": choices, **extra}
 
-    delta: dict[str, Any] = {}
-    if message["content"] is not None:
-        delta["content"] = message["content"]
-    if "tool_calls" in message:
-        delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
-    body = {"delta": delta, "finish_reason": None}
-    if "logprobs" in choice:
-        body["logprobs"] = choice["logprobs"]
-    out = [
-        chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None}),
-        chunk(body),
-        chunk(
-            {
-                "delta": {},
-                "finish_reason": choice["finish_reason"],
-                "token_ids": choice["token_ids"],
-            },
-            sluice=completion["sluice"],
-        ),
-    ]
+    out = []
+    for choice in completion["choices"]:
+        message, index = choice["message"], choice["index"]
+        delta: dict[str, Any] = {}
+        if message["content"] is not None:
+            delta["content"] = message["content"]
+        if "tool_calls" in message:
+            delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
+        body = {"index": index, "delta": delta, "finish_reason": None}
+        if "logprobs" in choice:
+            body["logprobs"] = choice["logprobs"]
+        first = {"delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        last = {"delta": {}, "finish_reason": choice["finish_reason"]}
+        out += [
+            chunk([{"index": index, **first}]),
+            chunk([body]),
+            chunk(
+                [{"index": index, **last, "token_ids": choice["token_ids"]}],
+                sluice=completion["sluice"],
+            ),
+        ]
     if usage:
-        out.append(chunk(None, usage=completion["usage"]))
+        out.append(chunk([], usage=completion["usage"]))
     return out
 
 

@@ -11,11 +11,20 @@ are never re-rendered or re-tokenized, so a template that would render a past re
 differently (tool calls, thinking stripped) changes nothing. A call that rewrites the
 history is a ``SessionError``; the endpoint answers it with an error and the episode fails.
 
+A call may get several replies (``n > 1``): the first joins the sequence at once, the
+others wait as the turn's alternatives, and the next call's copy of the assistant's message
+says which one the agent kept (its text and tool calls must be one of the replies'); that
+one's tokens then stand in the sequence. An episode that ends on such a turn keeps the
+first reply. The replies left out are sampled but never trained: the group is still the
+episodes of one problem.
+
 Used by the chat endpoint (``engines/chat_endpoint.py``); nothing here knows HTTP or vLLM.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +67,36 @@ def _same_turn(sent: dict[str, Any], held: dict[str, Any]) -> bool:
     return held["role"] == "assistant" or sent["content"] == held["content"]
 
 
+def _call_key(call: Any) -> tuple[str, Any]:
+    """A tool call's name and arguments (parsed when they are a JSON string)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    function = function if isinstance(function, dict) else {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            arguments = json.loads(arguments)
+    return str(function.get("name")), arguments
+
+
+def _reply_key(message: dict[str, Any]) -> tuple[str, list[tuple[str, Any]]]:
+    """What tells an assistant's replies apart as an agent sends them back: the text (no
+    text and an empty one alike) and the tool calls' names and arguments."""
+    calls = message.get("tool_calls") or []
+    return (message.get("content") or "").strip(), [_call_key(c) for c in calls]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One reply the engine sampled for a call: its tokens, their log-probs and version, its
+    text, and the message the endpoint answered with (text and tool calls)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    version: int
+    text: str
+    message: dict[str, Any]
+
+
 @dataclass
 class ChatSession:
     """One episode's conversation and the tokens behind it."""
@@ -72,6 +111,10 @@ class ChatSession:
     messages: list[dict[str, Any]] = field(default_factory=list)
     last_reply: list[int] = field(default_factory=list)  # the tokens of the latest reply
     calls: int = 0
+    # The latest call's replies when it asked for more than one (n > 1), until the next call
+    # says which the agent kept; ``turn`` is where the kept one's tokens and mark start.
+    alternatives: list[Reply] = field(default_factory=list)
+    turn: tuple[int, int] = (0, 0)  # (len(token_ids), len(marks)) before the latest reply
     closed: bool = False
     failed: str | None = None  # why a call could not continue the session
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -94,6 +137,8 @@ class ChatSession:
                 "the messages do not continue this session: send its earlier messages and "
                 "the assistant's replies, then new ones"
             )
+        if self.alternatives:
+            self._keep(plain[known - 1])
         new = plain[known:]
         if new[0]["role"] == "assistant":
             raise SessionError("a message after the assistant's reply is the assistant's again")
@@ -108,19 +153,39 @@ class ChatSession:
         self.messages = plain
         return self.prompt_ids + self.token_ids
 
-    def add_reply(
-        self, token_ids: list[int], logprobs: list[float], version: int, reply: str
-    ) -> None:
-        """The engine's answer to the call: its tokens join the sequence (mask 1), its text
-        joins the conversation as the assistant's message."""
-        if not self.marks or self.marks[-1][1] != version:
-            self.marks.append((len(self.token_ids), version))
-        self.token_ids += token_ids
-        self.logprobs += logprobs
-        self.mask += [1] * len(token_ids)
-        self.last_reply = list(token_ids)
-        self.messages.append({"role": "assistant", "content": reply})
+    def add_replies(self, replies: list[Reply]) -> None:
+        """The engine's answers to the call: the first one's tokens join the sequence (mask
+        1) and its text the conversation as the assistant's message; more than one wait as
+        the turn's alternatives (``_keep``)."""
+        self.turn = (len(self.token_ids), len(self.marks))
+        self._append(replies[0])
+        self.messages.append({"role": "assistant", "content": replies[0].text})
+        self.alternatives = list(replies) if len(replies) > 1 else []
         self.calls += 1
+
+    def _append(self, reply: Reply) -> None:
+        if not self.marks or self.marks[-1][1] != reply.version:
+            self.marks.append((len(self.token_ids), reply.version))
+        self.token_ids += reply.token_ids
+        self.logprobs += reply.logprobs
+        self.mask += [1] * len(reply.token_ids)
+        self.last_reply = list(reply.token_ids)
+
+    def _keep(self, sent: dict[str, Any]) -> None:
+        """Put the alternative the agent sent back (``sent``, its copy of the assistant's
+        message) in the sequence in place of the first reply."""
+        key = _reply_key(sent)
+        kept = next((r for r in self.alternatives if _reply_key(r.message) == key), None)
+        if kept is None:
+            raise SessionError(
+                "the assistant's message is none of the replies the last call got (n > 1): "
+                "send one of them back as it came"
+            )
+        tokens, marks = self.turn
+        del self.token_ids[tokens:], self.logprobs[tokens:], self.mask[tokens:]
+        del self.marks[marks:]
+        self._append(kept)
+        self.alternatives = []
 
 
 class ChatSessions:

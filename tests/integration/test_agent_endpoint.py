@@ -1,9 +1,10 @@
-"""Agents written against the ``openai`` client, plain, streamed or through the OpenAI
-Agents SDK, play episodes through a rollout worker's chat endpoint, on vLLM with a chat
+"""Agents written against the ``openai`` client (plain, streamed, or two replies a call
+going on with the second), or on the OpenAI Agents SDK, LangChain's ``ChatOpenAI`` or
+pydantic-ai, play episodes through a rollout worker's chat endpoint, on vLLM with a chat
 model (the test BPE folder): the trajectory is exactly the template's rendering of the first
 messages, then per call what vLLM sampled and the template's text for the new messages,
-tokenized once. An agent that uses another session or never calls fails its episode with the
-reason."""
+tokenized once. An agent that uses another session or never calls fails its episode with
+the reason."""
 
 from __future__ import annotations
 
@@ -40,9 +41,19 @@ def worker_with(agent: str, bpe_policy: Path) -> RolloutWorker:
     [
         ("two_turns", []),
         ("streamed_two_turns", []),
+        ("best_of_two", []),
         ("agents_sdk", [{"role": "system", "content": "Add the numbers."}]),
+        ("langchain_chat", []),
+        ("pydantic_ai_chat", []),
     ],
-    ids=["openai-client", "openai-client-streamed", "agents-sdk"],
+    ids=[
+        "openai-client",
+        "openai-client-streamed",
+        "openai-client-n2",
+        "agents-sdk",
+        "langchain",
+        "pydantic-ai",
+    ],
 )
 def test_an_openai_client_agent_plays_token_exact_episodes(
     in_process_vllm, bpe_policy, agent, system

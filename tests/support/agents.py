@@ -79,6 +79,24 @@ async def streamed_two_turns(base_url: str, prompt: str, answer: str) -> dict:
     return {"reward": float(correct), "correct": correct, "calls": 2}
 
 
+async def best_of_two(base_url: str, prompt: str, answer: str) -> dict:
+    """``two_turns`` asking for two first replies (``n=2``) and going on with the second."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="sluice", max_retries=0)
+    messages = [{"role": "user", "content": prompt}]
+    first = await client.chat.completions.create(
+        model="policy", messages=messages, max_tokens=6, n=2
+    )
+    messages += [
+        first.choices[1].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "and the answer is"},
+    ]
+    second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    correct = answer in second.choices[0].message.content
+    return {"reward": float(correct), "correct": correct, "calls": 2}
+
+
 async def someone_elses_session(base_url: str, prompt: str) -> float:
     from openai import AsyncOpenAI
 
@@ -118,4 +136,44 @@ async def agents_sdk(base_url: str, prompt: str, answer: str) -> dict:
     followup = [*first.to_input_list(), {"role": "user", "content": "and the answer is"}]
     second = await Runner.run(agent, followup, max_turns=1)
     correct = answer in str(second.final_output)
+    return {"reward": float(correct), "correct": correct, "calls": 2}
+
+
+async def langchain_chat(base_url: str, prompt: str, answer: str) -> dict:
+    """An agent on LangChain's ``ChatOpenAI``: the first reply streamed (``astream``, which
+    asks for the usage in the stream), the second invoked on the conversation so far."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_openai import ChatOpenAI
+
+    def chat(max_tokens: int) -> ChatOpenAI:
+        return ChatOpenAI(
+            model="policy", base_url=base_url, api_key="sluice", max_retries=0,
+            max_tokens=max_tokens, stream_usage=True,
+        )  # fmt: skip
+
+    messages: list = [HumanMessage(prompt)]
+    reply = "".join([str(chunk.content) async for chunk in chat(6).astream(messages)])
+    messages += [AIMessage(reply), HumanMessage("and the answer is")]
+    second = await chat(4).ainvoke(messages)
+    correct = answer in str(second.content)
+    return {"reward": float(correct), "correct": correct, "calls": 2}
+
+
+async def pydantic_ai_chat(base_url: str, prompt: str, answer: str) -> dict:
+    """An agent on pydantic-ai over the endpoint: a streamed run, then a run that continues
+    its message history."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    provider = OpenAIProvider(base_url=base_url, api_key="sluice")
+    agent = Agent(OpenAIChatModel("policy", provider=provider))
+    async with agent.run_stream(prompt, model_settings={"max_tokens": 6}) as first:
+        await first.get_output()
+    second = await agent.run(
+        "and the answer is",
+        message_history=first.all_messages(),
+        model_settings={"max_tokens": 4},
+    )
+    correct = answer in str(second.output)
     return {"reward": float(correct), "correct": correct, "calls": 2}

@@ -30,10 +30,14 @@ def served(bpe_policy):
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     asked: list[list[int]] = []
 
-    def generate(session, ids, max_tokens):
-        asked.append(list(ids))
+    def generate(session, ids, max_tokens, choice):
+        """The fixed reply; a call's further replies (n > 1) end in their own number."""
+        if choice == 0:
+            asked.append(list(ids))
+        text = "The sum is 5" if choice == 0 else f"The sum is {5 + choice}"
+        reply = tokenizer(text, add_special_tokens=False)["input_ids"]
         done: Future[Generated] = Future()
-        tokens = [*reply_ids, end][:max_tokens]
+        tokens = [*reply, end][:max_tokens]
         done.set_result(Generated(tokens, [-0.25] * len(tokens), 3, len(tokens) <= max_tokens))
         return done
 
@@ -77,8 +81,8 @@ def test_bad_calls_get_errors_and_a_rewritten_history_fails_the_session(served):
         openai.OpenAI(base_url=endpoint.base_url("nobody"), api_key="x").chat.completions.create(
             model="any", messages=messages
         )
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.chat.completions.create(model="any", messages=messages, n=2)
+    with pytest.raises(openai.BadRequestError, match="n must be a whole number from 1 to 16"):
+        client.chat.completions.create(model="any", messages=messages, n=17)
     client.chat.completions.create(model="any", messages=messages)
     rewritten = [{"role": "user", "content": "hello"}, {"role": "user", "content": "again"}]
     with pytest.raises(openai.BadRequestError, match="do not continue this session"):
@@ -120,13 +124,65 @@ def test_a_streamed_call_gets_the_same_reply_and_the_session_the_same_tokens(ser
     assert streamed.prompt_ids == plain.prompt_ids and streamed.marks == plain.marks
 
 
+def test_n_replies_come_back_and_the_session_continues_with_the_one_sent_back(served):
+    endpoint, sessions, tokenizer, _, sampled = served
+    session = sessions.open("n3", PROBLEM)
+    client = openai.OpenAI(base_url=endpoint.base_url("n3"), api_key="none", max_retries=0)
+    messages = [{"role": "user", "content": PROBLEM.prompt}]
+    first = client.chat.completions.create(model="any", messages=messages, n=3)
+    texts = [c.message.content for c in first.choices]
+    assert texts == ["The sum is 5", "The sum is 6", "The sum is 7"]
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert session.token_ids == sampled  # the first, until the agent says otherwise
+    kept = first.choices[2].model_extra["token_ids"]
+    with pytest.raises(openai.BadRequestError, match="none of the replies"):
+        client.chat.completions.create(
+            model="any",
+            messages=[
+                *messages,
+                {"role": "assistant", "content": "The sum is 8"},
+                {"role": "user", "content": "Sure?"},
+            ],
+        )
+    sessions.open("n3b", PROBLEM)
+    again = openai.OpenAI(base_url=endpoint.base_url("n3b"), api_key="none")
+    first = again.chat.completions.create(model="any", messages=messages, n=3)
+    messages += [
+        first.choices[2].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "Are you sure?"},
+    ]
+    again.chat.completions.create(model="any", messages=messages)
+    added = tokenizer(
+        "\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )["input_ids"]
+    session = sessions.get("n3b")
+    assert session.token_ids == kept + added + sampled
+    assert session.mask == [1] * len(kept) + [0] * len(added) + [1] * len(sampled)
+    assert session.marks == [(0, 3)] and session.calls == 2
+
+
+def test_n_streamed_replies_come_as_chunks_of_their_own_index(served):
+    endpoint, sessions, *_ = served
+    sessions.open("ns", PROBLEM)
+    client = openai.OpenAI(base_url=endpoint.base_url("ns"), api_key="none")
+    events = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "hi"}], n=2, stream=True
+    )
+    texts = ["", ""]
+    for event in events:
+        for choice in event.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == ["The sum is 5", "The sum is 6"]
+
+
 def test_tool_calls_come_back_in_the_openai_form_and_a_tool_result_continues(bpe_policy):
     tokenizer = AutoTokenizer.from_pretrained(str(bpe_policy))
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
     reply_ids = tokenizer(call, add_special_tokens=False)["input_ids"]
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
-    def generate(session, ids, max_tokens):
+    def generate(session, ids, max_tokens, choice):
         done: Future[Generated] = Future()
         done.set_result(Generated([*reply_ids, end], [-0.5] * (len(reply_ids) + 1), 0, True))
         return done
