@@ -53,6 +53,7 @@ from sluice.sim.report import measured_commit, write_section
 from sluice.storage.params import ParameterService
 
 MIB = 1 << 20
+MAX_MODEL_LEN = 1024  # prompt and reply tokens a sequence may hold in the sync bench's vLLM
 SECTION = ("lora-adapters", "LoRA adapters against full weights")
 LORA = LoraConfig(
     rank=16,
@@ -137,7 +138,11 @@ def sync_into_vllm(
     for kind, lora in (("full", None), ("adapter", LORA)):
         train = TrainConfig(lr=1e-4, micro_batch=8, micro_batch_tokens=NO_TOKEN_LIMIT, lora=lora)
         trainer = build_engine(train, str(policy), seed=0)
-        engine = VLLMRolloutEngine(str(policy), seed=0, kv_cache_gib=0.1, lora=lora)
+        # A context of the prompts' length, not the model's own (SmolLM2's 8,192 tokens need
+        # more KV cache than the 0.1 GiB given; vLLM refuses to start).
+        engine = VLLMRolloutEngine(
+            str(policy), seed=0, kv_cache_gib=0.1, lora=lora, max_model_len=MAX_MODEL_LEN
+        )
         service = ParameterService.create(relays=1, bucket_bytes=64 * MIB, dtype="float32")
         runs[kind] = []
         for version in range(1, repeats + 1):
