@@ -111,6 +111,8 @@ class Draft:
     """Canonical content; decides the split and identifies the problem for dedupe."""
     prompt: str
     answer: str
+    fields: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """The problem's ``fields``."""
 
 
 def split_of(env_name: str, canonical: str) -> Split:
@@ -169,6 +171,7 @@ def draw_problems(
                 prompt=draft.prompt,
                 answer=draft.answer,
                 split=checked,
+                fields=draft.fields,
             )
         )
     return out

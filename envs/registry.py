@@ -19,8 +19,10 @@ from sluice.envs.base import Environment
 from sluice.envs.calculator import CalculatorEnv
 from sluice.envs.countdown import CountdownEnv
 from sluice.envs.guessing import GuessingEnv
+from sluice.envs.gym_text import GymTextEnv
 from sluice.envs.reasoning_gym import ReasoningGymEnv
 from sluice.envs.rewards import import_function
+from sluice.envs.textarena_games import TextArenaEnv
 
 ENTRY_POINTS = "sluice.environments"
 
@@ -30,6 +32,8 @@ BUILTIN: dict[str, Callable[..., Environment]] = {
     "reasoning_gym": ReasoningGymEnv,
     "calculator": CalculatorEnv,  # multi-turn, with a tool
     "guessing": GuessingEnv,  # multi-turn
+    "textarena": TextArenaEnv,  # multi-turn: TextArena's games (envs/textarena_games.py)
+    "gym": GymTextEnv,  # multi-turn: gymnasium-style text environments (envs/gym_text.py)
 }
 ENV_NAMES: tuple[str, ...] = tuple(BUILTIN)
 

@@ -80,6 +80,9 @@ def module_root(path: str) -> str | None:
     that processes started elsewhere (Ray actors, pool processes) can import it too."""
     top = path.partition(":")[0].split(".")[0]
     spec = importlib.util.find_spec(top)
+    if spec is not None and spec.origin is None and spec.submodule_search_locations:
+        # a namespace package (a folder without __init__.py): its parent
+        return os.path.abspath(os.path.dirname(next(iter(spec.submodule_search_locations))))
     origin = spec.origin if spec is not None else None
     if origin is None or origin in ("built-in", "frozen"):
         return None

@@ -123,7 +123,16 @@ _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 # env.name values besides entry points and import paths (envs/registry.py builds them).
-BUILTIN_ENVS = ("addition", "countdown", "dataset", "reasoning_gym", "calculator", "guessing")
+BUILTIN_ENVS = (
+    "addition",
+    "countdown",
+    "dataset",
+    "reasoning_gym",
+    "calculator",
+    "guessing",
+    "textarena",
+    "gym",
+)
 
 
 class DataConfig(_Section):
@@ -162,7 +171,9 @@ class EnvConfig(_Section):
         "addition",
         description="Environment: addition, countdown, dataset (prompts from env.data), "
         "reasoning_gym (env.args: {task: <name>, size, seed, config}), the multi-turn "
-        "calculator (env.args: {digits}) and guessing (env.args: {high}), a name a package "
+        "calculator (env.args: {digits}) and guessing (env.args: {high}), TextArena games "
+        "(textarena, env.args: {game: <id>}), gymnasium-style text environments (gym, "
+        "env.args: {make: <import path>}), a name a package "
         "registers under the sluice.environments entry point, or an import path "
         "'package.module:Class' of your own (built with env.args).",
     )

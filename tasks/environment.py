@@ -19,6 +19,7 @@ from sluice.engines.episodes import StepSpec
 from sluice.engines.lora import check_base
 from sluice.envs import ENV_NAMES, Environment, Problem, make_env
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Renderer
+from sluice.envs.games import GameEnv
 from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
 from sluice.envs.prompts import FittingPrompts, PromptSource
 from sluice.envs.registry import env_factory
@@ -66,6 +67,14 @@ def make_environment(cfg: EnvConfig, policy: PolicyConfig | None = None) -> tupl
         else:
             env = make_env(cfg.name, **cfg.args)
             knobs = {"args": cfg.args}
+            if isinstance(env, GameEnv) and policy is not None:
+                if not policy.path:
+                    raise ConfigError(
+                        f"{cfg.name!r} plays games, which have no reference episodes "
+                        "for the built-in tiny policy to start from; set policy.path to a "
+                        "model folder (make model writes SmolLM2-135M-Instruct's)"
+                    )
+                env.render_prompts(chat_renderer(policy.path))
     except ValueError as error:  # DataError is one
         raise ConfigError(f"env: {error}") from None
     return env, json.dumps({"name": cfg.name, **knobs}, sort_keys=True, default=str)
@@ -151,8 +160,13 @@ def step_spec(cfg: RunConfig) -> StepSpec | None:
     e = cfg.env
     if e.name == "dataset" or not is_multi_turn(env_factory(e.name)):
         return None
-    root = module_root(e.name) if ":" in e.name else None
-    return StepSpec(e.name, dict(e.args), (root,) if root else (), cfg.reward.memory_mib)
+    paths = [e.name] if ":" in e.name else []
+    # an adapter's arguments that name the user's code (a game's factory, an opponent)
+    paths += [
+        str(e.args[a]) for a in getattr(env_factory(e.name), "import_args", ()) if e.args.get(a)
+    ]
+    roots = sorted({root for path in paths if (root := module_root(path)) is not None})
+    return StepSpec(e.name, dict(e.args), tuple(roots), cfg.reward.memory_mib)
 
 
 def check_agent(cfg: RunConfig) -> None:

@@ -184,7 +184,15 @@ def test_make_env_unknown_name() -> None:
 
 
 def test_env_names() -> None:
-    assert ENV_NAMES == ("addition", "countdown", "reasoning_gym", "calculator", "guessing")
+    assert ENV_NAMES == (
+        "addition",
+        "countdown",
+        "reasoning_gym",
+        "calculator",
+        "guessing",
+        "textarena",
+        "gym",
+    )
 
 
 class HangingEnv(FakeEnv):
