@@ -56,13 +56,16 @@ class Turn:
     observation: str
     reward: float = 0.0
     done: bool = False
+    role: str = "user"
+    """With a chat model, the observation is a message of this role."""
 
 
 class Game(Protocol):
     """One running game, from one problem."""
 
-    def start(self) -> str:
-        """Start the game; its first observation."""
+    def start(self) -> Any:
+        """Start the game; its first observation (text, or what the adapter makes a
+        prompt of)."""
         ...
 
     def act(self, action: str) -> Turn:
@@ -165,7 +168,7 @@ class GameEnv:
             self._live[key] = live
             while len(self._live) > LIVE_GAMES:
                 self._live.popitem(last=False)[1].game.close()
-        return EnvStep(shown, role="user" if problem.fields.get(CHAT) else None)
+        return EnvStep(shown, role=turn.role if problem.fields.get(CHAT) else None)
 
     def _replay(self, problem: Problem, history: Sequence[str]) -> _Live:
         """The game at the end of ``history``, started again and replayed."""

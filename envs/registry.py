@@ -22,6 +22,7 @@ from sluice.envs.guessing import GuessingEnv
 from sluice.envs.gym_text import GymTextEnv
 from sluice.envs.reasoning_gym import ReasoningGymEnv
 from sluice.envs.rewards import import_function
+from sluice.envs.skyrl_gym_envs import SkyRLGymEnv
 from sluice.envs.textarena_games import TextArenaEnv
 
 ENTRY_POINTS = "sluice.environments"
@@ -34,6 +35,7 @@ BUILTIN: dict[str, Callable[..., Environment]] = {
     "guessing": GuessingEnv,  # multi-turn
     "textarena": TextArenaEnv,  # multi-turn: TextArena's games (envs/textarena_games.py)
     "gym": GymTextEnv,  # multi-turn: gymnasium-style text environments (envs/gym_text.py)
+    "skyrl_gym": SkyRLGymEnv,  # multi-turn: skyrl-gym's, on SkyRL's data (envs/skyrl_gym_envs.py)
 }
 ENV_NAMES: tuple[str, ...] = tuple(BUILTIN)
 

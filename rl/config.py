@@ -132,7 +132,10 @@ BUILTIN_ENVS = (
     "guessing",
     "textarena",
     "gym",
+    "skyrl_gym",
 )
+# The environments that read env.data.
+DATA_ENVS = ("dataset", "skyrl_gym")
 
 
 class DataConfig(_Section):
@@ -173,7 +176,8 @@ class EnvConfig(_Section):
         "reasoning_gym (env.args: {task: <name>, size, seed, config}), the multi-turn "
         "calculator (env.args: {digits}) and guessing (env.args: {high}), TextArena games "
         "(textarena, env.args: {game: <id>}), gymnasium-style text environments (gym, "
-        "env.args: {make: <import path>}), a name a package "
+        "env.args: {make: <import path>}), skyrl-gym's (skyrl_gym, env.args: {env_class}, "
+        "with SkyRL's data file in env.data), a name a package "
         "registers under the sluice.environments entry point, or an import path "
         "'package.module:Class' of your own (built with env.args).",
     )
@@ -251,10 +255,10 @@ class EnvConfig(_Section):
 
     @model_validator(mode="after")
     def _data_goes_with_dataset(self) -> EnvConfig:
-        if (self.name == "dataset") != (self.data is not None):
+        if (self.name in DATA_ENVS) != (self.data is not None):
             raise ValueError(
-                "env.data (the data file) is what env.name=dataset reads, and only it: "
-                "set both or neither"
+                f"env.data (the data file) is what env.name={' or '.join(DATA_ENVS)} reads, "
+                "and only they: set both or neither"
             )
         return self
 

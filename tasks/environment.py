@@ -25,6 +25,7 @@ from sluice.envs.prompts import FittingPrompts, PromptSource
 from sluice.envs.registry import env_factory
 from sluice.envs.rewards import RewardFunction, check_signature, import_function, module_root
 from sluice.envs.scoring import RecordedScorer, Scorer, make_scorer
+from sluice.envs.skyrl_gym_envs import SkyRLGymEnv
 from sluice.rl.config import (
     ConfigError,
     DataConfig,
@@ -64,6 +65,15 @@ def make_environment(cfg: EnvConfig, policy: PolicyConfig | None = None) -> tupl
             assert cfg.data is not None  # the config requires it
             env = dataset_environment(cfg.data, policy)
             knobs = {"data": cfg.data.model_dump()}
+        elif cfg.name == "skyrl_gym":
+            assert cfg.data is not None  # the config requires it
+            skyrl = make_env(cfg.name, **cfg.args)
+            assert isinstance(skyrl, SkyRLGymEnv)
+            rows = dataset_environment(cfg.data, policy, every_column=True)
+            skyrl.render_prompts(rows.render)
+            skyrl.use_data(rows)
+            env = skyrl
+            knobs = {"args": cfg.args, "data": cfg.data.model_dump()}
         else:
             env = make_env(cfg.name, **cfg.args)
             knobs = {"args": cfg.args}
@@ -80,18 +90,26 @@ def make_environment(cfg: EnvConfig, policy: PolicyConfig | None = None) -> tupl
     return env, json.dumps({"name": cfg.name, **knobs}, sort_keys=True, default=str)
 
 
-def dataset_environment(data: DataConfig, policy: PolicyConfig | None) -> DatasetEnv:
-    """The data file (local or s3://, through the run's storage code) as an environment."""
+def dataset_environment(
+    data: DataConfig, policy: PolicyConfig | None, every_column: bool = False
+) -> DatasetEnv:
+    """The data file (local or s3://, through the run's storage code) as an environment;
+    ``every_column``: each row's columns all reach its problem's fields (an environment's
+    extras), the answer column none."""
 
     def source(path: str) -> DataSource:
         fs, root = open_url(path)
         return DataSource(root, fs, data.split)
 
-    columns = Columns(data.prompt, data.answer, tuple(data.fields))
+    train = source(data.path)
+    if every_column:
+        columns = Columns(data.prompt, None, tuple(train.schema.names))
+    else:
+        columns = Columns(data.prompt, data.answer, tuple(data.fields))
     heldout = source(data.heldout_path) if data.heldout_path else None
     render = chat_renderer(policy.path) if policy is not None and policy.path else None
     skip = trained_prompts(data.skip_trained_in)
-    return DatasetEnv(source(data.path), columns, heldout, render, skip)
+    return DatasetEnv(train, columns, heldout, render, skip)
 
 
 def trained_prompts(urls: list[str]) -> frozenset[str]:
@@ -331,9 +349,10 @@ def check_environment(cfg: RunConfig) -> None:
     """The environment builds and, for a dataset, its columns and prompts are usable: a
     ConfigError before anything starts."""
     env, _ = make_environment(cfg.env, cfg.policy)
-    if isinstance(env, DatasetEnv):
+    rows = env.data if isinstance(env, SkyRLGymEnv) else env
+    if isinstance(rows, DatasetEnv):
         try:
-            env.check()
+            rows.check()
             if not env.problems("heldout", 1, cfg.seed + 1):
                 raise ValueError(
                     f"data {cfg.env.data.path if cfg.env.data else ''!r} yields no held-out "

@@ -192,6 +192,7 @@ def test_env_names() -> None:
         "guessing",
         "textarena",
         "gym",
+        "skyrl_gym",
     )
 
 

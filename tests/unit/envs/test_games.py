@@ -5,6 +5,7 @@ process with the sample runner."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -14,9 +15,11 @@ from sluice.engines.messages import PartialGroup, PartialSample
 from sluice.engines.sample_runner import Play
 from sluice.envs import make_env
 from sluice.envs.games import CHAT, GameError
-from sluice.envs.multi_turn import EpisodeLimits
+from sluice.envs.multi_turn import EnvStep, EpisodeLimits
+from sluice.envs.prompts import training_prompts
 from sluice.rl.config import ConfigError, load_config
 from sluice.tasks.environment import make_environment, step_spec
+from tests.support.bpe_policy import build_bpe_policy
 from tests.support.envs import ROOT
 from tests.unit.engines.test_sample_runner import ScriptedEngine
 
@@ -204,3 +207,58 @@ def test_a_run_names_the_game_and_its_code_before_it_starts() -> None:
         make_environment(cfg.env, cfg.policy)
     spec = step_spec(cfg)
     assert spec is not None and spec.env == "gym" and ROOT in spec.roots
+
+
+def _skyrl_rows(path, n: int) -> None:
+    """SkyRL's dataset format: chat-message prompts beside the environment's extras."""
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"What is {i}+2? End with '#### <answer>'."}],
+            "env_class": "gsm8k_multi_turn",
+            "reward_spec": {"method": "rule", "ground_truth": str(i + 2)},
+            "extra_info": {"max_turns": 2},
+        }
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_skyrl_gym_episodes_on_skyrl_data(tmp_path) -> None:
+    """skyrl-gym's own multi-turn GSM8K environment on rows in SkyRL's format, read by the
+    run's data code and rendered with a model folder's chat template: a right answer ends
+    the episode, a wrong one gets the environment's next message, in the step process too."""
+    pytest.importorskip("skyrl_gym")
+    _skyrl_rows(tmp_path / "train.jsonl", 40)
+    folder = build_bpe_policy(tmp_path / "policy")
+    cfg = load_config(
+        None,
+        [
+            "env.name=skyrl_gym",
+            f"env.data.path={tmp_path / 'train.jsonl'}",
+            f"policy.path={folder}",
+            "mode=sync",
+        ],
+    )
+    env, _ = make_environment(cfg.env, cfg.policy)
+    train, heldout = env.problems("train", 3, 0), env.problems("heldout", 1, 0)
+    assert train and heldout and train[0].prompt.startswith("<|im_start|>user\nWhat is")
+    streamed = training_prompts(env, 8, 0).take(2)
+    assert all(p.fields["chat"] and p.prompt.startswith("<|im_start|>") for p in streamed)
+    problem = train[0]
+    truth = problem.fields["skyrl_row"]["reward_spec"]["ground_truth"]
+    right = env.step(problem, [f"So: #### {truth}"])
+    assert (right.done, right.reward, right.correct) == (True, 1.0, True)
+    wrong = env.step(problem, ["#### 999"])
+    assert not wrong.done and wrong.role == "user" and "####" in wrong.observation
+    spec = step_spec(cfg)
+    assert spec is not None
+    steps = EpisodeSteps(spec, 30.0)
+    try:
+        second = steps.submit(problem, ["#### 999", wrong.observation, f"#### {truth}"]).result()
+    finally:
+        steps.close()
+    assert isinstance(second.outcome, EnvStep), second
+    assert (second.outcome.done, second.outcome.correct) == (True, True)
+    assert cfg.env.data is not None
+    with pytest.raises(ValueError, match=r"env\.data \(the data file\)"):
+        load_config(None, ["env.name=skyrl_gym", "mode=sync"])
