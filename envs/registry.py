@@ -20,6 +20,7 @@ from sluice.envs.calculator import CalculatorEnv
 from sluice.envs.countdown import CountdownEnv
 from sluice.envs.guessing import GuessingEnv
 from sluice.envs.gym_text import GymTextEnv
+from sluice.envs.openenv_envs import OpenEnvEnv
 from sluice.envs.reasoning_gym import ReasoningGymEnv
 from sluice.envs.rewards import import_function
 from sluice.envs.skyrl_gym_envs import SkyRLGymEnv
@@ -36,6 +37,7 @@ BUILTIN: dict[str, Callable[..., Environment]] = {
     "textarena": TextArenaEnv,  # multi-turn: TextArena's games (envs/textarena_games.py)
     "gym": GymTextEnv,  # multi-turn: gymnasium-style text environments (envs/gym_text.py)
     "skyrl_gym": SkyRLGymEnv,  # multi-turn: skyrl-gym's, on SkyRL's data (envs/skyrl_gym_envs.py)
+    "openenv": OpenEnvEnv,  # multi-turn: OpenEnv's, in the step process (envs/openenv_envs.py)
 }
 ENV_NAMES: tuple[str, ...] = tuple(BUILTIN)
 

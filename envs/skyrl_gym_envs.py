@@ -3,7 +3,7 @@
 
     env:
       name: skyrl_gym
-      args: {env_class: gsm8k_multi_turn, env_config: {}}   # env_class: else the row's
+      args: {env_class: gsm8k_multi_turn, env_config: {}}   # else the row's; or an import path
       data:
         path: data/gsm8k/train.parquet                       # SkyRL's dataset format
         answer: null
@@ -34,6 +34,7 @@ from sluice.envs.base import Problem, Split
 from sluice.envs.dataset import DatasetEnv
 from sluice.envs.games import CHAT, EpisodeReward, GameEnv, GameError, Turn
 from sluice.envs.prompts import PromptSource
+from sluice.envs.rewards import import_function
 
 ROW = "skyrl_row"
 """A problem field: the data row (the environment's extras), its prompt included."""
@@ -66,7 +67,10 @@ class SkyRLGame:
     def __init__(self, env_class: str, env_config: dict[str, Any], row: dict[str, Any]) -> None:
         self.row = row
         extras = {k: v for k, v in row.items() if k != "prompt"}
-        self.env = _skyrl_gym().make(env_class, env_config=env_config, extras=extras)
+        if ":" in env_class:  # a class of the user's own, by import path
+            self.env = import_function(env_class)(env_config=env_config, extras=extras)
+        else:
+            self.env = _skyrl_gym().make(env_class, env_config=env_config, extras=extras)
 
     def start(self) -> list[dict[str, str]]:
         messages, _ = self.env.init(list(self.row["prompt"]))
@@ -84,6 +88,8 @@ class SkyRLGame:
 class SkyRLGymEnv(GameEnv):
     """Episodes of skyrl-gym's ``env_class`` (or each row's), on the run's data."""
 
+    import_args = ("env_class",)  # a class of the user's own: its folder reaches steps
+
     def __init__(
         self,
         env_class: str | None = None,
@@ -96,10 +102,10 @@ class SkyRLGymEnv(GameEnv):
             f"skyrl_gym/{env_class or 'rows'}", reward_range, episode_reward, correct_at
         )
         registry = _skyrl_gym().registry
-        if env_class is not None and env_class not in registry:
+        if env_class is not None and ":" not in env_class and env_class not in registry:
             raise ValueError(
                 f"unknown skyrl-gym environment {env_class!r}; registered: "
-                f"{', '.join(sorted(registry))}"
+                f"{', '.join(sorted(registry))}, or an import path 'package.module:Class'"
             )
         self.env_class, self.env_config = env_class, dict(env_config or {})
         self.data: DatasetEnv | None = None

@@ -133,6 +133,7 @@ BUILTIN_ENVS = (
     "textarena",
     "gym",
     "skyrl_gym",
+    "openenv",
 )
 # The environments that read env.data.
 DATA_ENVS = ("dataset", "skyrl_gym")
@@ -177,7 +178,8 @@ class EnvConfig(_Section):
         "calculator (env.args: {digits}) and guessing (env.args: {high}), TextArena games "
         "(textarena, env.args: {game: <id>}), gymnasium-style text environments (gym, "
         "env.args: {make: <import path>}), skyrl-gym's (skyrl_gym, env.args: {env_class}, "
-        "with SkyRL's data file in env.data), a name a package "
+        "with SkyRL's data file in env.data), OpenEnv's (openenv, env.args: {environment: "
+        "<import path>}), a name a package "
         "registers under the sluice.environments entry point, or an import path "
         "'package.module:Class' of your own (built with env.args).",
     )

@@ -193,6 +193,7 @@ def test_env_names() -> None:
         "textarena",
         "gym",
         "skyrl_gym",
+        "openenv",
     )
 
 

@@ -23,8 +23,6 @@ from tests.support.bpe_policy import build_bpe_policy
 from tests.support.envs import ROOT
 from tests.unit.engines.test_sample_runner import ScriptedEngine
 
-pytest.importorskip("textarena")
-
 GUESS = {"game": "GuessTheNumber-v0"}
 
 
@@ -227,7 +225,6 @@ def test_skyrl_gym_episodes_on_skyrl_data(tmp_path) -> None:
     """skyrl-gym's own multi-turn GSM8K environment on rows in SkyRL's format, read by the
     run's data code and rendered with a model folder's chat template: a right answer ends
     the episode, a wrong one gets the environment's next message, in the step process too."""
-    pytest.importorskip("skyrl_gym")
     _skyrl_rows(tmp_path / "train.jsonl", 40)
     folder = build_bpe_policy(tmp_path / "policy")
     cfg = load_config(
@@ -259,6 +256,36 @@ def test_skyrl_gym_episodes_on_skyrl_data(tmp_path) -> None:
         steps.close()
     assert isinstance(second.outcome, EnvStep), second
     assert (second.outcome.done, second.outcome.correct) == (True, True)
-    assert cfg.env.data is not None
+    own = make_env("skyrl_gym", env_class="tests.support.skyrl_games:SaysTheAnswer")
+    own.render_prompts(lambda messages: messages[-1]["content"])
+    assert env.data is not None
+    asked = own.first_prompt(env.data.problems("train", 1, 0)[0])  # the same row, own class
+    nudge = own.step(asked, ["no idea"])
+    assert (nudge.done, nudge.observation, nudge.role) == (False, "not yet", "tool")
+    said = own.step(asked, ["no idea", nudge.observation, f"it is {truth}"])
+    assert (said.done, said.correct) == (True, True)
     with pytest.raises(ValueError, match=r"env\.data \(the data file\)"):
         load_config(None, ["env.name=skyrl_gym", "mode=sync"])
+
+
+def test_an_openenv_environment_in_the_step_process() -> None:
+    """An environment written with openenv-core's API: its declared action type takes the
+    model's turn, its observation's text field is the next message, and its reward ends
+    the episode, both in-process and through the step process."""
+    args = {"environment": "tests.support.openenv_games:WordLength"}
+    env = make_env("openenv", **args)
+    problem = env.problems("train", 1, 0)[0]
+    length = int(problem.prompt.split()[3])
+    missed = env.step(problem, ["x" * (length + 1)])
+    assert (missed.done, missed.observation) == (False, f"\nno: {length} letters")
+    right = env.step(problem, ["x" * (length + 1), missed.observation, "y" * length])
+    assert (right.done, right.reward, right.correct) == (True, 1.0, True)
+    steps = EpisodeSteps(StepSpec("openenv", args, (ROOT,)), 30.0)
+    try:
+        moved = steps.submit(problem, ["x" * (length + 1), missed.observation, "y" * length])
+        outcome = moved.result().outcome
+    finally:
+        steps.close()
+    assert isinstance(outcome, EnvStep) and (outcome.done, outcome.correct) == (True, True)
+    with pytest.raises(ValueError, match="not an OpenEnv Environment class"):
+        make_env("openenv", environment="tests.support.games:Countdown")
