@@ -1,5 +1,5 @@
 """Stateful games as multi-turn environments: the shared core of the adapters for
-gymnasium-style text environments, skyrl-gym and TextArena.
+TextArena, gymnasium-style text environments, skyrl-gym and OpenEnv.
 
 Those libraries' environments hold their state in an object (``reset``, then ``step``
 after ``step``); Sluice's ``MultiTurn.step(problem, history)`` may hold none, because an
@@ -16,6 +16,10 @@ highest reward) maps linearly; ``episode_reward`` says which rewards count, the 
 (``"last"``: an outcome reward) or their sum (``"sum"``: per-turn rewards); the episode is
 correct when its mapped reward reaches ``correct_at``.
 
+Steps of different episodes run at once on the step process's threads; an adapter whose
+library keeps global state (TextArena seeds the global ``random``) sets ``serial`` and its
+steps run one at a time.
+
 With a chat model (``render_prompts``, called by the run with the model's chat template)
 a problem's prompt is the first observation rendered as a user message, and each later
 observation is a user message too (``EnvStep.role``); without one they are appended as text.
@@ -23,6 +27,7 @@ observation is a user message too (``EnvStep.role``); without one they are appen
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -89,6 +94,7 @@ class GameEnv:
     """A multi-turn environment whose episodes are games (see the module's docstring)."""
 
     multi_turn = True
+    serial = False  # the library keeps global state: one step at a time
 
     def __init__(
         self,
@@ -110,7 +116,8 @@ class GameEnv:
         self.correct_at = float(correct_at)
         self._render: Renderer | None = None
         self._live: OrderedDict[str, _Live] = OrderedDict()
-        self._lock = threading.Lock()  # games may share global state (seeded RNGs)
+        self._lock = threading.Lock()  # the live games
+        self._serial = threading.Lock() if self.serial else contextlib.nullcontext()
 
     # What a subclass provides.
 
@@ -127,7 +134,7 @@ class GameEnv:
 
         out = []
         for problem in draw_problems(self.name, split, n, seed, draft):
-            with self._lock:
+            with self._serial:
                 game = self.new_game(problem)
                 first = game.start()
                 game.close()
@@ -153,21 +160,24 @@ class GameEnv:
 
     def step(self, problem: Problem, history: list[str]) -> EnvStep:
         with self._lock:
-            live = self._live.pop(_key(problem, history[:-1]), None) or self._replay(
-                problem, history[:-1]
-            )
+            live = self._live.pop(_key(problem, history[:-1]), None)
+        with self._serial:
+            live = live or self._replay(problem, history[:-1])
             turn = live.game.act(history[-1])
             live.rewards.append(float(turn.reward))
             if turn.done:
                 live.game.close()
                 return self._verdict(live.rewards)
-            shown = _shown(problem, turn.observation)
-            key = _key(problem, [*history, shown])
-            if key in self._live:  # another sample played the same turns: the same game
-                self._live.pop(key).game.close()
+        shown = _shown(problem, turn.observation)
+        key = _key(problem, [*history, shown])
+        with self._lock:
+            old = self._live.pop(key, None)  # another sample played the same turns
             self._live[key] = live
-            while len(self._live) > LIVE_GAMES:
-                self._live.popitem(last=False)[1].game.close()
+            dropped = [
+                self._live.popitem(last=False)[1] for _ in range(len(self._live) - LIVE_GAMES)
+            ]
+        for gone in [*([old] if old else []), *dropped]:
+            gone.game.close()
         return EnvStep(shown, role=turn.role if problem.fields.get(CHAT) else None)
 
     def _replay(self, problem: Problem, history: Sequence[str]) -> _Live:

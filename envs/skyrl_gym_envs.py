@@ -125,7 +125,7 @@ class SkyRLGymEnv(GameEnv):
         """A data row's problem with the prompt its environment's ``init`` makes."""
         fields = {ROW: dict(problem.fields)}
         started = replace(problem, fields=fields)
-        with self._lock:
+        with self._serial:
             game = self.new_game(started)
             messages = game.start()
             game.close()

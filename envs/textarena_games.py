@@ -97,6 +97,7 @@ class TextArenaEnv(GameEnv):
     """TextArena's ``game``, played from seat ``player`` (see the module's docstring)."""
 
     import_args = ("opponent",)  # the user's code: its folder reaches the step process
+    serial = True  # TextArena seeds and draws from the global random
 
     def __init__(
         self,
