@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,14 @@ class Environment(Protocol):
     def reward(self, problem: Problem, completion: str) -> RewardResult:
         """Score ``completion`` (the model's whole output, prompt excluded) for ``problem``."""
         ...
+
+
+@runtime_checkable
+class ChatPrompts(Protocol):
+    """An environment whose prompts are chat messages: the run hands it the model folder's
+    chat template (``render``: messages -> the prompt text; None: the folder has none)."""
+
+    def render_prompts(self, render: Callable[[list[dict[str, Any]]], str] | None) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from sluice.envs.reasoning_gym import ReasoningGymEnv
 from sluice.envs.rewards import import_function
 from sluice.envs.skyrl_gym_envs import SkyRLGymEnv
 from sluice.envs.textarena_games import TextArenaEnv
+from sluice.envs.verifiers_tasksets import VerifiersEnv
 
 ENTRY_POINTS = "sluice.environments"
 
@@ -38,6 +39,7 @@ BUILTIN: dict[str, Callable[..., Environment]] = {
     "gym": GymTextEnv,  # multi-turn: gymnasium-style text environments (envs/gym_text.py)
     "skyrl_gym": SkyRLGymEnv,  # multi-turn: skyrl-gym's, on SkyRL's data (envs/skyrl_gym_envs.py)
     "openenv": OpenEnvEnv,  # multi-turn: OpenEnv's, in the step process (envs/openenv_envs.py)
+    "verifiers": VerifiersEnv,  # tasksets, played by their agent (envs/verifiers_tasksets.py)
 }
 ENV_NAMES: tuple[str, ...] = tuple(BUILTIN)
 

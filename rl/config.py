@@ -134,7 +134,10 @@ BUILTIN_ENVS = (
     "gym",
     "skyrl_gym",
     "openenv",
+    "verifiers",
 )
+# verifiers environments are played by this agent, given env.args (envs/verifiers_tasksets.py).
+VERIFIERS_AGENT = "sluice.envs.verifiers_tasksets:play"
 # The environments that read env.data.
 DATA_ENVS = ("dataset", "skyrl_gym")
 
@@ -179,7 +182,8 @@ class EnvConfig(_Section):
         "(textarena, env.args: {game: <id>}), gymnasium-style text environments (gym, "
         "env.args: {make: <import path>}), skyrl-gym's (skyrl_gym, env.args: {env_class}, "
         "with SkyRL's data file in env.data), OpenEnv's (openenv, env.args: {environment: "
-        "<import path>}), a name a package "
+        "<import path>}), verifiers' (verifiers, env.args: {taskset: <id>}; played by its own "
+        "agent), a name a package "
         "registers under the sluice.environments entry point, or an import path "
         "'package.module:Class' of your own (built with env.args).",
     )
@@ -254,6 +258,23 @@ class EnvConfig(_Section):
             f"unknown environment {name!r}; allowed: {', '.join([*BUILTIN_ENVS, *registered])}, "
             "or an import path 'package.module:Class'"
         )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verifiers_plays_its_episodes(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("name") != "verifiers":
+            return data
+        if data.get("agent") not in (None, VERIFIERS_AGENT):
+            raise ValueError(
+                f"env.agent: verifiers environments are played by {VERIFIERS_AGENT}; "
+                "leave env.agent unset (a taskset's own harness is its agent)"
+            )
+        args = dict(data.get("args") or {})
+        return {
+            **data,
+            "agent": VERIFIERS_AGENT,
+            "agent_args": {**args, **(data.get("agent_args") or {})},
+        }
 
     @model_validator(mode="after")
     def _data_goes_with_dataset(self) -> EnvConfig:

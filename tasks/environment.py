@@ -18,8 +18,8 @@ from sluice.engines.dispatcher import LedgerSink
 from sluice.engines.episodes import StepSpec
 from sluice.engines.lora import check_base
 from sluice.envs import ENV_NAMES, Environment, Problem, make_env
+from sluice.envs.base import ChatPrompts
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Renderer
-from sluice.envs.games import GameEnv
 from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
 from sluice.envs.prompts import FittingPrompts, PromptSource
 from sluice.envs.registry import env_factory
@@ -77,12 +77,12 @@ def make_environment(cfg: EnvConfig, policy: PolicyConfig | None = None) -> tupl
         else:
             env = make_env(cfg.name, **cfg.args)
             knobs = {"args": cfg.args}
-            if isinstance(env, GameEnv) and policy is not None:
+            if isinstance(env, ChatPrompts) and policy is not None:
                 if not policy.path:
                     raise ConfigError(
-                        f"{cfg.name!r} plays games, which have no reference episodes "
-                        "for the built-in tiny policy to start from; set policy.path to a "
-                        "model folder (make model writes SmolLM2-135M-Instruct's)"
+                        f"{cfg.name!r} has no reference answers for the built-in tiny "
+                        "policy to start from; set policy.path to a model folder (make "
+                        "model writes SmolLM2-135M-Instruct's)"
                     )
                 env.render_prompts(chat_renderer(policy.path))
     except ValueError as error:  # DataError is one

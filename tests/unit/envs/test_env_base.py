@@ -194,6 +194,7 @@ def test_env_names() -> None:
         "gym",
         "skyrl_gym",
         "openenv",
+        "verifiers",
     )
 
 
