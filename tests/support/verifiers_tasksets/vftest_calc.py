@@ -47,7 +47,7 @@ class CalculatorChat(vf.Harness[vf.HarnessConfig]):
         try:
             for turn in range(2):
                 reply = await client.chat.completions.create(
-                    model=ctx.model, messages=messages, tools=[CALCULATOR]
+                    model=ctx.model, messages=messages, tools=[CALCULATOR], max_tokens=24
                 )
                 message = reply.choices[0].message
                 messages.append(message.model_dump(exclude_none=True))
