@@ -33,6 +33,7 @@ import json
 import math
 import random
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -90,7 +91,7 @@ class _Live:
     rewards: list[float]
 
 
-class GameEnv:
+class GameEnv(ABC):
     """A multi-turn environment whose episodes are games (see the module's docstring)."""
 
     multi_turn = True
@@ -121,8 +122,12 @@ class GameEnv:
 
     # What a subclass provides.
 
+    @abstractmethod
     def new_game(self, problem: Problem) -> Game:
-        raise NotImplementedError
+        """A fresh game of ``problem``, not yet started."""
+
+    @abstractmethod
+    def problems(self, split: Split, n: int, seed: int) -> list[Problem]: ...
 
     def seeded_problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """Problems that are games started from a seed of their own (``fields["seed"]``),
