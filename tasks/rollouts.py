@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any, Protocol, cast
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 
 from sluice.engines.dispatcher import DispatcherClient
 from sluice.engines.messages import BatchShard, RolloutStats, StreamSettings
@@ -142,6 +142,10 @@ class Rollouts(Protocol):
 
     def live(self) -> list[RolloutWorkerClient]:
         """The workers that answer now (held-out evaluation runs on them)."""
+
+    def died_loading(self, worker: RolloutWorkerClient, step: int, error: RayActorError) -> None:
+        """``worker`` died loading version ``step`` outside any rollout call (held-out
+        evaluation, a resume): Ray restarts it."""
 
     def pause(self) -> None:
         """Hand vLLM back (held-out evaluation), until ``resume``."""
@@ -519,6 +523,15 @@ class BatchRollouts:
         """The workers that evaluate: all of them (a dead one was waited for)."""
         return self.workers
 
+    def died_loading(self, worker: RolloutWorkerClient, step: int, error: RayActorError) -> None:
+        """Counted when its next batch call fails and waits for Ray to bring it back."""
+        log.warning(
+            "rollout worker %d died loading version %d (%s); its next batch waits for it",
+            self.workers.index(worker),
+            step,
+            type(error).__name__,
+        )
+
     def pause(self) -> None:
         """Nothing runs between steps except what ``one_step`` submitted: let it be."""
 
@@ -575,6 +588,12 @@ class StreamRollouts:
             self.restarting.discard(first)
         return [w for i, w in enumerate(self.workers) if i not in self.restarting]
 
+    def died_loading(self, worker: RolloutWorkerClient, step: int, error: RayActorError) -> None:
+        """Paused, it held no groups; it streams again once Ray has it back (``check``)."""
+        self._lost(
+            self.workers.index(worker), error, f"it was loading version {step}, holding no groups"
+        )
+
     def check(self) -> None:
         """Restart the stream of a worker that died or whose stream failed.
 
@@ -598,7 +617,7 @@ class StreamRollouts:
                 i = self.refs.index(ref)
                 self._lost(i, error, "its {lost} unfinished groups go back to the queue")
 
-    def _lost(self, i: int, error: RayActorError | RayTaskError, handed_back: str) -> None:
+    def _lost(self, i: int, error: RayError, handed_back: str) -> None:
         """Worker ``i`` died: its groups go back to the queue and Ray restarts it. Counted
         once per death: ``check``, called while ``stop`` waits, can see the same one first.
         ``handed_back`` may name ``{lost}``, the number of groups requeued."""

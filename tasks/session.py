@@ -220,10 +220,13 @@ class Session:
     def wait(self, refs: Any, what: str) -> Any:
         """``ray.get(refs)``; meanwhile restarts dead rollout workers, and logs progress."""
         pending = refs if isinstance(refs, list) else [refs]
+        self.ready(pending, len(pending), what)
+        return ray.get(refs)
+
+    def ready(self, refs: list[Any], need: int, what: str) -> list[Any]:
+        """The first ``need`` of ``refs`` that finish (or fail), waited for like ``wait``."""
         started = last_line = time.monotonic()
-        while len(ray.wait(pending, num_returns=len(pending), timeout=CHECK_EVERY_S)[0]) < len(
-            pending
-        ):
+        while len(done := ray.wait(refs, num_returns=need, timeout=CHECK_EVERY_S)[0]) < need:
             self.rollouts.check()
             if time.monotonic() - last_line >= PROGRESS_EVERY_S:
                 last_line = time.monotonic()
@@ -233,27 +236,25 @@ class Session:
                     last_line - started,
                     self.store.stats(),
                 )
-        return ray.get(refs)
+        return done
 
     def synced(self, workers: list[RolloutWorkerClient]) -> list[RolloutWorkerClient]:
-        """``workers`` after each loaded the trainer's version, less any that died doing so
-        (Ray restarts it; the next call the rollouts make to it waits for the new process,
-        which pulls the newest weights before it generates)."""
+        """``workers`` after each loaded the trainer's version, less any that died doing so.
+        The rollouts hear of a death as it happens, not after the others loaded (those may
+        wait on the trainer): Ray restarts the worker, and the new process pulls the newest
+        weights before it generates."""
         timeout = self.cfg.weights.pull_timeout_s
-        refs = [w.sync_weights(self.step, timeout) for w in workers]
-        loaded = []
-        for w, ref in zip(workers, refs, strict=True):
-            try:
-                self.wait(ref, "weights")
-                loaded.append(w)
-            except (RayActorError, ActorUnavailableError) as error:
-                log.warning(
-                    "a rollout worker died loading version %d (%s); it is left out until "
-                    "it is back",
-                    self.step,
-                    type(error).__name__,
-                )
-        return loaded
+        refs = {w.sync_weights(self.step, timeout): w for w in workers}
+        pending, dead = list(refs), set()
+        while pending:
+            for ref in self.ready(pending, 1, "weights"):
+                pending.remove(ref)
+                try:
+                    ray.get(ref)
+                except RayActorError as error:  # ActorUnavailableError is one
+                    self.rollouts.died_loading(refs[ref], self.step, error)
+                    dead.add(ref)
+        return [w for ref, w in refs.items() if ref not in dead]
 
     def lease(self) -> LeaseGrant:
         """A training batch from the store: ``batch_size`` samples in whole groups, none

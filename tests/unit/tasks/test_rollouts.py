@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from sluice.engines.messages import BatchShard, RolloutStats
 from sluice.envs import make_env
@@ -183,6 +183,16 @@ def test_a_dead_streaming_worker_hands_its_groups_back_once_and_counts_once() ->
     assert rollouts.restarts.counts == [0, 1]
     assert rollouts.restarting == {1}
     assert rollouts.live() == [rollouts.workers[0]]
+
+
+def test_a_worker_that_died_loading_weights_is_counted_and_left_out() -> None:
+    """Held-out evaluation pauses the streams and syncs every worker: one that dies then is
+    counted like a stream's death, left out of evaluation, and given no stream on resume."""
+    rollouts, dispatcher = _stream()
+    rollouts.died_loading(rollouts.workers[0], 5, ActorUnavailableError("restarting", None))
+    assert rollouts.restarts.counts == [1, 0]
+    assert rollouts.live() == [rollouts.workers[1]]
+    assert dispatcher.requeued == [0]
 
 
 def test_streaming_metrics_credit_drops_and_read_worker_counters() -> None:
