@@ -182,9 +182,9 @@ bench-vocab: model
 
 # SmolLM2-135M-Instruct (configs/smollm2.yaml): Sluice sync, one_step and async beside TRL's
 # GRPO on the same model, prompts, reward and seed, 2 rounds of 15 steps, held-out accuracy
-# on 256 prompts every 5, threshold +15 points (~2.5 hours here; needs `make model`; not part
+# on 256 prompts every 5, threshold +15 points (~2 hours here; needs `make model`; not part
 # of `make bench`). Each round is kept when it ends: `make bench-real PEER_ARGS="--stop-after 1"`
-# measures one (~75 minutes), and the invocation that finds both kept writes the table.
+# measures one (48-62 minutes on the 2-core Xeon), and the invocation that finds both kept writes the table.
 bench-real: model
 	$(PY) -m sluice.benchmarks.peer_trl --config configs/smollm2.yaml --sluice sync one_step async \
 	  --rounds 2 --steps 15 --eval-every 5 --eval-prompts 256 --gain 0.15 $(PEER_ARGS)

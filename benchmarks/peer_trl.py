@@ -1,17 +1,17 @@
 """Sluice against TRL's GRPO trainer on the same work, in one invocation, in rounds.
 
-Each round (seed 0, 1, ...: its own prompts and held-out set) runs, one after the other on
-the same cores: ``sluice run`` of the config in the chosen Sluice variants (subprocesses,
-as ``benchmarks/modes.py``; by default ``async`` k = 2, the configs' mode), then TRL's
-``GRPOTrainer
-(``benchmarks/trl_grpo.py``, a subprocess) on the same starting policy, environment,
-prompts, group size, response length, learning rate and schedule, then ``sluice eval`` of
-TRL's trained policy, so that every final accuracy is measured by the same path (vLLM,
-greedy, the same held-out prompts). Reports trained samples/s and tokens/s (over the whole
-run, and the median of 10-step windows), the training time to reach a held-out accuracy
-threshold and the final accuracy, as ratios Sluice/TRL paired within a round, median
-(min-max) over the rounds; draws the plots of ``benchmarks/figures.py`` for the first
-round; writes the table into BENCHMARKS.md (a section per config).
+Each round (seed 0, 1, ...: its own prompt order, and a generated task's own held-out set)
+runs, one after the other on the same cores: ``sluice run`` of the config in the chosen
+Sluice variants (subprocesses, as ``benchmarks/modes.py``; by default ``async`` k = 2, the
+configs' mode), then TRL's ``GRPOTrainer`` (``benchmarks/trl_grpo.py``, a subprocess) on
+the same starting policy, environment, prompts, group size, response length, learning rate
+and schedule, then ``sluice eval`` of TRL's trained policy, so that every final accuracy is
+measured by the same path (vLLM, greedy, the same held-out prompts). Reports trained
+samples/s and tokens/s (over the whole run, and the median of 10-step windows), the
+training time to reach a held-out accuracy threshold and the final accuracy, as ratios
+Sluice/TRL paired within a round, median (min-max) over the rounds; draws the plots of
+``benchmarks/figures.py`` for the first round; writes the table into BENCHMARKS.md (a
+section per config).
 
     .venv/bin/python -m sluice.benchmarks.peer_trl --rounds 3             # `make bench-peer`
     .venv/bin/python -m sluice.benchmarks.peer_trl --quick                # `make bench-quick`
@@ -279,7 +279,8 @@ def machine_line(
         f"{', '.join(finished)} UTC; `{config}`, {plan.steps} steps of "
         f"{r.prompts_per_step} prompts x {r.samples_per_prompt} completions each, held-out "
         f"accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} round(s), "
-        "round n on seed n - 1 (its own prompts and held-out set), the systems one after the "
+        "round n on seed n - 1 (its own prompt order; a data file's held-out set is the same in "
+        "every round), the systems one after the "
         f"other; Sluice: one rollout worker ({r.threads_per_worker} torch thread(s)) and one "
         f"trainer ({cfg.train.threads}); TRL: one process, {threads} torch thread(s){probed}."
     )
