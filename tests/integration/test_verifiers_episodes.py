@@ -59,7 +59,8 @@ def test_a_single_turn_taskset_with_a_rubric(in_process_vllm, bpe_policy, monkey
         for sample in group.samples:
             assert sample.result is not None and sample.result.error is None, sample.result
             assert sample.prompt_ids == list(first["input_ids"])
-            reply = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            # the rubric reads verifiers' ``Trace.last_reply``: the reply's text, stripped
+            reply = tokenizer.decode(sample.token_ids, skip_special_tokens=True).strip()
             assert sample.result.reward == float(task["answer"] in reply)  # the rubric's
             assert sample.result.metrics["reply_chars"] == float(len(reply))
             assert sample.mask is None or set(sample.mask) == {1}
