@@ -34,8 +34,11 @@ def _corpus(lines: int, seed: int) -> list[str]:
     return out
 
 
-def build_bpe_policy(folder: Path, seed: int = 0, vocab_size: int = 384) -> Path:
-    """Write the model folder (config, safetensors weights, tokenizer, template) to ``folder``."""
+def build_bpe_policy(
+    folder: Path, seed: int = 0, vocab_size: int = 384, tied: bool = False
+) -> Path:
+    """Write the model folder (config, safetensors weights, tokenizer, template) to ``folder``;
+    ``tied``: the output head is the input embedding (as SmolLM2's)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
@@ -75,7 +78,7 @@ def build_bpe_policy(folder: Path, seed: int = 0, vocab_size: int = 384) -> Path
             bos_token_id=None,
             eos_token_id=eos,
             pad_token_id=pad,
-            tie_word_embeddings=False,
+            tie_word_embeddings=tied,
             dtype="float32",
         )
     )
