@@ -280,8 +280,8 @@ def machine_line(
         f"{r.prompts_per_step} prompts x {r.samples_per_prompt} completions each, held-out "
         f"accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} round(s), "
         "round n on seed n - 1 (its own prompt order; a data file's held-out set is the same in "
-        "every round), the systems one after the "
-        f"other; Sluice: one rollout worker ({r.threads_per_worker} torch thread(s)) and one "
+        "every round), the systems one after the other; "
+        f"Sluice: one rollout worker ({r.threads_per_worker} torch thread(s)) and one "
         f"trainer ({cfg.train.threads}); TRL: one process, {threads} torch thread(s){probed}."
     )
 

@@ -49,24 +49,6 @@ class WeightSyncExtension:
         self._repack_cpu_heads()
         return count
 
-    def _repack_cpu_heads(self) -> None:
-        """On a CPU, give every embedding-shaped GEMM (the output head, tied or not) its
-        weight as it is now: vLLM packs it once, at load (``process_weights_after_loading``
-        of ``UnquantizedEmbeddingMethod``), and the reload does not do it again for a head
-        whose weight belongs to the input embedding."""
-        from vllm.model_executor.layers.vocab_parallel_embedding import (
-            UnquantizedEmbeddingMethod,
-        )
-        from vllm.platforms import current_platform
-
-        if not current_platform.is_cpu():
-            return
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        for module in model.modules():
-            method = getattr(module, "quant_method", None)
-            if isinstance(method, UnquantizedEmbeddingMethod) and hasattr(module, "cpu_linear"):
-                method.process_weights_after_loading(module)
-
     def sluice_load_files(self, paths: list[str]) -> int:
         """``sluice_load_weights`` of the tensors of safetensors files, file by file and in
         each file by name, read as they are loaded (the files are memory-mapped)."""
@@ -78,3 +60,26 @@ class WeightSyncExtension:
                         yield name, f.get_tensor(name)
 
         return self.sluice_load_weights(read())
+
+    def _repack_cpu_heads(self) -> None:
+        """On a CPU, pack each output head tied to the input embedding again: vLLM packs its
+        GEMM weight once, at load (``UnquantizedEmbeddingMethod``), and the reload packs
+        only the layers whose own weights it loaded (an untied head is one of them)."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead,
+            VocabParallelEmbedding,
+        )
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return
+        modules = list(self.model_runner.get_model().modules())  # type: ignore[attr-defined]
+        inputs = [m.weight for m in modules if type(m) is VocabParallelEmbedding]
+        tied = (
+            m
+            for m in modules
+            if isinstance(m, ParallelLMHead) and any(m.weight is w for w in inputs)
+        )
+        for head in tied:
+            if hasattr(head, "cpu_linear"):  # packed at load
+                head.quant_method.process_weights_after_loading(head)

@@ -589,10 +589,9 @@ class StreamRollouts:
         return [w for i, w in enumerate(self.workers) if i not in self.restarting]
 
     def died_loading(self, worker: RolloutWorkerClient, step: int, error: RayActorError) -> None:
-        """Paused, it held no groups; it streams again once Ray has it back (``check``)."""
-        self._lost(
-            self.workers.index(worker), error, f"it was loading version {step}, holding no groups"
-        )
+        """Its stream was stopped; it streams again once Ray has it back (``check``)."""
+        handed_back = f"it was loading version {step}; {{lost}} groups go back to the queue"
+        self._lost(self.workers.index(worker), error, handed_back)
 
     def check(self) -> None:
         """Restart the stream of a worker that died or whose stream failed.

@@ -244,17 +244,17 @@ class Session:
         wait on the trainer): Ray restarts the worker, and the new process pulls the newest
         weights before it generates."""
         timeout = self.cfg.weights.pull_timeout_s
-        refs = {w.sync_weights(self.step, timeout): w for w in workers}
-        pending, dead = list(refs), set()
-        while pending:
-            for ref in self.ready(pending, 1, "weights"):
-                pending.remove(ref)
+        loading = {w.sync_weights(self.step, timeout): w for w in workers}
+        loaded = dict(loading)
+        while loading:
+            for ref in self.ready(list(loading), 1, "weights"):
+                worker = loading.pop(ref)
                 try:
                     ray.get(ref)
                 except RayActorError as error:  # ActorUnavailableError is one
-                    self.rollouts.died_loading(refs[ref], self.step, error)
-                    dead.add(ref)
-        return [w for ref, w in refs.items() if ref not in dead]
+                    self.rollouts.died_loading(worker, self.step, error)
+                    del loaded[ref]
+        return list(loaded.values())
 
     def lease(self) -> LeaseGrant:
         """A training batch from the store: ``batch_size`` samples in whole groups, none

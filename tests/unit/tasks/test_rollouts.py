@@ -187,7 +187,7 @@ def test_a_dead_streaming_worker_hands_its_groups_back_once_and_counts_once() ->
 
 def test_a_worker_that_died_loading_weights_is_counted_and_left_out() -> None:
     """Held-out evaluation pauses the streams and syncs every worker: one that dies then is
-    counted like a stream's death, left out of evaluation, and given no stream on resume."""
+    counted like a stream's death and left out of evaluation until Ray has it back."""
     rollouts, dispatcher = _stream()
     rollouts.died_loading(rollouts.workers[0], 5, ActorUnavailableError("restarting", None))
     assert rollouts.restarts.counts == [1, 0]
