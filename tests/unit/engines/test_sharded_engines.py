@@ -257,11 +257,22 @@ def test_config_carries_sluices_settings():
         "lower_precision_safe_modules": [],  # gradients reduced in float32
     }
     assert half["bf16"] == {"enabled": False}  # float32 weights, as the other engines'
+    assert half["zero_optimization"] == {"stage": 3}
+
+
+def test_a_stage_3_forward_keeps_at_most_the_largest_tensor_gathered():
+    opt = Optimisation(lr=3e-4, grad_clip=1.0)
+    three = deepspeed_config(opt, micro_batch=8, zero_stage=3, world_size=2, largest_tensor=1234)
+    assert three["zero_optimization"] == {"stage": 3, "stage3_max_live_parameters": 1234}
+    two = deepspeed_config(opt, micro_batch=8, zero_stage=2, world_size=2, largest_tensor=1234)
+    assert two["zero_optimization"] == {"stage": 2}  # nothing is gathered below stage 3
 
 
 def test_engine_serves_the_train_engine_protocol(policy_dir, tmp_path):
     engine = make_trainer(str(policy_dir), engine="deepspeed", zero_stage=3, **SETTINGS)
     assert isinstance(engine, TrainEngine)
+    largest = max(p.ds_numel for p in engine.model.parameters())
+    assert engine.parallel._engine.zero_max_live_parameters() == largest
     step(engine, _samples())
     engine.save(str(tmp_path / "saved"))
     saved = make_trainer(str(tmp_path / "saved"), **SETTINGS)
