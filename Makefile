@@ -52,7 +52,8 @@ test-slow: setup
 	$(PYTEST) -m "slow and not real and not gpu and not ui and not bench" || [ $$? -eq 5 ]
 
 # SmolLM2-135M-Instruct end to end (marker `real`): `make model` first, then a few steps with
-# full weights and with LoRA, each checking the engines' log-probs agree (~10 minutes).
+# full weights and with LoRA, each checking the engines' log-probs agree, and a bf16 weight
+# push checked bit for bit against a fresh load (~10 minutes).
 test-real: model
 	$(PYTEST) -m real tests/integration/test_real_model.py tests/integration/test_bf16_push.py
 
