@@ -116,9 +116,21 @@ class GameEnv(ABC):
         self.episode_reward = episode_reward
         self.correct_at = float(correct_at)
         self._render: Renderer | None = None
+        self._process_state()
+
+    def _process_state(self) -> None:
+        """The live games and their locks: this process's own, so a copy sent to another
+        process (a rollout worker, a step process) starts with none."""
         self._live: OrderedDict[str, _Live] = OrderedDict()
         self._lock = threading.Lock()  # the live games
         self._serial = threading.Lock() if self.serial else contextlib.nullcontext()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_live", "_lock", "_serial")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._process_state()
 
     # What a subclass provides.
 

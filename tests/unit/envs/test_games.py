@@ -289,3 +289,28 @@ def test_an_openenv_environment_in_the_step_process() -> None:
     assert isinstance(outcome, EnvStep) and (outcome.done, outcome.correct) == (True, True)
     with pytest.raises(ValueError, match="not an OpenEnv Environment class"):
         make_env("openenv", environment="tests.support.games:Countdown")
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("textarena", GUESS),
+        ("gym", {"make": "tests.support.games:Countdown"}),
+        ("openenv", {"environment": "tests.support.openenv_games:WordLength"}),
+        ("skyrl_gym", {"env_class": "tests.support.skyrl_games:SaysTheAnswer"}),
+    ],
+)
+def test_a_game_environment_reaches_a_rollout_worker(name, args) -> None:
+    """Ray sends the run's environment to each rollout worker by its serializer: a game
+    environment crosses without its live games (this process's), and plays there."""
+    from ray import cloudpickle
+
+    env = make_env(name, **args)
+    env.render_prompts(lambda messages: messages[-1]["content"])
+    copy = cloudpickle.loads(cloudpickle.dumps(env))
+    assert not copy._live and copy._render is not None
+    if name == "skyrl_gym":
+        return  # its problems are a data file's rows (test_skyrl_gym_episodes_on_skyrl_data)
+    problem = env.problems("train", 1, 0)[0]
+    assert copy.problems("train", 1, 0) == [problem]
+    assert isinstance(copy.step(problem, ["12"]), EnvStep)
