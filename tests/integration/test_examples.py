@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sluice.storage.ledger import Ledger, check_exactly_once
-from tests.support.cli import ROOT, SMALL_RUN, sluice
+from tests.support.cli import ROOT, SMALL_RUN, child_env, sluice
+from tests.support.skyrl_games import skyrl_rows
 
 pytestmark = pytest.mark.integration
 
@@ -149,6 +150,51 @@ def test_a_reasoning_gym_task_trains_for_a_few_steps(
     assert check_exactly_once(table) == []
     trained = _trained(table)
     assert trained and all(p.startswith("reasoning_gym/basic_arithmetic/train/") for p in trained)
+
+
+LIBRARIES = {
+    "gym": ["env.name=gym", "env.args={make: tests.support.games:Countdown}", "env.max_turns=5"],
+    "textarena": ["env.name=textarena", "env.args={game: GuessTheNumber-v0}", "env.max_turns=4"],
+    "openenv": [
+        "env.name=openenv",
+        "env.args={environment: tests.support.openenv_games:WordLength}",
+        "env.max_turns=3",
+    ],
+    "skyrl_gym": ["env.name=skyrl_gym"],  # with rows in SkyRL's format, written below
+    "verifiers": ["env.name=verifiers", "env.args={taskset: vftest_qa}"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("library", sorted(LIBRARIES))
+def test_an_environment_of_each_library_trains_in_async(
+    library: str, tmp_path: Path, shared_cache: Path, bpe_policy: Path
+) -> None:
+    """An environment written for gymnasium, TextArena, OpenEnv, skyrl-gym or verifiers,
+    named in the config: the run sends it to its rollout workers (Ray's serializer), plays
+    its episodes and trains on them in async, every sample accounted for."""
+    settings = LIBRARIES[library]
+    if library == "skyrl_gym":
+        skyrl_rows(tmp_path / "skyrl.jsonl", 200)
+        settings = [*settings, f"env.data.path={tmp_path / 'skyrl.jsonl'}"]
+    args = ["run", "configs/smoke.yaml"]
+    for setting in (
+        f"root={tmp_path / 'runs'}",
+        f"cache={shared_cache}",
+        "mode=async",
+        f"policy.path={bpe_policy}",
+        "rollout.max_new_tokens=24",
+        *settings,
+    ):
+        args += ["--set", setting]
+    tasksets = ROOT / "tests" / "support" / "verifiers_tasksets"
+    result = sluice(*args, env=child_env(PYTHONPATH=os.pathsep.join((str(ROOT), str(tasksets)))))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "step    4/4" in out
+    table = Ledger((tmp_path / "runs" / "smoke").as_uri()).read()
+    assert check_exactly_once(table) == []
+    assert _trained(table)
 
 
 def test_the_agent_example_plays_episodes_through_the_endpoint(

@@ -1,7 +1,10 @@
-"""A skyrl-gym environment of a user's own, named by import path in the adapter's tests."""
+"""A skyrl-gym environment of a user's own, named by import path in the adapter's tests,
+and rows in SkyRL's data format."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
@@ -23,3 +26,17 @@ class SaysTheAnswer(BaseTextEnv):
         done = self.turns >= self.max_turns
         again = [] if done else [{"role": "tool", "content": "not yet"}]
         return BaseTextEnvStepOutput(observations=again, reward=0.0, done=done, metadata={})
+
+
+def skyrl_rows(path: Path, n: int) -> None:
+    """SkyRL's dataset format: chat-message prompts beside the environment's extras."""
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"What is {i}+2? End with '#### <answer>'."}],
+            "env_class": "gsm8k_multi_turn",
+            "reward_spec": {"method": "rule", "ground_truth": str(i + 2)},
+            "extra_info": {"max_turns": 2},
+        }
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -5,7 +5,6 @@ process with the sample runner."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -21,6 +20,7 @@ from sluice.rl.config import ConfigError, load_config
 from sluice.tasks.environment import make_environment, step_spec
 from tests.support.bpe_policy import build_bpe_policy
 from tests.support.envs import ROOT
+from tests.support.skyrl_games import skyrl_rows
 from tests.unit.engines.test_sample_runner import ScriptedEngine
 
 GUESS = {"game": "GuessTheNumber-v0"}
@@ -207,25 +207,11 @@ def test_a_run_names_the_game_and_its_code_before_it_starts() -> None:
     assert spec is not None and spec.env == "gym" and ROOT in spec.roots
 
 
-def _skyrl_rows(path, n: int) -> None:
-    """SkyRL's dataset format: chat-message prompts beside the environment's extras."""
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": f"What is {i}+2? End with '#### <answer>'."}],
-            "env_class": "gsm8k_multi_turn",
-            "reward_spec": {"method": "rule", "ground_truth": str(i + 2)},
-            "extra_info": {"max_turns": 2},
-        }
-        for i in range(n)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 def test_skyrl_gym_episodes_on_skyrl_data(tmp_path) -> None:
     """skyrl-gym's own multi-turn GSM8K environment on rows in SkyRL's format, read by the
     run's data code and rendered with a model folder's chat template: a right answer ends
     the episode, a wrong one gets the environment's next message, in the step process too."""
-    _skyrl_rows(tmp_path / "train.jsonl", 40)
+    skyrl_rows(tmp_path / "train.jsonl", 40)
     folder = build_bpe_policy(tmp_path / "policy")
     cfg = load_config(
         None,
