@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from sluice.engines.vllm_weight_sync import WeightSyncExtension
 class _RecordingRank(WeightSyncExtension):
     def __init__(self) -> None:
         self.loaded: list[tuple[str, torch.Tensor]] = []
+        self.model_runner = SimpleNamespace(get_model=torch.nn.Module)  # no head to repack
 
     def reload_weights(self, weights_iterator):
         self.loaded.extend(weights_iterator)
