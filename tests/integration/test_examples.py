@@ -131,25 +131,38 @@ def test_a_reasoning_gym_task_trains_for_a_few_steps(
     tmp_path: Path, shared_cache: Path, bpe_policy: Path
 ) -> None:
     """Any reasoning-gym task by name: its entries are the prompts, its scorer the reward."""
-    args = ["run", "configs/smoke.yaml"]
-    for setting in (
-        f"root={tmp_path / 'runs'}",
-        f"cache={shared_cache}",
-        "mode=async",
-        f"policy.path={bpe_policy}",
+    trained = _smoke_async(
+        tmp_path,
+        shared_cache,
+        bpe_policy,
         "env.name=reasoning_gym",
         "env.args={task: basic_arithmetic, size: 400, seed: 1}",
         "rollout.max_new_tokens=16",
+    )
+    assert trained and all(p.startswith("reasoning_gym/basic_arithmetic/train/") for p in trained)
+
+
+def _smoke_async(
+    tmp_path: Path, cache: Path, policy: Path, *settings: str, env: dict[str, str] | None = None
+) -> set[str]:
+    """``configs/smoke.yaml`` (4 steps) in async on ``policy`` with ``settings``: the
+    prompt ids trained, once the run ended well with every sample accounted for."""
+    args = ["run", "configs/smoke.yaml"]
+    for setting in (
+        f"root={tmp_path / 'runs'}",
+        f"cache={cache}",
+        "mode=async",
+        f"policy.path={policy}",
+        *settings,
     ):
         args += ["--set", setting]
-    result = sluice(*args)
+    result = sluice(*args, env=env)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     assert "step    4/4" in out
     table = Ledger((tmp_path / "runs" / "smoke").as_uri()).read()
     assert check_exactly_once(table) == []
-    trained = _trained(table)
-    assert trained and all(p.startswith("reasoning_gym/basic_arithmetic/train/") for p in trained)
+    return _trained(table)
 
 
 LIBRARIES = {
@@ -177,24 +190,17 @@ def test_an_environment_of_each_library_trains_in_async(
     if library == "skyrl_gym":
         skyrl_rows(tmp_path / "skyrl.jsonl", 200)
         settings = [*settings, f"env.data.path={tmp_path / 'skyrl.jsonl'}"]
-    args = ["run", "configs/smoke.yaml"]
-    for setting in (
-        f"root={tmp_path / 'runs'}",
-        f"cache={shared_cache}",
-        "mode=async",
-        f"policy.path={bpe_policy}",
+    tasksets = ROOT / "tests" / "support" / "verifiers_tasksets"
+    paths = os.pathsep.join((str(ROOT), str(tasksets)))
+    trained = _smoke_async(
+        tmp_path,
+        shared_cache,
+        bpe_policy,
         "rollout.max_new_tokens=24",
         *settings,
-    ):
-        args += ["--set", setting]
-    tasksets = ROOT / "tests" / "support" / "verifiers_tasksets"
-    result = sluice(*args, env=child_env(PYTHONPATH=os.pathsep.join((str(ROOT), str(tasksets)))))
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out[-4000:]
-    assert "step    4/4" in out
-    table = Ledger((tmp_path / "runs" / "smoke").as_uri()).read()
-    assert check_exactly_once(table) == []
-    assert _trained(table)
+        env=child_env(PYTHONPATH=paths),
+    )
+    assert trained
 
 
 def test_the_agent_example_plays_episodes_through_the_endpoint(
