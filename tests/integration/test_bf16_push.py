@@ -32,7 +32,9 @@ SEQUENCES = [[5, 17, 42, 99, 7, 250, 31, 64, 12, 3, 180, 77], [9, 8, 7, 6, 5, 4,
             marks=[
                 pytest.mark.slow,
                 pytest.mark.real,
-                pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"{SMOLLM2} is missing"),
+                pytest.mark.skipif(
+                    not SMOLLM2.is_dir(), reason=f"{SMOLLM2} is missing: `make model` writes it"
+                ),
             ],
         ),
     ]
