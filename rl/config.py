@@ -740,6 +740,19 @@ class StorageConfig(_Section):
         "AWS_* variables of the environment. Never put credentials in a config file.",
     )
 
+    @field_validator("url")
+    @classmethod
+    def _no_credentials(cls, url: str | None) -> str | None:
+        """A URL's ``user:secret@`` part would be printed by show-config and kept in the
+        run folder's config.yaml; the message never repeats it."""
+        if url is not None and "@" in url.partition("://")[2].partition("/")[0]:
+            raise ValueError(
+                "credentials in the URL are not allowed: set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY in the environment, or name a Prefect secret block "
+                "in storage.credentials_block"
+            )
+        return url
+
 
 class StoreConfig(_Section):
     """The trajectory store: scored groups between the rollout workers and the trainer."""

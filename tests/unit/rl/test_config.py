@@ -212,3 +212,10 @@ def test_a_learning_rate_the_tiny_policy_collapses_at_is_cautioned(tmp_path):
     folder = tmp_path / "policy"  # a real model's rate is its own business
     assert cautions(load_config(None, ["train.lr=1e-3", f"policy.path={folder}"])) == []
     assert cautions(load_config(None, ["train.lr=1e-3", "train.lora={}"])) == []
+
+
+def test_credentials_in_the_storage_url_are_refused_without_repeating_them():
+    with pytest.raises(ConfigError, match=r"storage\.url: credentials in the URL") as caught:
+        load_config(None, ["storage.url=s3://AKIAKEY:S3CRET@bucket/runs"])
+    assert "S3CRET" not in str(caught.value) and "AKIAKEY" not in str(caught.value)
+    assert load_config(None, ["storage.url=s3://bucket/a@b"]).storage.url == "s3://bucket/a@b"
