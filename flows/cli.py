@@ -51,11 +51,13 @@ def first_line(error: BaseException) -> str:
 
 def describe(error: BaseException) -> str:
     """``Type: first line``; for an error raised in a Ray actor, the actor's own exception
-    and the call it failed in."""
-    cause = getattr(error, "cause", None)
-    if isinstance(cause, BaseException):
-        where = first_line(error).split(" (pid=")[0]
-        return f"{type(cause).__name__} in {where}: {first_line(cause)}"
+    and the call it failed in (Ray's ``RayTaskError``, which an ``ActorDiedError`` holds as
+    its argument when the actor's constructor raised)."""
+    for raised in (error, *error.args):
+        cause = getattr(raised, "cause", None)
+        if isinstance(raised, BaseException) and isinstance(cause, BaseException):
+            where = first_line(raised).split(" (pid=")[0]
+            return f"{type(cause).__name__} in {where}: {first_line(cause)}"
     return f"{type(error).__name__}: {first_line(error)}"
 
 

@@ -31,6 +31,7 @@ from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 from sluice.storage.urls import redact
 from sluice.tasks import plots, registry
 from sluice.tasks.environment import make_environment, scorer_factory, step_spec
+from sluice.tasks.failures import retry_may_help
 from sluice.tasks.session import Session, latest_checkpoint
 from sluice.tasks.tracking import MetricLogger, MlflowLogger
 
@@ -155,7 +156,13 @@ def prepare_policy_task(cfg: RunConfig) -> str:
             steps.close()
 
 
-@task(name="start-ray", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+@task(
+    name="start-ray",
+    retries=2,
+    retry_delay_seconds=[2, 10],
+    retry_condition_fn=retry_may_help,
+    cache_policy=NO_CACHE,
+)
 def start_ray(cfg: RunConfig, layout: RunLayout) -> None:
     """Join the cluster at ``RAY_ADDRESS`` if set, else start a local Ray sized for the pools
     (``engines/cluster.py``)."""
@@ -167,16 +174,22 @@ def start_ray(cfg: RunConfig, layout: RunLayout) -> None:
     )
 
 
-@task(name="checkpoint", retries=2, retry_delay_seconds=[1, 5], cache_policy=NO_CACHE)
+@task(
+    name="checkpoint",
+    retries=2,
+    retry_delay_seconds=[1, 5],
+    retry_condition_fn=retry_may_help,
+    cache_policy=NO_CACHE,
+)
 def checkpoint(session: Session) -> str:
     return session.checkpoint()
 
 
-@task(name="train-segment", cache_policy=NO_CACHE)
+@task(name="train-segment", retry_condition_fn=retry_may_help, cache_policy=NO_CACHE)
 def train_segment(job: Job, until: int, rl_step: Callable[[Session, MetricLogger], None]) -> int:
     """Take ``rl_step`` (the flow's) up to step ``until`` and checkpoint. On failure the
     pools go, and a retry (``checkpoint.segment_retries``) starts new ones from the newest
-    valid checkpoint."""
+    valid checkpoint, unless the error is one a retry meets again (``tasks/failures.py``)."""
     try:
         session = job.ensure_session()
         while session.step < until:

@@ -10,10 +10,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.ledger import Ledger, check_exactly_once, latest_events, summarize
+from sluice.storage.schema import VERSION_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -123,6 +125,24 @@ def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness, runs):
     assert {"model.safetensors", "optimizer.json"} <= set(latest.files)
     # every trained block also has its Parquet copy (what a restarted store re-offers)
     assert len(list((run_dir / "trajectories").glob("*.parquet"))) == steps
+    if mode == "sync":  # the finished run, reused: a resume that meets foreign data
+        _a_foreign_schema_fails_the_resume_at_once(run_dir)
+
+
+def _a_foreign_schema_fails_the_resume_at_once(run_dir: Path) -> None:
+    """A trajectory file of another schema version fails the resume in the store's
+    constructor; no retry can read it, so the run ends at once with its one line."""
+    first = sorted((run_dir / "trajectories").glob("*.parquet"))[0]
+    table = pq.read_table(first)
+    pq.write_table(table.replace_schema_metadata({VERSION_KEY: b"9"}), first)
+    args = ["resume", run_dir.name, "--root", str(run_dir.parent), "--set", "train.steps=5"]
+    result = _run(args, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    assert "train-segment failed with SchemaError, which a retry meets again" in out
+    assert " - Retry " not in out, out[-3000:]  # Prefect's line for a retry (test_faults.py)
+    assert "error: the run failed: SchemaError in " in result.stderr
+    assert "written with schema version 9" in result.stderr
 
 
 def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
