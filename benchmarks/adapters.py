@@ -24,8 +24,8 @@ Prints a markdown table with the median and the range over the versions after th
 (whose page faults are apart); ``--write`` also puts it in BENCHMARKS.md (section
 "LoRA adapters against full weights").
 
-    .venv/bin/python -m sluice.benchmarks.adapters --write
-    .venv/bin/python -m sluice.benchmarks.adapters --config configs/smollm2.yaml --write
+    .venv/bin/python -m benchmarks.adapters --write
+    .venv/bin/python -m benchmarks.adapters --config configs/smollm2.yaml --write
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from pathlib import Path
 import ray
 import torch
 
-from sluice.benchmarks.tables import markdown_table
-from sluice.benchmarks.weights import LLAMA_1B, llama_shapes
+from benchmarks.report import measured_commit, write_section
+from benchmarks.tables import markdown_table
+from benchmarks.weights import LLAMA_1B, llama_shapes
 from sluice.rl.config import LoraConfig, TrainConfig
-from sluice.sim.report import measured_commit, write_section
 from sluice.storage.params import ParameterService
 
 MIB = 1 << 20
@@ -239,7 +239,7 @@ def main() -> None:
         measured.append((label, sync_into_vllm(policy, prompts, max_new, args.repeats)))
     finally:
         ray.shutdown()
-    command = " ".join([".venv/bin/python -m sluice.benchmarks.adapters", *sys.argv[1:]])
+    command = " ".join([".venv/bin/python -m benchmarks.adapters", *sys.argv[1:]])
     key, title = SECTION if args.config is None else (
         f"{SECTION[0]}-{args.config.stem}", f"{SECTION[1]}: `{args.config}`")  # fmt: skip
     section = (

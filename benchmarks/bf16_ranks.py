@@ -10,7 +10,7 @@ the process's bf16 update, as a fraction of that update's norm; the float32 row 
 far bf16 rounding alone moves the update. ``--write`` puts it in BENCHMARKS.md (section
 "bf16 at two ranks").
 
-    .venv/bin/python -m sluice.benchmarks.bf16_ranks --model models/smollm2-135m-instruct --write
+    .venv/bin/python -m benchmarks.bf16_ranks --model models/smollm2-135m-instruct --write
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from sluice.benchmarks.startup_memory import launch, samples
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.report import measured_commit, write_section
+from benchmarks.startup_memory import launch, samples
+from benchmarks.tables import markdown_table
 from sluice.engines.trainer_core import MODEL_FILE, PolicyTrainer, build_engine
 from sluice.rl.batching import collate
 from sluice.rl.config import TrainConfig
-from sluice.sim.report import measured_commit, write_section
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.torch_state import bytes_to_tensors
 
@@ -118,7 +118,7 @@ def main() -> None:
             f"{now}, commit {measured_commit()}, {platform.machine()}, one thread a rank. "
             "Each engine at `train.ranks=2` in bf16 against one torch process in bf16 on the "
             "whole batch; the float32 row is one process in float32 against the same. "
-            f"`.venv/bin/python -m sluice.benchmarks.bf16_ranks --model {args.model} --write`."
+            f"`.venv/bin/python -m benchmarks.bf16_ranks --model {args.model} --write`."
         )
         write_section("bf16-ranks", "bf16 at two ranks", intro + "\n\n" + body + "\n\n" + verdict)
 

@@ -26,8 +26,8 @@ Components, in one local Ray session (127.0.0.1), fresh controllers for every lo
 - The driver (``main``) runs the levels, reads each process's CPU time (psutil) over a window
   after the warm-up, stops a level cleanly and checks that the ledger has every dispatched
   sample trained or dropped exactly once, runs the call-rate probes, profiles the store and
-  the dispatcher with py-spy during each level, and derives from ``sim.scale`` what the
-  control plane must serve at scale (``Demand``).
+  the dispatcher with py-spy during each level, and derives from ``benchmarks/sim_scale.py``
+  what the control plane must serve at scale (``Demand``).
 
 A level's sustained rate is acknowledged samples per second; it is saturated when it falls
 short of the offered rate. On 2 cores the simulated workers, the trainer and Ray's own
@@ -39,9 +39,9 @@ process, a relay check), a node's relay answering the engines on its node
 (the dispatcher, for the store to take the previous take's ledger events), which CPU time
 leaves out: the projected load is a lower bound.
 
-    .venv/bin/python -m sluice.benchmarks.control_plane            # about 105 s
-    .venv/bin/python -m sluice.benchmarks.control_plane --quick    # about 50 s, smoke use
-    .venv/bin/python -m sluice.benchmarks.control_plane --write    # also into BENCHMARKS.md
+    .venv/bin/python -m benchmarks.control_plane            # about 105 s
+    .venv/bin/python -m benchmarks.control_plane --quick    # about 50 s, smoke use
+    .venv/bin/python -m benchmarks.control_plane --write    # also into BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -73,17 +73,17 @@ import pyarrow as pa
 import ray
 import torch
 
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.report import measured_commit, write_section
+from benchmarks.sim_scale import GROUP, GROUPS_PER_STEP, PROMPT_TOKENS, SIZES, WORKLOADS
+from benchmarks.sim_scale import scenario as scale_scenario
+from benchmarks.tables import markdown_table
 from sluice.engines.dispatcher import LOOKAHEAD_STEPS, REPORTS_PER_S, Dispatcher, GroupDispatcher
 from sluice.engines.messages import Assignment, GroupDone, StreamSettings
 from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.envs import Problem
 from sluice.sim.engine import simulate
 from sluice.sim.lengths import draw_lengths
-from sluice.sim.report import measured_commit, write_section
 from sluice.sim.results import SimResult
-from sluice.sim.scale import GROUP, GROUPS_PER_STEP, PROMPT_TOKENS, SIZES, WORKLOADS
-from sluice.sim.scale import scenario as scale_scenario
 from sluice.sim.scenario import ClusterSpec
 from sluice.storage.batches import TRAIN_FIELDS
 from sluice.storage.block_builder import trajectory_block, version_lists
@@ -132,8 +132,8 @@ NEVER = 2**62  # a version no relay holds: "anything newer?" is answered "no"
 UNBOUNDED = 10**9  # a staleness bound admission never reaches (the take probe)
 OBJECT_STORE_BYTES = 6 << 30
 PROFILE_RATE = 50  # py-spy samples per second: about 1% of a core, without pausing the target
-# The policies whose demand is derived (fields of sim.scenario's policy, over sim.scale's
-# defaults): Sluice's defaults (rl/config.py), and the loosest bound sim.scale tries, for
+# The policies whose demand is derived (fields of sim.scenario's policy, over sim_scale.py's
+# defaults): Sluice's defaults (rl/config.py), and the loosest bound sim_scale.py tries, for
 # which it predicts the most samples per second.
 DEMAND_POLICIES: dict[str, dict[str, Any]] = {
     "async k=2 +dispatch +repack": {
@@ -1245,7 +1245,7 @@ def report(
     load_before: float,
 ) -> str:
     ceiling = find_ceiling(results)
-    command = " ".join(["python -m sluice.benchmarks.control_plane", *sys.argv[1:]])
+    command = " ".join(["python -m benchmarks.control_plane", *sys.argv[1:]])
     lines = [
         f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -1272,9 +1272,9 @@ def report(
         "",
         _table(PROBE_COLUMNS, probes),
         "",
-        f"What the simulator says the control plane must serve (`sim.scale`, {args.sim_steps} "
-        "steps a cell, steady state): samples/s are samples trained or dropped, each put "
-        "into the store; "
+        f"What the simulator says the control plane must serve "
+        f"(`benchmarks/sim_scale.py`, {args.sim_steps} steps a cell, steady state): samples/s "
+        "are samples trained or dropped, each put into the store; "
         "takes/s are takes that bring work; held takes are takes admission answers empty "
         "(once a weight version an engine, at most: a held worker waits for the version the "
         "answer names); reports are paced to a fleet-wide budget; a node's relay answers the "

@@ -32,7 +32,7 @@ pyarrow's lazy import of pandas, ~0.3 s, belong to a process's start, not to thr
 Weights: the parameter service's publish and pull latency against model size
 (``benchmarks.params``). Writes both tables into BENCHMARKS.md between markers.
 
-    .venv/bin/python -m sluice.benchmarks.data_planes
+    .venv/bin/python -m benchmarks.data_planes
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ import pyarrow as pa
 import ray
 from ray.util.queue import Queue
 
-from sluice.benchmarks import params as params_bench
-from sluice.benchmarks.tables import markdown_table, measured_on, spread
+from benchmarks import params as params_bench
+from benchmarks.report import write_section
+from benchmarks.tables import markdown_table, measured_on, spread
 from sluice.rl.batching import Sample, collate
-from sluice.sim.report import write_section
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
 from sluice.storage.block_builder import trajectory_block
 from sluice.storage.trajectory_store import StoreClient, create_store
@@ -296,7 +296,7 @@ def main() -> None:
     header = (
         f"{measured_on('ray', 'pyarrow')}; one Ray session, one producer and one consumer "
         "actor (1 CPU each).\n"
-        "Command: `make bench` (`.venv/bin/python -m sluice.benchmarks.data_planes`)."
+        "Command: `make bench` (`.venv/bin/python -m benchmarks.data_planes`)."
     )
     section = (
         f"{header}\n\nTrajectories, blocks of {BLOCK} rows, {args.rounds} rounds; samples/s are "

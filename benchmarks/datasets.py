@@ -15,7 +15,7 @@ to a temporary folder, then in this process, as the driver of a run does
 Prints a markdown table and a JSON line; ``--write`` also puts the table in BENCHMARKS.md
 (section "Data sets at start-up").
 
-    .venv/bin/python -m sluice.benchmarks.datasets --write
+    .venv/bin/python -m benchmarks.datasets --write
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.report import measured_commit, write_section
+from benchmarks.tables import markdown_table
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource
-from sluice.sim.report import measured_commit, write_section
 
 MB = 1e6
 
@@ -136,7 +136,7 @@ def main() -> None:
     body = (
         f"Measured {when} at {measured_commit()} on {platform.node() or 'this machine'} "
         f"({platform.machine()}, "
-        f"{platform.python_version()}); `.venv/bin/python -m sluice.benchmarks.datasets "
+        f"{platform.python_version()}); `.venv/bin/python -m benchmarks.datasets "
         f"--write`. A Parquet file of {int(m['rows']):,} rows ({m['file_mb']:.0f} MB).\n\n"
         + table(m, args.take)
     )

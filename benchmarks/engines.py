@@ -12,7 +12,7 @@ first initialisation) are reported on their own. DeepSpeed runs as one rank (a w
 gloo), as it does in a Ray trainer actor. Writes the table into BENCHMARKS.md between
 markers.
 
-    .venv/bin/python -m sluice.benchmarks.engines --repeats 15
+    .venv/bin/python -m benchmarks.engines --repeats 15
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sluice.benchmarks.tables import markdown_table, measured_on
+from benchmarks.report import write_section
+from benchmarks.tables import markdown_table, measured_on
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.trainer_core import PolicyTrainer, build_engine
 from sluice.rl.batching import Sample, TrainBatch, collate
 from sluice.rl.config import PolicyConfig, TrainConfig
-from sluice.sim.report import write_section
 
 # (label, policy shape): the default config's policy, and one 6x larger, where the
 # engines' fixed costs per step weigh less against the arithmetic.
@@ -148,7 +148,7 @@ def table(
         f"engine after {warmup} warm-up steps, engines interleaved step by step. One-time "
         f"DeepSpeed costs (process group, first engine): {one_time_s:.1f} s, not in build s. "
         f"1-minute load average {loads[0]:.1f} at the start, {loads[1]:.1f} at the end.",
-        f"Command: `.venv/bin/python -m sluice.benchmarks.engines --repeats {repeats} "
+        f"Command: `.venv/bin/python -m benchmarks.engines --repeats {repeats} "
         f"--warmup {warmup} --threads {threads}`.",
         "",
         *markdown_table(

@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # no display: files only
 
 import matplotlib.pyplot as plt
 
-from sluice.benchmarks.series import WARMUP_STEPS, Series
+from benchmarks.series import WARMUP_STEPS, Series
 
 # Steps of reward averaged per plotted point: one step's reward over 128 samples is noisy.
 REWARD_SMOOTHING = 5

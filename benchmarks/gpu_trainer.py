@@ -17,8 +17,8 @@ Each shape's results go to ``<--results>/<shape>.json``; ``--table-only --write`
 shape's there in BENCHMARKS.md (section "The trainer on one GPU"). On a GPU machine with the
 project's packages, then on any:
 
-    python -m sluice.benchmarks.gpu_trainer --shape 0.5b
-    .venv/bin/python -m sluice.benchmarks.gpu_trainer --table-only --write
+    python -m benchmarks.gpu_trainer --shape 0.5b
+    .venv/bin/python -m benchmarks.gpu_trainer --table-only --write
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
-from sluice.benchmarks.bf16_ranks import update_gap
-from sluice.benchmarks.startup_memory import ENGINES, MIB, float32_bytes, launch
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.bf16_ranks import update_gap
+from benchmarks.report import measured_commit, write_section
+from benchmarks.startup_memory import ENGINES, MIB, float32_bytes, launch
+from benchmarks.tables import markdown_table
 from sluice.engines.trainer_core import MODEL_FILE
 from sluice.rl.batching import Sample
 from sluice.rl.config import TrainConfig
-from sluice.sim.report import measured_commit, write_section
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.torch_state import bytes_to_tensors
 
@@ -226,8 +226,8 @@ def main() -> None:
             "resume. GPU peaks are `torch.cuda.max_memory_allocated` in each phase, against "
             "the float32 weights; the gaps are to the torch engine's per-step losses and its "
             "update (a fraction of that update's norm). "
-            "`python -m sluice.benchmarks.gpu_trainer --shape <shape>` on the GPU machine, then "
-            "`.venv/bin/python -m sluice.benchmarks.gpu_trainer --table-only --write`."
+            "`python -m benchmarks.gpu_trainer --shape <shape>` on the GPU machine, then "
+            "`.venv/bin/python -m benchmarks.gpu_trainer --table-only --write`."
         )
         write_section("gpu-trainer", "The trainer on one GPU", intro + "\n\n" + body)
 

@@ -12,8 +12,8 @@ measured in several sittings. ``--write`` puts the table of medians and ranges o
 seeds into docs/results.md between markers (``learning-curves-<steps>``, or
 ``<config's name>-curves-<steps>``).
 
-    .venv/bin/python -m sluice.benchmarks.learning --steps 1600 --seeds 0 1 2 --write
-    .venv/bin/python -m sluice.benchmarks.learning --config configs/smollm2.yaml --steps 60 --write
+    .venv/bin/python -m benchmarks.learning --steps 1600 --seeds 0 1 2 --write
+    .venv/bin/python -m benchmarks.learning --config configs/smollm2.yaml --steps 60 --write
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from sluice.benchmarks.suite import uncommitted
-from sluice.benchmarks.tables import markdown_table, spread
-from sluice.sim.report import measured_commit
+from benchmarks.report import measured_commit
+from benchmarks.suite import uncommitted
+from benchmarks.tables import markdown_table, spread
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/default.yaml"
@@ -203,8 +203,7 @@ def table(records: list[dict], steps: int, config: str = CONFIG) -> str:
     which = "" if config == CONFIG else f"--config {config} "
     lines = [
         f"Records: `{folder}/` (commit {', '.join(commits)}; {'; '.join(machines)}).",
-        f"Command: `.venv/bin/python -m sluice.benchmarks.learning {which}--steps {steps} "
-        "--seeds 0 1 2`.",
+        f"Command: `.venv/bin/python -m benchmarks.learning {which}--steps {steps} --seeds 0 1 2`.",
         "",
         *markdown_table(["variant", *(str(m) for m in marks)], rows),
     ]

@@ -10,7 +10,7 @@ turns step by step, and "x 4096" is the median over rounds of a setting's step t
 alike. Tokens/s counts the batch's real tokens (prompts and responses, no padding).
 Writes the table into BENCHMARKS.md between markers.
 
-    .venv/bin/python -m sluice.benchmarks.micro_batch --repeats 15
+    .venv/bin/python -m benchmarks.micro_batch --repeats 15
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from sluice.benchmarks.engines import fixed_batch, step_times
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.engines import fixed_batch, step_times
+from benchmarks.report import measured_commit, write_section
+from benchmarks.tables import markdown_table
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.engines.trainer_core import NO_TOKEN_LIMIT, build_engine
 from sluice.rl.batching import TrainBatch
 from sluice.rl.config import PolicyConfig, TrainConfig
-from sluice.sim.report import measured_commit, write_section
 
 # (label, micro_batch_tokens, packing)
 SETTINGS: list[tuple[str, int, bool]] = [
@@ -94,7 +94,7 @@ def table(results: dict[str, dict[str, float]], batch: TrainBatch, repeats: int)
         f"{int(lengths.max())} tokens ({int(lengths.sum())} in all); median of {repeats} steps "
         "per setting, settings interleaved step by step.",
         "Command: `make bench-micro-batch` "
-        f"(`.venv/bin/python -m sluice.benchmarks.micro_batch --repeats {repeats}`).",
+        f"(`.venv/bin/python -m benchmarks.micro_batch --repeats {repeats}`).",
         "",
         *markdown_table(
             ["micro_batch_tokens", "step s", "x 4096", "tokens/s"],

@@ -7,7 +7,7 @@ and tokens/s, the trainer's and the rollout worker's idle fractions, the mean st
 and held-out accuracy at the end, with ratios to sync; writes the table into BENCHMARKS.md
 between markers, with the machine, versions and command.
 
-    .venv/bin/python -m sluice.benchmarks.modes --steps 50 --rounds 3
+    .venv/bin/python -m benchmarks.modes --steps 50 --rounds 3
 
 The headline variants (``REPEATED``) run in every round, each round with its own seed, so
 their ratios come with a range; the runs, and ``modes.json`` with every round's numbers,
@@ -27,8 +27,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sluice.benchmarks.tables import markdown_table, measured_on, spread
-from sluice.sim.report import measured_commit, write_section
+from benchmarks.report import measured_commit, write_section
+from benchmarks.tables import markdown_table, measured_on, spread
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -200,7 +200,7 @@ def table(results: Rounds, steps: int, seeds: list[int]) -> str:
         'every variant once a round): their cells are medians over the rounds and "x sync" '
         "the median (min-max) of the ratio paired within a round; the other rows ran once, "
         f"beside the first round (seed {seeds[0]}).",
-        f"Command: `make bench-modes` (`.venv/bin/python -m sluice.benchmarks.modes --steps "
+        f"Command: `make bench-modes` (`.venv/bin/python -m benchmarks.modes --steps "
         f"{steps} --rounds {len(seeds)}`).",
         "",
         *markdown_table(HEADER, rows),

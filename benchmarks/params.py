@@ -19,7 +19,7 @@ publishes every step, so the medians are what the trainer sees for all but its f
 versions. Prints a markdown table and returns its rows (for a script that writes
 BENCHMARKS.md).
 
-    .venv/bin/python -m sluice.benchmarks.params --sizes 4 16 64 256 --repeats 5
+    .venv/bin/python -m benchmarks.params --sizes 4 16 64 256 --repeats 5
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import ray
 import torch
 
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table
 from sluice.storage.params import ParameterService, from_buckets
 
 CHUNK_MB = 4

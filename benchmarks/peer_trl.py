@@ -13,8 +13,8 @@ Sluice/TRL paired within a round, median (min-max) over the rounds; draws the pl
 ``benchmarks/figures.py`` for the first round; writes the table into BENCHMARKS.md (a
 section per config).
 
-    .venv/bin/python -m sluice.benchmarks.peer_trl --rounds 3             # `make bench-peer`
-    .venv/bin/python -m sluice.benchmarks.peer_trl --quick                # `make bench-quick`
+    .venv/bin/python -m benchmarks.peer_trl --rounds 3             # `make bench-peer`
+    .venv/bin/python -m benchmarks.peer_trl --quick                # `make bench-quick`
 
 ``make bench-peer-default`` runs ``configs/default.yaml`` with ``--eval-prompts 448``: its
 held-out split holds 469 problems, and asking for more fails in the first run's checks,
@@ -48,14 +48,14 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sluice.benchmarks import figures
-from sluice.benchmarks.cpu_meter import CpuMeter
-from sluice.benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_series
-from sluice.benchmarks.suite import uncommitted
-from sluice.benchmarks.tables import markdown_table, measured_on, spread
-from sluice.benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
+from benchmarks import figures
+from benchmarks.cpu_meter import CpuMeter
+from benchmarks.report import measured_commit, write_section
+from benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_series
+from benchmarks.suite import uncommitted
+from benchmarks.tables import markdown_table, measured_on, spread
+from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 from sluice.rl.config import load_config
-from sluice.sim.report import measured_commit, write_section
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -193,7 +193,7 @@ def run_trl(config: str, plan: Plan, threads: int, root: Path) -> tuple[Measured
     load, started = os.getloadavg()[0], time.monotonic()
     meter = _python(
         [
-            "sluice.benchmarks.trl_grpo",
+            "benchmarks.trl_grpo",
             config,
             f"--steps={plan.steps}",
             f"--eval-every={plan.every}",
@@ -242,7 +242,7 @@ def pick_trl_threads(config: str, root: Path) -> tuple[int, dict[int, float | No
         one = timings.get(1)
         limit = None if one is None else PROBE_START_S + PROBE_PATIENCE * PROBE_REPEATS * one
         try:
-            probe = ["sluice.benchmarks.trl_grpo", config, "--probe", f"--threads={threads}"]
+            probe = ["benchmarks.trl_grpo", config, "--probe", f"--threads={threads}"]
             _python(probe, log, limit)
         except subprocess.TimeoutExpired:
             timings[threads] = None
@@ -637,7 +637,7 @@ def main() -> None:
     command = (
         "`make bench-quick`"
         if args.quick
-        else "`" + " ".join([".venv/bin/python -m sluice.benchmarks.peer_trl", *sys.argv[1:]]) + "`"
+        else "`" + " ".join([".venv/bin/python -m benchmarks.peer_trl", *sys.argv[1:]]) + "`"
     )
     text = [
         machine_line(args.config, plan, args.rounds, threads, probes, [k.finished for k in kept]),

@@ -16,7 +16,7 @@ this shared machine hits every configuration of a round; within a launch the fir
 gives the median over rounds with its range, and the speed-up of 2 ranks over 1 (paired by
 round). ``--write`` puts it in BENCHMARKS.md (section "Training ranks").
 
-    .venv/bin/python -m sluice.benchmarks.ranks --rounds 3 --write
+    .venv/bin/python -m benchmarks.ranks --rounds 3 --write
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
-from sluice.benchmarks.engines import fixed_samples, train_section
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.engines import fixed_samples, train_section
+from benchmarks.report import measured_commit, write_section
+from benchmarks.tables import markdown_table
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.rl.config import PolicyConfig
-from sluice.sim.report import measured_commit, write_section
 
 ROOT = Path(__file__).parents[1]
 # (label, train.engine, train.zero_stage)
@@ -151,7 +151,7 @@ def main() -> None:
         f"(1.08M parameters), float32, a 128-sample batch; {args.rounds} rounds of "
         f"launches, each the median of steps {args.warmup + 1}-{args.steps}; load average "
         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after.\n"
-        f"Command: `make bench-ranks` (`.venv/bin/python -m sluice.benchmarks.ranks "
+        f"Command: `make bench-ranks` (`.venv/bin/python -m benchmarks.ranks "
         f"--rounds {args.rounds} --write`).\n\n" + table(times)
     )
     print(section)

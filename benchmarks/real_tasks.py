@@ -8,7 +8,7 @@ greedy accuracy starts clearly above 0 and well below the ceiling, and where sam
 right answers the greedy policy misses (pass@k well above mean@1): the groups GRPO learns
 from. ``configs/smollm2.yaml`` trains the one this chose.
 
-    .venv/bin/python -m sluice.benchmarks.real_tasks --model models/smollm2-135m-instruct
+    .venv/bin/python -m benchmarks.real_tasks --model models/smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table
 
 Task = Callable[[random.Random], tuple[str, str]]
 

@@ -11,7 +11,7 @@ sluice.envs.verifiers:addition``), in one invocation.
 Prints a markdown table and a JSON line; ``--write`` also puts the table in BENCHMARKS.md
 (section "Isolated rewards").
 
-    .venv/bin/python -m sluice.benchmarks.rewards --write
+    .venv/bin/python -m benchmarks.rewards --write
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.report import measured_commit, write_section
+from benchmarks.tables import markdown_table
 from sluice.envs import make_env
 from sluice.envs.rewards import RewardFunction
 from sluice.envs.scoring import Scorer, VerifierScorer, make_scorer
-from sluice.sim.report import measured_commit, write_section
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/default.yaml"
@@ -110,7 +110,7 @@ def main() -> None:
     commit = measured_commit()
     body = (
         f"Measured {when} at {commit} on {platform.node() or 'this machine'} "
-        f"({platform.machine()}); `.venv/bin/python -m sluice.benchmarks.rewards --steps "
+        f"({platform.machine()}); `.venv/bin/python -m benchmarks.rewards --steps "
         f"{args.steps} --repeats {args.repeats} --write`. Scoring: 5 interleaved rounds of "
         f"groups of 8; end to end: `{CONFIG}` for {args.steps} async steps, {args.repeats} runs "
         "of each path, alternating.\n\n" + "\n".join(markdown_table(header, rows))

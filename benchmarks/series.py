@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 
-from sluice.benchmarks.trl_grpo import read_result
+from benchmarks.trl_grpo import read_result
 
 STALENESS_PREFIX = "train/staleness_count/"
 # Steps left out of the per-window medians: the first steps hold one-time costs (vLLM's

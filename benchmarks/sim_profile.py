@@ -15,7 +15,7 @@ this machine: one rollout worker, one trainer) and the modes benchmark's medians
 two costs are fitted to (``fitted``) and the calibration test compares the other variants
 with. ``make bench-modes`` runs it after the benchmark, on the quiet machine:
 
-    .venv/bin/python -m sluice.benchmarks.sim_profile --modes runs/bench-modes/modes.json
+    .venv/bin/python -m benchmarks.sim_profile --modes runs/bench-modes/modes.json
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from sluice.benchmarks.modes import CONFIG, VARIANTS, median_result, paired
+from benchmarks.modes import CONFIG, VARIANTS, median_result, paired
 from sluice.engines.messages import StreamSettings
 from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.sim.calibrate import (

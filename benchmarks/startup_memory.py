@@ -16,7 +16,7 @@ that materialises only its shard, about 1/ranks. The start-up peak is split into
 reclaimable), so a peak over target says which it is. ``--write`` puts it in BENCHMARKS.md
 (section "Trainer memory at start-up").
 
-    .venv/bin/python -m sluice.benchmarks.startup_memory \\
+    .venv/bin/python -m benchmarks.startup_memory \\
         --model models/smollm2-135m-instruct --write
 """
 
@@ -37,11 +37,11 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from sluice.benchmarks.tables import markdown_table
+from benchmarks.report import measured_commit, write_section
+from benchmarks.tables import markdown_table
 from sluice.engines.ranks import free_port
 from sluice.rl.batching import Sample
 from sluice.rl.config import TrainConfig
-from sluice.sim.report import measured_commit, write_section
 
 ROOT = Path(__file__).parents[1]
 # (label, train.engine, train.zero_stage)
@@ -203,7 +203,7 @@ def main() -> None:
             "parts: the peak of the heap (`RssAnon`) and of mapped files' pages (`RssFile`: "
             "libraries, safetensors read by mmap) above the base, sampled every 2 ms, and the "
             "heap the rank still holds once built. "
-            "`.venv/bin/python -m sluice.benchmarks.startup_memory --model "
+            "`.venv/bin/python -m benchmarks.startup_memory --model "
             f"{args.model} --write`."
         )
         write_section("startup-memory", "Trainer memory at start-up", intro + "\n\n" + body)

@@ -11,7 +11,7 @@ commit. ``--stop-by HH:MM`` (UTC) starts a target only when its usual minutes fi
 The run's own section, at the top of BENCHMARKS.md, gives the commit, the machine and versions,
 and each target's start, minutes and outcome, the earlier sittings' rows kept.
 
-    .venv/bin/python -m sluice.benchmarks.suite --stop-by 13:00 bench-data bench-modes bench-peer
+    .venv/bin/python -m benchmarks.suite --stop-by 13:00 bench-data bench-modes bench-peer
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from sluice.benchmarks.tables import markdown_table, measured_on
-from sluice.sim.report import RESULTS, measured_commit, read_section, write_section
+from benchmarks.report import RESULTS, measured_commit, read_section, write_section
+from benchmarks.tables import markdown_table, measured_on
 
 ROOT = Path(__file__).parents[1]
 
@@ -156,7 +156,7 @@ def section(commit: str, targets: list[str], rows: dict[str, Row]) -> str:
         f"{len(ran)} of {len(targets)} targets, started from {starts[0] if starts else '-'} "
         f"to {starts[-1] if starts else '-'} UTC, "
         f"{sum(rows[t].minutes or 0 for t in ran):.0f} minutes in all. Command: "
-        f"`.venv/bin/python -m sluice.benchmarks.suite {' '.join(targets)}`.",
+        f"`.venv/bin/python -m benchmarks.suite {' '.join(targets)}`.",
     ]
     if left:
         lines.append(f"Not measured at this commit yet: {', '.join(f'`make {t}`' for t in left)}.")

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import version
 
-from sluice.sim.report import measured_commit
+from benchmarks.report import measured_commit
 
 
 def measured_on(*packages: str, commit: str | None = None) -> str:

@@ -11,7 +11,7 @@ samples/s (the first step, with its warm-up, left out), and each against padded
 (``trl/generation/vllm_client.py``, ``init_communicator``) raises ``NotImplementedError``
 on any device but CUDA.
 
-    .venv/bin/python -m sluice.benchmarks.trl_generations --steps 6 --rounds 3 --write
+    .venv/bin/python -m benchmarks.trl_generations --steps 6 --rounds 3 --write
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sluice.benchmarks.tables import markdown_table, measured_on, spread
-from sluice.benchmarks.trl_grpo import GENERATIONS, read_result
-from sluice.sim.report import write_section
+from benchmarks.report import write_section
+from benchmarks.tables import markdown_table, measured_on, spread
+from benchmarks.trl_grpo import GENERATIONS, read_result
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -57,7 +57,7 @@ def run_way(way: str, steps: int, folder: Path) -> dict[str, float] | str:
     cmd = [
         sys.executable,
         "-m",
-        "sluice.benchmarks.trl_grpo",
+        "benchmarks.trl_grpo",
         CONFIG,
         f"--steps={steps}",
         f"--out={out}",
@@ -120,7 +120,7 @@ def table(results: dict[str, list[dict[str, float] | str]], steps: int, rounds: 
             f"{rounds} rounds, {os.cpu_count()} torch threads; medians (min-max) over the "
             "rounds, the first step of each run left out.",
             "Command: `make bench-trl-generation` (`.venv/bin/python -m "
-            f"sluice.benchmarks.trl_generations --steps {steps} --rounds {rounds} --write`).",
+            f"benchmarks.trl_generations --steps {steps} --rounds {rounds} --write`).",
             "",
             *markdown_table(
                 [

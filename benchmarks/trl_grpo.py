@@ -33,8 +33,8 @@ samples, TRL's sampling settings) with ``--threads`` torch threads and prints th
 busy machine two OpenMP threads can be many times slower than one (a thread that loses
 its core stalls the other at every barrier), and on a quiet one faster.
 
-    .venv/bin/python -m sluice.benchmarks.trl_grpo configs/longtail.yaml --steps 100 --out DIR
-    .venv/bin/python -m sluice.benchmarks.trl_grpo configs/longtail.yaml --probe --threads 2
+    .venv/bin/python -m benchmarks.trl_grpo configs/longtail.yaml --steps 100 --out DIR
+    .venv/bin/python -m benchmarks.trl_grpo configs/longtail.yaml --probe --threads 2
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from sluice.benchmarks import trl_episodes
+from benchmarks import trl_episodes
 from sluice.engines.episodes import EpisodeSteps
 from sluice.engines.parallel import Optimisation
 from sluice.engines.policy import greedy_accuracy, save_policy

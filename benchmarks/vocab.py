@@ -15,7 +15,7 @@ needs more reports "out of memory" instead of taking the machine): one step allo
 optimiser's state, the peak resident memory is reset (``/proc/self/clear_refs``), and the
 next steps give the peak above that baseline and the median step time.
 
-    .venv/bin/python -m sluice.benchmarks.vocab --write
+    .venv/bin/python -m benchmarks.vocab --write
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from sluice.benchmarks.cpu_meter import resident_bytes
-from sluice.benchmarks.tables import markdown_table, measured_on
-from sluice.sim.report import write_section
+from benchmarks.cpu_meter import resident_bytes
+from benchmarks.report import write_section
+from benchmarks.tables import markdown_table, measured_on
 
 ROOT = Path(__file__).parents[1]
 SMOLLM2 = ROOT / "models" / "smollm2-135m-instruct"
@@ -117,7 +117,7 @@ def run_setting(model: Path, tokens: int, variant: str, steps: int) -> dict[str,
     code = (
         "import json, resource, sys\n"
         f"resource.setrlimit(resource.RLIMIT_AS, ({LIMIT_BYTES}, {LIMIT_BYTES}))\n"
-        "from sluice.benchmarks.vocab import measure_one\n"
+        "from benchmarks.vocab import measure_one\n"
         f"print(json.dumps(measure_one(__import__('pathlib').Path({str(model)!r}), "
         f"{tokens}, {variant!r}, {steps})))\n"
     )
@@ -184,7 +184,7 @@ def main() -> None:
         "steps per setting after one warm-up, each setting in its own process under a 20 GiB "
         "address-space limit. Peak: resident memory above the process's after the warm-up "
         "step (model, gradients and AdamW state excluded).",
-        "Command: `.venv/bin/python -m sluice.benchmarks.vocab --write` (`make bench-vocab`).",
+        "Command: `.venv/bin/python -m benchmarks.vocab --write` (`make bench-vocab`).",
         "",
         *markdown_table(header, table(results)),
     ]

@@ -29,8 +29,8 @@ trainer publishes it), into a section of its own.
 Prints a markdown table and a JSON line of the numbers; ``--write`` also puts the table
 in BENCHMARKS.md (section "Weights that stream").
 
-    .venv/bin/python -m sluice.benchmarks.weights --write
-    .venv/bin/python -m sluice.benchmarks.weights --model models/smollm2-135m-instruct --write
+    .venv/bin/python -m benchmarks.weights --write
+    .venv/bin/python -m benchmarks.weights --model models/smollm2-135m-instruct --write
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ import numpy as np
 import ray
 import torch
 
-from sluice.benchmarks.tables import markdown_table
-from sluice.sim.report import measured_commit, write_section
+from benchmarks.report import measured_commit, write_section
+from benchmarks.tables import markdown_table
 from sluice.storage.params import ParameterService
 
 GB = 1e9
@@ -384,7 +384,7 @@ def main() -> None:
         ray.shutdown()
     s = summary(result)
     commit = measured_commit()
-    command = " ".join([".venv/bin/python -m sluice.benchmarks.weights", *sys.argv[1:]])
+    command = " ".join([".venv/bin/python -m benchmarks.weights", *sys.argv[1:]])
     section = (
         f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {commit} on "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "

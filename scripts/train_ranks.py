@@ -24,13 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from sluice.benchmarks.cpu_meter import ResidentKinds, resident_bytes, resident_kinds
+# A script of the checkout: its memory meter is the benchmarks' (not shipped in the wheel).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.cpu_meter import ResidentKinds, resident_bytes, resident_kinds
 from sluice.engines.ranks import Rendezvous, join, shares
 from sluice.engines.trainer_core import PolicyTrainer, build_engine
 from sluice.rl.batching import Sample, collate

@@ -9,6 +9,9 @@ Pure Python and numpy (no Ray, no vLLM), so it runs anywhere in seconds:
 - ``sim.calibrate``: per-token costs derived from measurements of a real run (a profile,
   ``sim/profiles/*.json``, written by ``benchmarks/sim_profile.py``);
 - ``sim.hardware``: costs of a model on H100s from public specifications;
-- ``sim.scale``: predictions for 64-1024 accelerators at published scale, for BENCHMARKS.md;
 - ``sim.command``: what ``sluice simulate`` (``flows/cli.py``) runs and prints.
+
+The calibration check and the predictions at published scale are written into BENCHMARKS.md
+from a checkout, by ``benchmarks/sim_calibration.py`` and ``benchmarks/sim_scale.py``
+(measurement, which the wheel does not ship).
 """

@@ -1,6 +1,6 @@
 """Simulator costs of a model on a GPU cluster, from public specifications and stated guesses.
 
-Used by ``sim.scale`` for the published-scale predictions. Every number is either a
+Used by ``benchmarks/sim_scale.py`` for the published-scale predictions. Every number is either a
 vendor or model-card figure (cited where it is defined) or an efficiency assumption, named
 in ``ASSUMPTIONS`` so the report can print it. The model is first-order on purpose:
 

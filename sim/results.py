@@ -1,6 +1,7 @@
 """What one simulation returns, and the plain-text table that compares several.
 
-Filled in by ``sim.engine.simulate``; printed by ``sluice simulate`` and by ``sim.scale``.
+Filled in by ``sim.engine.simulate``; printed by ``sluice simulate`` and by
+``benchmarks/sim_scale.py``.
 Rates are per second of simulated wall-clock time; "steady" rates leave out the first
 ``workload.warmup_steps`` steps, where a pipelined policy is still filling.
 """

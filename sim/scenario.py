@@ -6,7 +6,8 @@ one ``ScenarioError`` that names each bad field. The policy's settings that a Sl
 has are that run's own pydantic fields (``rl/config.py``: ``mode``, ``max_staleness``,
 ``rollout.partial_rollout``, ``rollout.long_first``, ``rollout.balance``, ``rollout.repack*``),
 so a scenario defaults to what a run does; the costs are per accelerator and come from a
-calibration profile (``sim/calibrate.py``) or from stated public numbers (``sim/scale.py``).
+calibration profile (``sim/calibrate.py``) or from stated public numbers
+(``benchmarks/sim_scale.py``).
 """
 
 from __future__ import annotations

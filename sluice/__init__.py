@@ -5,7 +5,8 @@ folders, mapped into this namespace by ``pyproject.toml``: ``sluice.flows`` (the
 flows and the CLI), ``sluice.tasks`` (the Prefect tasks they compose), ``sluice.engines``
 (rollout and training engines and the Ray actors that host them), ``sluice.storage`` (the
 data planes and records), ``sluice.rl`` (pure algorithm code), ``sluice.envs``
-(environments), ``sluice.sim`` (the simulator) and ``sluice.benchmarks``.
+(environments) and ``sluice.sim`` (the simulator). The benchmarks (``benchmarks/``) run
+from a checkout and are not part of it.
 
 What a user's own code is written against is re-exported here: the environment types,
 ``batched`` for reward functions that take a whole group, the config tree and its loader,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.benchmarks.modes import paired
+from benchmarks.modes import paired
 from sluice.sim.calibrate import load_profile, predict
 
 pytestmark = pytest.mark.bench

@@ -22,7 +22,7 @@ def test_a_pull_adds_less_than_a_bucket_and_a_relay_holds_one_version(tmp_path):
     small = ["--layers", "2", "--hidden", "512", "--intermediate", "1408", "--vocab", "8000"]
     run = ["--bucket-mib", "4", "--repeats", "3", "--json", str(out)]
     subprocess.run(
-        [sys.executable, "-m", "sluice.benchmarks.weights", *small, *run],
+        [sys.executable, "-m", "benchmarks.weights", *small, *run],
         check=True,
         timeout=300,
         capture_output=True,

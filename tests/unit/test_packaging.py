@@ -1,7 +1,9 @@
-"""An installed Sluice adds one import name, ``sluice``, and works from outside the checkout."""
+"""An installed Sluice adds one import name, ``sluice``, works from outside the checkout, and
+ships no measurement code (``benchmarks/`` runs from a checkout only)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -9,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("flows", "tasks", "engines", "storage", "rl", "envs", "sim", "benchmarks")
+PARTS = ("flows", "tasks", "engines", "storage", "rl", "envs", "sim")
 
 
 def _source_copy(into: Path) -> Path:
@@ -18,7 +20,7 @@ def _source_copy(into: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         source.mkdir(exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
-    for part in ("sluice", *PARTS):
+    for part in ("sluice", *PARTS, "benchmarks"):
         shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
     return source
 
@@ -57,6 +59,12 @@ def test_the_wheel_holds_only_the_sluice_package(tmp_path: Path) -> None:
         "engines/policy.py",
     ):
         assert f"sluice/{part}" in names
+    # Measurement stays in the checkout: no benchmark, and nothing that finds the repository
+    # from its own file (in site-packages that path is not a checkout).
+    assert not [n for n in names if "benchmark" in n], names
+    for name in (n for n in names if n.endswith(".py")):
+        text = zipfile.ZipFile(wheel).read(name).decode()
+        assert not re.search(r"__file__\)(\.resolve\(\))?\.parents", text), name
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "sluice = sluice.flows.cli:app" in zipfile.ZipFile(wheel).read(entry).decode()
 

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sluice.benchmarks import suite
-from sluice.sim import report
+from benchmarks import report, suite
 
 
 def git(root, *args):
@@ -126,7 +125,7 @@ def test_the_section_gives_the_commit_each_targets_row_and_what_is_left():
     assert "Every section below that names commit abc1234 was measured at it" in text
     assert "2 of 3 targets, started from 2026-11-26 21:00 to 2026-11-27 09:10 UTC" in text
     assert "40 minutes in all" in text
-    assert "`.venv/bin/python -m sluice.benchmarks.suite bench-data bench-modes bench-peer`" in text
+    assert "`.venv/bin/python -m benchmarks.suite bench-data bench-modes bench-peer`" in text
     assert "| `make bench-data` | 2026-11-26 21:00 | 8.0 | ok |" in text
     assert "| `make bench-modes` | 2026-11-27 09:10 | 31.5 | failed (2) |" in text
     assert "Not measured at this commit yet: `make bench-peer`." in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sluice.benchmarks.bf16_ranks import update_gap
+from benchmarks.bf16_ranks import update_gap
 
 
 def test_the_update_gap_is_the_difference_over_the_reference_updates_norm():

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sluice.benchmarks.control_plane import (
+from benchmarks.control_plane import (
     GROUP,
     HOSTS,
     Ceiling,

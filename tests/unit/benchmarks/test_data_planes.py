@@ -1,6 +1,6 @@
 """benchmarks/data_planes.py: its table pairs each ratio's rounds and gives median (min-max)."""
 
-from sluice.benchmarks.data_planes import VARIANTS, store_table
+from benchmarks.data_planes import VARIANTS, store_table
 
 
 def test_ratios_are_paired_within_a_round_and_shown_as_median_and_range():

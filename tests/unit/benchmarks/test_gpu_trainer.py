@@ -4,7 +4,7 @@ launches themselves: `make bench-gpu-trainer` on a GPU machine)."""
 
 from __future__ import annotations
 
-from sluice.benchmarks.gpu_trainer import MIB, ROWS, VOCAB, long_samples, table
+from benchmarks.gpu_trainer import MIB, ROWS, VOCAB, long_samples, table
 
 GIB = 1024 * MIB
 

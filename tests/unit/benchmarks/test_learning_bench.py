@@ -1,6 +1,6 @@
 """The learning-curve table: the median and range over seeds at each mark, per variant."""
 
-from sluice.benchmarks.learning import record_path, rl_seconds, slug, table
+from benchmarks.learning import record_path, rl_seconds, slug, table
 
 
 def _record(variant: str, seed: int, curve: dict[int, float], steps: int = 400) -> dict:
@@ -24,7 +24,7 @@ def test_the_table_gives_the_median_and_range_of_the_seeds():
     ]
     lines = table(records, 400).splitlines()
     assert "commit abc1234;" in lines[0] and "a CPU (AVX2)" in lines[0]
-    assert lines[1].startswith("Command: `.venv/bin/python -m sluice.benchmarks.learning")
+    assert lines[1].startswith("Command: `.venv/bin/python -m benchmarks.learning")
     header, rows = lines[3], lines[5:]
     assert header.startswith("| variant | 0 | 50 | 100 |")
     last_token, one_step = rows

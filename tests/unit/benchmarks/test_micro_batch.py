@@ -3,8 +3,8 @@ reports each setting against the 4096-token one, with its tokens/s."""
 
 import statistics
 
-from sluice.benchmarks.engines import fixed_batch
-from sluice.benchmarks.micro_batch import MAX_TOKENS, longtail_length, table
+from benchmarks.engines import fixed_batch
+from benchmarks.micro_batch import MAX_TOKENS, longtail_length, table
 
 
 def test_batch_has_the_long_tail_shape():

@@ -3,7 +3,7 @@ paired round by round."""
 
 import pytest
 
-from sluice.benchmarks.modes import bound_line, median_result, paired, pipeline_bound
+from benchmarks.modes import bound_line, median_result, paired, pipeline_bound
 
 SYNC = {"samples_per_s": 128.0, "step_s": 1.0, "trainer_idle": 0.6}
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sluice.benchmarks.cpu_meter import CpuMeter
+from benchmarks.cpu_meter import CpuMeter
 
 # A child that starts a grandchild; the grandchild burns BURN_S of CPU time (not wall time,
 # so a busy machine cannot shorten it), then sleeps so the meter sees its total before it

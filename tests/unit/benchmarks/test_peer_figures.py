@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sluice.benchmarks import figures
-from sluice.benchmarks.figures import _moving_mean, _window
-from sluice.benchmarks.series import WARMUP_STEPS, Phase, Series
+from benchmarks import figures
+from benchmarks.figures import _moving_mean, _window
+from benchmarks.series import WARMUP_STEPS, Phase, Series
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

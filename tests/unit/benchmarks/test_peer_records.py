@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sluice.benchmarks.peer_trl import (
+from benchmarks.peer_trl import (
     TRL_LABEL,
     Kept,
     Measured,
@@ -15,7 +15,7 @@ from sluice.benchmarks.peer_trl import (
     save_round,
     table,
 )
-from sluice.benchmarks.series import Phase, Series
+from benchmarks.series import Phase, Series
 
 PLAN = Plan(steps=3, every=2, prompts=256, seed=1)
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sluice.benchmarks.series import (
+from benchmarks.series import (
     WARMUP_STEPS,
     WINDOW_STEPS,
     Series,
@@ -17,7 +17,7 @@ from sluice.benchmarks.series import (
     trl_series,
     wall_steps,
 )
-from sluice.benchmarks.trl_grpo import RESULT_FILE
+from benchmarks.trl_grpo import RESULT_FILE
 from sluice.tasks.tracking import MlflowLogger
 
 

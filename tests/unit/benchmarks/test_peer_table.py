@@ -3,8 +3,8 @@ for one round and paired over rounds."""
 
 from __future__ import annotations
 
-from sluice.benchmarks.peer_trl import TRL_LABEL, Measured, Plan, section_of, table
-from sluice.benchmarks.series import Series
+from benchmarks.peer_trl import TRL_LABEL, Measured, Plan, section_of, table
+from benchmarks.series import Series
 
 PLAN = Plan(steps=40, every=10, prompts=1024, seed=0)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from sluice.benchmarks.trl_episodes import EpisodeRollout, play
+from benchmarks.trl_episodes import EpisodeRollout, play
 from sluice.engines.episodes import EpisodeSteps, StepSpec
 from sluice.engines.policy import EOS_ID, PAD_ID, build_tokenizer
 from sluice.envs import make_env

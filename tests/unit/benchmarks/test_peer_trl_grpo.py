@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sluice.benchmarks.trl_grpo import (
+from benchmarks.trl_grpo import (
     POLICY_FOLDER,
     SluiceReward,
     grpo_config,
@@ -95,7 +95,7 @@ def test_grpo_settings_match_the_sluice_run(tmp_path):
 
 def train(config: str, out: Path, *settings: str) -> None:
     """The real entry point on a tiny budget: two steps, an evaluation after each."""
-    command = [sys.executable, "-m", "sluice.benchmarks.trl_grpo", config]
+    command = [sys.executable, "-m", "benchmarks.trl_grpo", config]
     command += ["--steps=2", "--eval-every=1", "--threads=1", f"--out={out}"]
     command += [arg for s in settings for arg in ("--set", s)]
     done = subprocess.run(

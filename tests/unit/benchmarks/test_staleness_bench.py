@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from sluice.benchmarks.staleness import ledger_counts
+from benchmarks.staleness import ledger_counts
 from sluice.storage.ledger import Ledger, LedgerEvent
 
 

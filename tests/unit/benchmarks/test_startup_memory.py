@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from safetensors.torch import load_file
 
-from sluice.benchmarks.startup_memory import ENGINES, MIB, RANKS, float32_bytes, table
+from benchmarks.startup_memory import ENGINES, MIB, RANKS, float32_bytes, table
 
 
 def test_float32_bytes_count_every_stored_element_at_four_bytes(tiny_policy):

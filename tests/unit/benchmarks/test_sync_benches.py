@@ -3,8 +3,8 @@ and the adapter table."""
 
 from __future__ import annotations
 
-from sluice.benchmarks.adapters import table
-from sluice.benchmarks.weights import folder_shapes
+from benchmarks.adapters import table
+from benchmarks.weights import folder_shapes
 from tests.support.trainers import make_trainer
 
 

@@ -1,7 +1,7 @@
 """benchmarks/trl_generations.py: a failed way's error and TRL frame, and the table of the
 ways that ran, paired with padded generate within a round."""
 
-from sluice.benchmarks.trl_generations import failure, table
+from benchmarks.trl_generations import failure, table
 
 LOG = """\
 21:22:00 Triton is installed but 0 active driver(s) found (expected 1).

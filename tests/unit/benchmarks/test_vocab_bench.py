@@ -2,7 +2,7 @@
 
 import pytest
 
-from sluice.benchmarks.vocab import measure_one, table
+from benchmarks.vocab import measure_one, table
 from sluice.engines.policy import build_model, build_tokenizer, save_policy
 from sluice.rl.config import PolicyConfig
 

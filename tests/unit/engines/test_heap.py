@@ -15,7 +15,7 @@ ROOT = Path(__file__).parents[3]
 CHILD = """
 import sys
 import torch
-from sluice.benchmarks.cpu_meter import resident_kinds
+from benchmarks.cpu_meter import resident_kinds
 from sluice.engines.heap import returned_heap
 
 def churn():

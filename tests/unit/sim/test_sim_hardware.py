@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.sim_scale import POLICIES, report, run_grid, scenario
 from sluice.sim.hardware import (
     H100,
     HBM_EFFICIENCY,
@@ -14,7 +15,6 @@ from sluice.sim.hardware import (
     engine_concurrency,
     split,
 )
-from sluice.sim.scale import POLICIES, report, run_grid, scenario
 
 
 def test_7b_decode_step_reads_the_weights_once():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from sluice.benchmarks.modes import VARIANTS
-from sluice.benchmarks.sim_profile import modes_measurement, variants
+from benchmarks.modes import VARIANTS
+from benchmarks.sim_profile import modes_measurement, variants
 
 
 def test_every_one_worker_benchmark_variant_becomes_a_policy_with_sluices_defaults():

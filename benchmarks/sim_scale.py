@@ -6,8 +6,8 @@ the papers compare against, synchronous training on colocated accelerators (verl
 default). Costs come from ``sim.hardware`` (public specifications plus stated efficiency
 guesses), the workload from ``WORKLOADS``. Writes a section of BENCHMARKS.md:
 
-    .venv/bin/python -m sluice.sim.scale            # or: make simulate
-    .venv/bin/python -m sluice.sim.scale --quick    # fewer steps, no BENCHMARKS.md
+    .venv/bin/python -m benchmarks.sim_scale            # or: make simulate
+    .venv/bin/python -m benchmarks.sim_scale --quick    # fewer steps, no BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.report import measured_commit
 from sluice.sim.engine import simulate
 from sluice.sim.hardware import (
     ASSUMPTIONS,
@@ -35,7 +36,6 @@ from sluice.sim.hardware import (
     split,
 )
 from sluice.sim.lengths import draw_lengths
-from sluice.sim.report import measured_commit
 from sluice.sim.results import SimResult
 from sluice.sim.scenario import SKEW_HANDLING_OFF, LengthSpec, Scenario, build_scenario
 
@@ -224,7 +224,7 @@ def report(grid: dict[str, dict[int, dict[str, Cell]]], steps: int, elapsed: flo
         f"Python {platform.python_version()}, numpy {np.__version__}; {steps} steps per run, "
         f"{GROUPS_PER_STEP} prompts x {GROUP} samples per step at every size, seed 0; "
         f"{elapsed:.0f} s for the whole grid.",
-        "Command: `make simulate` (`.venv/bin/python -m sluice.sim.scale`).",
+        "Command: `make simulate` (`.venv/bin/python -m benchmarks.sim_scale`).",
         "",
         "Trained samples/s relative to synchronous training on colocated accelerators (the "
         "papers' baseline), whole run:",
@@ -324,7 +324,7 @@ def main() -> None:
         text += "\n\n" + time_full_run()
     print(text)
     if not (args.quick or args.no_write):
-        from sluice.sim.report import write_section
+        from benchmarks.report import write_section
 
         write_section("simulator-scale", "Simulator: predictions at cluster scale", text)
 
