@@ -67,11 +67,12 @@ ui-check: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	bash scripts/typecheck.sh sluice/__init__.py sluice/rl sluice/envs sluice/storage sluice/sim \
-	  sluice/engines/protocols.py sluice/engines/messages.py sluice/engines/lora.py sluice/engines/rollout_worker.py \
-	  sluice/engines/trainer_actor.py sluice/engines/trainer_core.py sluice/engines/parallel.py \
-	  sluice/engines/ddp.py sluice/engines/fsdp.py sluice/engines/zero.py sluice/engines/dispatcher.py sluice/tasks \
-	  sluice/flows/rl_job.py sluice/flows/api.py
+	bash scripts/typecheck.sh sluice/__init__.py sluice/config sluice/rl sluice/envs sluice/storage \
+	  sluice/sim sluice/engines/protocols.py sluice/engines/rollout/messages.py \
+	  sluice/engines/rollout/worker.py sluice/engines/rollout/dispatcher.py \
+	  sluice/engines/train/lora.py sluice/engines/train/pool.py sluice/engines/train/trainer.py \
+	  sluice/engines/train/parallel.py sluice/engines/train/ddp.py sluice/engines/train/fsdp.py \
+	  sluice/engines/train/zero.py sluice/tasks sluice/driver sluice/flows/rl_job.py sluice/flows/api.py
 
 format: setup
 	$(VENV)/bin/ruff check --fix .
@@ -80,9 +81,9 @@ format: setup
 clean:
 	rm -rf runs .cache
 
-# docs/configuration-reference.md, generated from rl/config.py (a unit test fails when it is stale).
+# docs/configuration-reference.md, generated from sluice/config/tree.py (a unit test fails when it is stale).
 docs: setup
-	$(PY) -m sluice.rl.config_reference --write
+	$(PY) -m sluice.config.reference --write
 
 # GPU machines: .venv with PyPI's CUDA build of torch and vllm (scripts/setup-gpu.sh; it
 # converts a .venv that `make setup` built, downloading several GB). `make setup` and the
@@ -254,7 +255,7 @@ TF := CHECKPOINT_DISABLE=1 TF_CLI_CONFIG_FILE=/dev/null $(VENV)/bin/terraform
 
 infra-check: setup $(INFRA_VENV)/bin/checkov
 	$(TF) fmt -check -recursive -diff infra/terraform
-	$(PYTEST) tests/unit/infra tests/unit/engines/test_preemption.py \
+	$(PYTEST) tests/unit/infra tests/unit/engines/cluster/test_preemption.py \
 	  tests/integration/test_preemption_drain.py
 	set -o pipefail; HCL_PARSE_TIMEOUT_SEC=$(CHECKOV_PARSE_TIMEOUT_S) $(INFRA_VENV)/bin/checkov \
 	  -d infra/terraform --skip-download --compact --quiet | tee $(INFRA_VENV)/checkov.txt

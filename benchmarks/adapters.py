@@ -49,7 +49,7 @@ import torch
 from benchmarks.report import measured_commit, write_section
 from benchmarks.tables import markdown_table
 from benchmarks.weights import LLAMA_1B, llama_shapes
-from sluice.rl.config import LoraConfig, TrainConfig
+from sluice.config.tree import LoraConfig, TrainConfig
 from sluice.storage.params import ParameterService
 
 MIB = 1 << 20
@@ -131,8 +131,8 @@ def sync_into_vllm(
     """The real trainer -> parameter service -> vLLM sync of a policy folder, full weights
     and adapter, and a batch (8 samples a prompt) generated after each; each engine built in
     turn (vLLM holds one engine a process)."""
-    from sluice.engines.trainer_core import NO_TOKEN_LIMIT, build_engine
-    from sluice.engines.vllm_rollout import VLLMRolloutEngine
+    from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
+    from sluice.engines.train.trainer import NO_TOKEN_LIMIT, build_engine
 
     runs: dict[str, list[dict[str, float]]] = {}
     for kind, lora in (("full", None), ("adapter", LORA)):
@@ -261,9 +261,9 @@ def _workload(config: Path | None) -> tuple[Path, list[str], int, str]:
     """The policy folder to sync into vLLM, a batch's prompts, their token budget and the
     table's label: the config's model folder and first step's prompts, else the tiny
     default policy (no warm start) on the default run's prompts."""
-    from sluice.engines.policy import prepare_policy
-    from sluice.rl.config import EnvConfig, PolicyConfig, load_config
-    from sluice.tasks.environment import make_environment
+    from sluice.config.tree import EnvConfig, PolicyConfig, load_config
+    from sluice.driver.environment import make_environment
+    from sluice.policy.starting import prepare_policy
 
     if config is not None:
         cfg = load_config(config)

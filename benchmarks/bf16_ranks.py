@@ -28,9 +28,9 @@ import torch
 from benchmarks.report import measured_commit, write_section
 from benchmarks.startup_memory import launch, samples
 from benchmarks.tables import markdown_table
-from sluice.engines.trainer_core import MODEL_FILE, PolicyTrainer, build_engine
+from sluice.config.tree import TrainConfig
+from sluice.engines.train.trainer import MODEL_FILE, PolicyTrainer, build_engine
 from sluice.rl.batching import collate
-from sluice.rl.config import TrainConfig
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.torch_state import bytes_to_tensors
 
@@ -43,7 +43,7 @@ ENGINES = [
 ]
 # The tolerance: an engine's gaps to one bf16 process stay under the gaps bf16 rounding
 # alone opens on the same steps (one process in float32 against the same in bf16). The
-# tiny policy's one-step bounds (tests/unit/engines/test_trainer_device.py: loss 1e-4) do not
+# tiny policy's one-step bounds (tests/unit/engines/train/test_trainer_device.py: loss 1e-4) do not
 # carry over: on a 30-layer model at two ranks each rank's batch has other shapes, and bf16
 # matmuls round by shape.
 SETTINGS = {"lr": 1e-5, "micro_batch": 4, "threads": 1, "loss": "ppo"}

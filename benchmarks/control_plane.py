@@ -5,11 +5,11 @@ driven by hundreds of simulated rollout workers, beside what the simulator says 
 Components, in one local Ray session (127.0.0.1), fresh controllers for every load level:
 
 - Under test, the real actors: ``storage.trajectory_store.TrajectoryStore`` (its ledger in a
-  local folder, flushed at every ack), ``engines.dispatcher.Dispatcher`` (admission, skew-aware
-  dispatch over every worker's reported load, a ``dispatched`` ledger event per sample sent to
-  the store) and a ``storage.params.ParameterService`` relay.
+  local folder, flushed at every ack), ``engines.rollout.dispatcher.Dispatcher`` (admission,
+  skew-aware dispatch over every worker's reported load, a ``dispatched`` ledger event per sample
+  sent to the store) and a ``storage.params.ParameterService`` relay.
 - ``WorkerHost`` actors (``HOSTS``), each running its share of the simulated rollout workers
-  as threads. A simulated worker makes the calls ``engines/rollout_worker.py: _Stream`` makes
+  as threads. A simulated worker makes the calls ``engines/rollout/worker.py: _Stream`` makes
   around its engine, the engine replaced by a clock: it takes groups from the dispatcher when
   a slot is free, "generates" each for a log-normal time, puts finished groups as one block
   through ``StoreClient`` within ``PUT_EVERY_S`` (rows of realistic size: 512 prompt tokens,
@@ -77,9 +77,14 @@ from benchmarks.report import measured_commit, write_section
 from benchmarks.sim_scale import GROUP, GROUPS_PER_STEP, PROMPT_TOKENS, SIZES, WORKLOADS
 from benchmarks.sim_scale import scenario as scale_scenario
 from benchmarks.tables import markdown_table
-from sluice.engines.dispatcher import LOOKAHEAD_STEPS, REPORTS_PER_S, Dispatcher, GroupDispatcher
-from sluice.engines.messages import Assignment, GroupDone, StreamSettings
-from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
+from sluice.engines.rollout.dispatcher import (
+    LOOKAHEAD_STEPS,
+    REPORTS_PER_S,
+    Dispatcher,
+    GroupDispatcher,
+)
+from sluice.engines.rollout.messages import Assignment, GroupDone, StreamSettings
+from sluice.engines.rollout.worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.envs import Problem
 from sluice.sim.engine import simulate
 from sluice.sim.lengths import draw_lengths
@@ -111,7 +116,7 @@ WEIGHTS_MB = 4
 # simulated workers on 2 cores that alone is 5k relay calls/s, which would starve the store
 # under test; the relay probe measures what a relay can answer, against the 0.1 s demand.
 WEIGHT_CHECK_S = 1.0
-# The real worker's timing, as the flow leaves it (tasks/rollouts.py: stream_settings).
+# The real worker's timing, as the flow leaves it (driver/rollouts.py: stream_settings).
 _REAL = StreamSettings(worker=0, samples_per_prompt=GROUP, max_new_tokens=1, temperature=1.0,
                        scale_by_std=False, concurrency=1)  # fmt: skip
 REAL_WEIGHT_CHECK_S = _REAL.weight_check_s
@@ -133,8 +138,8 @@ UNBOUNDED = 10**9  # a staleness bound admission never reaches (the take probe)
 OBJECT_STORE_BYTES = 6 << 30
 PROFILE_RATE = 50  # py-spy samples per second: about 1% of a core, without pausing the target
 # The policies whose demand is derived (fields of sim.scenario's policy, over sim_scale.py's
-# defaults): Sluice's defaults (rl/config.py), and the loosest bound sim_scale.py tries, for
-# which it predicts the most samples per second.
+# defaults): Sluice's defaults (sluice/config/tree.py), and the loosest bound sim_scale.py tries,
+# for which it predicts the most samples per second.
 DEMAND_POLICIES: dict[str, dict[str, Any]] = {
     "async k=2 +dispatch +repack": {
         "mode": "async", "max_staleness": 2, "long_first": True, "balance": True, "repack": True

@@ -3,7 +3,7 @@ and whether the driver's memory stays flat while the training stream goes throug
 
 Writes a Parquet file of ``--rows`` addition prompts (with a reference answer and a field)
 to a temporary folder, then in this process, as the driver of a run does
-(``tasks/environment.py``, ``envs/dataset.py``):
+(``driver/environment.py``, ``envs/dataset.py``):
 
 - start: open the file, check the mapped columns and every prompt (``DatasetEnv.check``),
   draw the held-out set (``eval.prompts`` = 256 rows, by hash) and the first training

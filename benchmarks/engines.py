@@ -28,10 +28,10 @@ from pathlib import Path
 
 from benchmarks.report import write_section
 from benchmarks.tables import markdown_table, measured_on
-from sluice.engines.policy import build_model, build_tokenizer, save_policy
-from sluice.engines.trainer_core import PolicyTrainer, build_engine
+from sluice.config.tree import PolicyConfig, TrainConfig
+from sluice.engines.train.trainer import PolicyTrainer, build_engine
+from sluice.policy.starting import build_model, build_tokenizer, save_policy
 from sluice.rl.batching import Sample, TrainBatch, collate
-from sluice.rl.config import PolicyConfig, TrainConfig
 
 # (label, policy shape): the default config's policy, and one 6x larger, where the
 # engines' fixed costs per step weigh less against the arithmetic.

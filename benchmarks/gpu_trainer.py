@@ -39,9 +39,9 @@ from benchmarks.bf16_ranks import update_gap
 from benchmarks.report import measured_commit, write_section
 from benchmarks.startup_memory import ENGINES, MIB, float32_bytes, launch
 from benchmarks.tables import markdown_table
-from sluice.engines.trainer_core import MODEL_FILE
+from sluice.config.tree import TrainConfig
+from sluice.engines.train.trainer import MODEL_FILE
 from sluice.rl.batching import Sample
-from sluice.rl.config import TrainConfig
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.torch_state import bytes_to_tensors
 

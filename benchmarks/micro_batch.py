@@ -31,10 +31,10 @@ import torch
 from benchmarks.engines import fixed_batch, step_times
 from benchmarks.report import measured_commit, write_section
 from benchmarks.tables import markdown_table
-from sluice.engines.policy import build_model, build_tokenizer, save_policy
-from sluice.engines.trainer_core import NO_TOKEN_LIMIT, build_engine
+from sluice.config.tree import PolicyConfig, TrainConfig
+from sluice.engines.train.trainer import NO_TOKEN_LIMIT, build_engine
+from sluice.policy.starting import build_model, build_tokenizer, save_policy
 from sluice.rl.batching import TrainBatch
-from sluice.rl.config import PolicyConfig, TrainConfig
 
 # (label, micro_batch_tokens, packing)
 SETTINGS: list[tuple[str, int, bool]] = [

@@ -55,7 +55,7 @@ from benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_se
 from benchmarks.suite import uncommitted
 from benchmarks.tables import markdown_table, measured_on, spread
 from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
-from sluice.rl.config import load_config
+from sluice.config.tree import load_config
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"

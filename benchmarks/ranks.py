@@ -38,8 +38,8 @@ from pathlib import Path
 from benchmarks.engines import fixed_samples, train_section
 from benchmarks.report import measured_commit, write_section
 from benchmarks.tables import markdown_table
-from sluice.engines.policy import build_model, build_tokenizer, save_policy
-from sluice.rl.config import PolicyConfig
+from sluice.config.tree import PolicyConfig
+from sluice.policy.starting import build_model, build_tokenizer, save_policy
 
 ROOT = Path(__file__).parents[1]
 # (label, train.engine, train.zero_stage)

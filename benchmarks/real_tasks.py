@@ -116,7 +116,7 @@ def main() -> None:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from sluice.engines.vllm_rollout import engine_args
+    from sluice.engines.rollout.vllm_engine import engine_args
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     llm = LLM(model=str(args.model), seed=0, **engine_args(False, "float32", None, None, 0.9))

@@ -6,7 +6,7 @@ two measurements and ``sim.calibrate.derive_costs``:
 1. the modes benchmark's first ``sync`` run: per-step generation, training and weight-pull
    times from its MLflow sqlite database, lengths from its trajectories;
 2. the vLLM engine on one core in this process (that run's policy), stepped the way the
-   ``async`` worker steps it (``engines/vllm_rollout.py``: ``start`` / ``step``, one
+   ``async`` worker steps it (``engines/rollout/vllm_engine.py``: ``start`` / ``step``, one
    request per sample, every delta turned into Python lists as the worker's loop does),
    with n requests running for n in ``RUNNING``: seconds per step against n.
 
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.modes import CONFIG, VARIANTS, median_result, paired
-from sluice.engines.messages import StreamSettings
-from sluice.engines.rollout_worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
+from sluice.engines.rollout.messages import StreamSettings
+from sluice.engines.rollout.worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.sim.calibrate import (
     Profile,
     RunMeasurements,
@@ -48,7 +48,7 @@ from sluice.sim.calibrate import (
     train_overlap,
 )
 
-# engines/rollout_worker.py: how often a streaming worker looks for new weights.
+# engines/rollout/worker.py: how often a streaming worker looks for new weights.
 WEIGHT_CHECK_S = StreamSettings.__dataclass_fields__["weight_check_s"].default
 # The measured variant the in-run streaming slowdown is fitted to: the worker never idles
 # there (rollout idle 0.00), so its throughput is the streaming decode rate itself.
@@ -80,7 +80,7 @@ def time_streaming(policy: str, threads: int = 1) -> StreamMeasurements:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from sluice.engines.vllm_rollout import VLLMRolloutEngine
+    from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
 
     torch.set_num_threads(threads)
     engine = VLLMRolloutEngine(policy, seed=0, kv_cache_gib=0.5, max_model_len=256)
@@ -119,7 +119,7 @@ def time_streaming(policy: str, threads: int = 1) -> StreamMeasurements:
     )
 
 
-# Sluice's settings (rl/config.py) as the simulator's policy fields.
+# Sluice's settings (sluice/config/tree.py) as the simulator's policy fields.
 _POLICY_KEYS = {
     "mode": "mode",
     "max_staleness": "max_staleness",
@@ -181,7 +181,7 @@ def modes_measurement(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, f
 
 def longtail_scenario(run: RunMeasurements, steps: int) -> dict[str, Any]:
     """The scenario of configs/longtail.yaml on this machine, with the run's lengths."""
-    from sluice.rl.config import load_config
+    from sluice.config.tree import load_config
 
     cfg = load_config(CONFIG)
     r = cfg.rollout
@@ -240,7 +240,7 @@ def main() -> None:
     )
     costs = costs.model_copy(update={"group_ready_s": PUT_EVERY_S, "train_overlap_factor": overlap})
     sources["group_ready_s"] = (
-        "engines/rollout_worker.py PUT_EVERY_S: a finished group waits up to this long "
+        "engines/rollout/worker.py PUT_EVERY_S: a finished group waits up to this long "
         "for others to share its store put (a code constant, not a measurement)"
     )
     sources["train_overlap_factor"] = (

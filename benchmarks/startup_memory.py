@@ -39,9 +39,9 @@ from safetensors import safe_open
 
 from benchmarks.report import measured_commit, write_section
 from benchmarks.tables import markdown_table
-from sluice.engines.ranks import free_port
+from sluice.config.tree import TrainConfig
+from sluice.engines.train.ranks import free_port
 from sluice.rl.batching import Sample
-from sluice.rl.config import TrainConfig
 
 ROOT = Path(__file__).parents[1]
 # (label, train.engine, train.zero_stage)

@@ -12,7 +12,7 @@ multi-turn (the agentic workload, ``configs/agentic.yaml``).
 episode's next turn in one padded HF ``generate``, then every episode's environment step
 at once through Sluice's isolated ``EpisodeSteps`` (the same step process and tool latency
 a Sluice run waits on), until each episode ends. Its limits are a Sluice run's
-(``engines/sample_runner.py``): at most ``env.max_turns`` model turns, a turn at most
+(``engines/rollout/sample_runner.py``): at most ``env.max_turns`` model turns, a turn at most
 ``env.max_turn_tokens`` tokens, an episode at most ``rollout.max_new_tokens`` tokens, the
 environment's counted. A finished episode scores the environment's reward; one cut short,
 or whose step failed, scores 0.
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from sluice.engines.episodes import EpisodeSteps, StepFailed
+from sluice.engines.rollout.episodes import EpisodeSteps, StepFailed
 from sluice.envs import Problem
 from sluice.envs.multi_turn import EpisodeLimits
 

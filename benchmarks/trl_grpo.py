@@ -11,7 +11,7 @@ run of that config, and record what the comparison needs:
   (timed around TRL's ``_generate_and_score_completions``), the completions and the tokens
   they generated, and the mean reward;
 - held-out greedy accuracy every ``--eval-every`` steps (and at step 0), measured with
-  ``engines.policy.greedy_accuracy`` on the held-out set a Sluice run measures; the clock
+  ``policy.starting.greedy_accuracy`` on the held-out set a Sluice run measures; the clock
   stops while it runs, as Sluice's throughput excludes its evaluations;
 - the trained policy, saved as a folder ``sluice eval --policy`` reads.
 
@@ -23,8 +23,8 @@ the environment's at each episode's end, the environment's tokens are kept out o
 Prompts: the first ``steps x prompts_per_step`` prompts of the same ``PromptStream`` a
 Sluice batch run draws, in its order (TRL's shuffling off), so step i trains on the prompts
 Sluice's ``sync`` step i trains on, chat messages rendered with the model folder's template.
-Rewards: the run's scorer (``tasks/environment.py: scorer_factory``). Optimiser:
-AdamW with Sluice's linear warm-up (``engines.parallel.Optimisation``), handed to the
+Rewards: the run's scorer (``driver/environment.py: scorer_factory``). Optimiser:
+AdamW with Sluice's linear warm-up (``engines.train.parallel.Optimisation``), handed to the
 trainer.
 
 ``--probe`` instead times one generation of the first step's batch (16 prompts x 8
@@ -61,20 +61,20 @@ from transformers import (
 )
 
 from benchmarks import trl_episodes
-from sluice.engines.episodes import EpisodeSteps
-from sluice.engines.parallel import Optimisation
-from sluice.engines.policy import greedy_accuracy, save_policy
-from sluice.envs import Environment, Problem
-from sluice.envs.prompts import PromptStream
-from sluice.envs.scoring import Scorer
-from sluice.rl.config import RunConfig, load_config
-from sluice.tasks.environment import (
+from sluice.config.tree import RunConfig, load_config
+from sluice.driver.environment import (
     episode_limits,
     eval_tokens,
     make_environment,
     scorer_factory,
     step_spec,
 )
+from sluice.engines.rollout.episodes import EpisodeSteps
+from sluice.engines.train.parallel import Optimisation
+from sluice.envs import Environment, Problem
+from sluice.envs.prompts import PromptStream
+from sluice.envs.scoring import Scorer
+from sluice.policy.starting import greedy_accuracy, save_policy
 from sluice.tasks.job import prepare_policy_task
 
 log = logging.getLogger("sluice.peer")
@@ -243,7 +243,7 @@ class Recorder(TrainerCallback):
     ) -> None:
         self.result, self.reward, self.clock, self.tokenizer = result, reward, clock, tokenizer
         self.scorer, self.heldout, self.eval_every = scorer, heldout, eval_every
-        self.max_new = max_new  # a Sluice run's (tasks/environment.py: eval_tokens)
+        self.max_new = max_new  # a Sluice run's (driver/environment.py: eval_tokens)
         self.episodes = episodes
         self.since = time.monotonic()
 
@@ -316,7 +316,7 @@ def sluice_optimizer(
     model: torch.nn.Module, cfg: RunConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and the linear warm-up of the run's ``train`` section, as Sluice's trainer builds
-    them (``engines.parallel.Optimisation``)."""
+    them (``engines.train.parallel.Optimisation``)."""
     opt = Optimisation.of(cfg.train)
     optimizer = opt.adamw(list(model.parameters()))
     return optimizer, opt.schedule(optimizer)

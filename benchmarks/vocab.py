@@ -68,7 +68,7 @@ def qwen_vocab_model(folder: Path) -> Path:
 def whole_logits_forward(trainer, batch):  # type: ignore[no-untyped-def]
     """The trainer's forward pass before chunking, verbatim in what it holds: logits of
     every position in float32, log-softmax over all of them, the entropy's graph kept."""
-    from sluice.engines.trainer_core import model_inputs
+    from sluice.engines.train.trainer import model_inputs
 
     out = trainer._network(**model_inputs(batch))
     logits = out.logits[:, :-1].float()
@@ -80,9 +80,9 @@ def whole_logits_forward(trainer, batch):  # type: ignore[no-untyped-def]
 
 def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str, float]:
     """One setting, in this process: peak bytes above the post-warm-up baseline, step times."""
-    from sluice.engines.trainer_core import build_engine
+    from sluice.config.tree import TrainConfig
+    from sluice.engines.train.trainer import build_engine
     from sluice.rl.batching import Sample, collate
-    from sluice.rl.config import TrainConfig
 
     train = TrainConfig(lr=1e-5, micro_batch=64, threads=2, micro_batch_tokens=tokens)
     trainer = build_engine(train, str(model), seed=0)

@@ -3,8 +3,8 @@
 A rollout engine turns prompts into completions with per-token log-probs and accepts new
 weights; a streaming one also runs one request per sample, stepped by its caller (the
 rollout worker's ``stream``). A train engine takes a policy-gradient step, hands out its
-weights and checkpoints. vLLM implements the first two (``engines/vllm_rollout.py``); the
-trainer (``engines/trainer_core.py``, on torch/DDP, FSDP2 or DeepSpeed ZeRO) the third. The
+weights and checkpoints. vLLM implements the first two (``engines/rollout/vllm_engine.py``); the
+trainer (``engines/train/trainer.py``, on torch/DDP, FSDP2 or DeepSpeed ZeRO) the third. The
 rollout worker and the trainer actor hold an engine through these Protocols, so other
 generators and trainers plug in behind the same methods.
 """
@@ -105,8 +105,8 @@ class StreamingRolloutEngine(RolloutEngine, Protocol):
 
 @runtime_checkable
 class TrainEngine(Protocol):
-    """What a rank of the training pool (``engines/trainer_actor.py``) calls on its engine
-    (``engines.trainer_core.PolicyTrainer``). Methods that gather sharded weights are
+    """What a rank of the training pool (``engines/train/pool.py``) calls on its engine
+    (``engines.train.trainer.PolicyTrainer``). Methods that gather sharded weights are
     collective: every rank of the pool calls them."""
 
     @property

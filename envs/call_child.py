@@ -1,6 +1,6 @@
 """The process a user's function runs in, many calls at once (``python -m
 sluice.envs.call_child``): agents (``envs/agents.py``) and multi-turn environments' steps
-(``engines/episodes.py``).
+(``engines/rollout/episodes.py``).
 
 ``IsolatedCalls`` (``envs/isolated.py``) starts it and talks to it in JSON lines, nothing
 pickled. The first argument is a JSON object: the function's import path and fixed

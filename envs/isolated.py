@@ -1,6 +1,6 @@
 """A user's function, named by import path, called many times at once in a process of its
 own (``envs/call_child.py``), with limits: the agents of ``env.agent`` (``envs/agents.py``)
-and the steps of a multi-turn environment (``engines/episodes.py``) run this way.
+and the steps of a multi-turn environment (``engines/rollout/episodes.py``) run this way.
 
 ``IsolatedCalls.run`` sends one call's keyword arguments and returns a future of its
 outcome; a subclass says what an answer means (``outcome``) and what a failure is

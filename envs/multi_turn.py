@@ -10,7 +10,7 @@ and last a model turn (text, as decoded from the sampled tokens). It answers an
 or ``done`` with the episode's reward. ``step`` may be ``async``; it must not keep state
 between calls that ``history`` does not hold, so an episode can continue on another worker
 (repack, a worker that died). ``MultiTurn`` marks such an environment (``multi_turn =
-True``); the rollout worker runs its episodes (``engines/episodes.py``).
+True``); the rollout worker runs its episodes (``engines/rollout/episodes.py``).
 
 A problem's ``answer`` may hold a reference episode (``reference_episode``), which the
 built-in policy's warm start learns from: each model turn followed by the end of its turn
@@ -20,7 +20,7 @@ Token-exact: the observation is tokenized once, as text, and appended after the 
 model sampled; earlier turns are never re-tokenized. A plain observation should therefore
 start with whatever separates it from the model's turn (a newline, a tag) and end with
 whatever invites the next model turn; with a chat model, an observation with a ``role`` is
-rendered by the model's chat template instead (``engines/chat_template.py``).
+rendered by the model's chat template instead (``engines/agents/chat_template.py``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A name is one of the built-ins, a name a pip-installed package registers under t
 ``sluice.environments`` entry point group (``[project.entry-points."sluice.environments"]
 sorting = "mypkg.envs:Sorting"``), or an import path ``package.module:Class`` of the user's
 own. Whatever it names is called with the keyword arguments and must give an
-``Environment``. (``dataset`` is built by ``tasks/environment.py``, which owns the storage
+``Environment``. (``dataset`` is built by ``driver/environment.py``, which owns the storage
 it reads from.)
 """
 

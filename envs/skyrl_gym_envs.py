@@ -19,7 +19,7 @@ first one's role. The episode's reward is its last step's (SkyRL's per-turn rewa
 instead with ``episode_reward: sum``), mapped from ``reward_range`` to [0, 1]
 (``envs/games.py``, which also keeps or replays the live environment).
 
-The run reads the data (``tasks/environment.py``: local or ``s3://``, held-out rows from
+The run reads the data (``driver/environment.py``: local or ``s3://``, held-out rows from
 ``heldout_path`` or by hash, streamed) and hands it over with ``use_data``; the step
 process builds this environment from ``args`` alone, as a problem carries its row.
 """

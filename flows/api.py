@@ -12,10 +12,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sluice.flows.runtime import configure_process
-from sluice.rl.config import ConfigError, RunConfig, apply_override, build_config, load_config
-from sluice.storage.layout import RunLayout
-from sluice.tasks.environment import (
+from sluice.config.tree import ConfigError, RunConfig, apply_override, build_config, load_config
+from sluice.driver.environment import (
     check_agent,
     check_environment,
     check_lora,
@@ -23,6 +21,8 @@ from sluice.tasks.environment import (
     check_prompts,
     check_rewards,
 )
+from sluice.flows.runtime import configure_process
+from sluice.storage.layout import RunLayout
 
 if TYPE_CHECKING:
     from sluice.flows.rl_job import RunSummary

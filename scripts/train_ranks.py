@@ -3,7 +3,7 @@
 One process per rank, each building the trainer of the ``train`` section in ``--train``
 (``train.engine`` torch: DDP; fsdp: FSDP2; deepspeed: ZeRO at ``train.zero_stage``) from
 the same model folder and training on its token-balanced share of the same samples
-(``engines.ranks.shares``), as the trainer actors of a pool of ``train.ranks`` do: each step
+(``engines.train.ranks.shares``), as the trainer actors of a pool of ``train.ranks`` do: each step
 follows a weight publish's gathers, and the checkpoint follows a log-prob check's forward.
 After the steps the trainer's checkpoint (gathered from all ranks) goes to
 ``<out>/checkpoints/`` and the per-step metrics and seconds to ``<out>/metrics.json``, both
@@ -16,7 +16,7 @@ give each rank one thread:
         --samples samples.json --train train.json --out <folder> --steps 3
 
 ``samples.json`` holds a list of ``rl.batching.Sample`` fields; ``train.json`` the config's
-``train`` section (``rl.config.TrainConfig``: engine, zero_stage, lr, micro_batch, lora, ...).
+``train`` section (``config.tree.TrainConfig``: engine, zero_stage, lr, micro_batch, lora, ...).
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ import torch.distributed as dist
 # A script of the checkout: its memory meter is the benchmarks' (not shipped in the wheel).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.cpu_meter import ResidentKinds, resident_bytes, resident_kinds
-from sluice.engines.ranks import Rendezvous, join, shares
-from sluice.engines.trainer_core import PolicyTrainer, build_engine
+from sluice.config.tree import TrainConfig
+from sluice.engines.train.ranks import Rendezvous, join, shares
+from sluice.engines.train.trainer import PolicyTrainer, build_engine
 from sluice.rl.batching import Sample, collate
-from sluice.rl.config import TrainConfig
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.safetensors_stream import drain
 
 
 def publish(trainer: PolicyTrainer, rank: int) -> None:
-    """What a pool's weight publish asks of each rank (``engines/trainer_actor.py``): a
+    """What a pool's weight publish asks of each rank (``engines/train/pool.py``): a
     sharded engine's ranks gather the weights one tensor at a time, rank 0 reading their
     layout first. The gathered tensors go nowhere here."""
     if trainer.sharded:

@@ -9,6 +9,7 @@ tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/sluice"
 ln -s "$repo/sluice/__init__.py" "$tree/sluice/__init__.py"
-for part in flows tasks engines storage rl envs sim; do ln -s "$repo/$part" "$tree/sluice/$part"; done
+ln -s "$repo/sluice/config" "$tree/sluice/config"
+for part in flows tasks driver engines policy storage rl envs sim; do ln -s "$repo/$part" "$tree/sluice/$part"; done
 cd "$tree"
 "$repo/.venv/bin/mypy" --config-file "$repo/pyproject.toml" --cache-dir "$repo/.mypy_cache" "$@"

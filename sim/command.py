@@ -37,7 +37,7 @@ def parse_policy(text: str) -> dict[str, Any]:
 
     Dispatch and repack are on only when the policy names them, whatever the scenario says,
     so ``async,k=2`` is plain async and each option is one step up from it; Sluice's
-    defaults (``rl/config.py``) are ``async,k=2,dispatch,repack``.
+    defaults (``sluice/config/tree.py``) are ``async,k=2,dispatch,repack``.
     """
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts or parts[0] not in ("sync", "one_step", "async"):

@@ -11,15 +11,15 @@ one heap (time, sequence) and hands each to the part it concerns:
   millions of samples run in seconds. Prefill, weight loads and repack migrations *stall*
   an engine (no decode) for their cost.
 - the trainer: one data-parallel step per batch, ``train_step_s + tokens * per_token / T``.
-- the policy, mirroring Sluice's flow (``flows/rl_job.py``, ``tasks/rollouts.py``):
+- the policy, mirroring Sluice's flow (``flows/rl_job.py``, ``driver/rollouts.py``):
   ``sync`` submits a batch, trains on it, loads weights everywhere, repeats; ``one_step``
   submits the next batch before training and each engine loads the new weights once its
   share of that batch is done (Ray runs an actor's calls in order); ``async`` is the
-  dispatcher of ``engines/dispatcher.py`` (AReaL admission: an engine at version v may start
+  dispatcher of ``engines/rollout/dispatcher.py`` (AReaL admission: an engine at version v may start
   group g only while g < (v + k + 1) * B; the trainer leases B ready groups, oldest
   first, after dropping groups staler than k by the rule of ``rl/staleness.py``, as
   ``storage/trajectory_index.py`` does)
-  with the worker of ``engines/rollout_worker.py`` (refill, weight polling, partial
+  with the worker of ``engines/rollout/worker.py`` (refill, weight polling, partial
   rollout).
 - skew-aware dispatch (``rl/dispatch.plan``: longest predicted first, least predicted
   load) and repack (``rl/dispatch.stragglers``), with a length predictor whose error is

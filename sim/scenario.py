@@ -1,9 +1,9 @@
 """The simulator's typed scenario: workload, cluster, costs and policy, loaded from YAML.
 
-One pydantic tree, the same way ``rl/config.py`` holds a run: every field has a
+One pydantic tree, the same way ``sluice/config/tree.py`` holds a run: every field has a
 description, unknown keys are errors, and ``load_scenario`` turns validation errors into
 one ``ScenarioError`` that names each bad field. The policy's settings that a Sluice run
-has are that run's own pydantic fields (``rl/config.py``: ``mode``, ``max_staleness``,
+has are that run's own pydantic fields (``sluice/config/tree.py``: ``mode``, ``max_staleness``,
 ``rollout.partial_rollout``, ``rollout.long_first``, ``rollout.balance``, ``rollout.repack*``),
 so a scenario defaults to what a run does; the costs are per accelerator and come from a
 calibration profile (``sim/calibrate.py``) or from stated public numbers
@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sluice.rl.config import RolloutConfig, RunConfig, apply_override
+from sluice.config.tree import RolloutConfig, RunConfig, apply_override
 from sluice.rl.staleness import StaleBy
 
 # Calibration profiles shipped with the package (written by benchmarks/sim_profile.py).
@@ -244,8 +244,8 @@ SKEW_HANDLING_OFF: dict[str, Any] = {"long_first": False, "balance": False, "rep
 
 
 def _run_setting(section: type[BaseModel], name: str) -> Any:
-    """The field ``name`` of a section of Sluice's run config (``rl/config.py``): its default,
-    bounds and description, so the scenario accepts and defaults to what a run does."""
+    """The field ``name`` of a section of Sluice's run config (``sluice/config/tree.py``): its
+    default, bounds and description, so the scenario accepts and defaults to what a run does."""
     return copy(section.model_fields[name])
 
 
@@ -253,10 +253,10 @@ class PolicySpec(_Section):
     """Which scheduling policy runs: Sluice's modes and switches, and how its worker behaves.
 
     The settings a Sluice run has are its own fields: ``mode`` and ``max_staleness`` of
-    ``RunConfig``, the dispatch and repack switches of ``RolloutConfig`` (``rl/config.py``),
-    with their defaults, bounds and descriptions. Skew-aware dispatch is StreamRL's
-    (``long_first``, ``balance``; ``rl.dispatch.plan``), repack Laminar's
-    (``rl.dispatch.stragglers``). A run uses them in ``async`` only; the simulator applies
+    ``RunConfig``, the dispatch and repack switches of ``RolloutConfig``
+    (``sluice/config/tree.py``), with their defaults, bounds and descriptions. Skew-aware
+    dispatch is StreamRL's (``long_first``, ``balance``; ``rl.dispatch.plan``), repack
+    Laminar's (``rl.dispatch.stragglers``). A run uses them in ``async`` only; the simulator applies
     them in ``sync`` and ``one_step`` too, where Sluice submits round robin, so a batch-mode
     comparison that should match Sluice turns them off (``SKEW_HANDLING_OFF``).
 
@@ -284,7 +284,7 @@ class PolicySpec(_Section):
         "group's mean length exactly).",
     )
     # Simulator only, here and in the next two: constants and settings of Sluice's worker
-    # (engines/rollout_worker.py, engines/messages.py), not of a run's config. The defaults
+    # (engines/rollout/worker.py, engines/rollout/messages.py), not of a run's config. The defaults
     # are an idealised worker; the cpu2core profile sets Sluice's values.
     refill_at: float = Field(
         0.0,
@@ -307,11 +307,11 @@ class PolicySpec(_Section):
         "PUT_GROUPS); 1: each group at once.",
     )
     # Simulator only: a constant of Sluice's dispatcher (LOOKAHEAD_STEPS in
-    # engines/dispatcher.py), not a setting of a run.
+    # engines/rollout/dispatcher.py), not a setting of a run.
     lookahead_steps: int = Field(
         2, ge=1, description="async dispatch: steps of upcoming groups the dispatcher orders."
     )
-    # Simulator only: Sluice's dispatcher always gives the slot back (engines/dispatcher.py,
+    # Simulator only: Sluice's dispatcher always gives the slot back (engines/rollout/dispatcher.py,
     # ``credit``); the switch shows what the rule without it costs.
     credit_drops: bool = Field(
         True,

@@ -2,11 +2,13 @@
 
 The one import name of an installed Sluice. Its parts are the repository's top-level
 folders, mapped into this namespace by ``pyproject.toml``: ``sluice.flows`` (the Prefect
-flows and the CLI), ``sluice.tasks`` (the Prefect tasks they compose), ``sluice.engines``
-(rollout and training engines and the Ray actors that host them), ``sluice.storage`` (the
-data planes and records), ``sluice.rl`` (pure algorithm code), ``sluice.envs``
-(environments) and ``sluice.sim`` (the simulator). The benchmarks (``benchmarks/``) run
-from a checkout and are not part of it.
+flows and the CLI), ``sluice.tasks`` (the Prefect tasks they compose), ``sluice.driver``
+(what those tasks wire together and step), ``sluice.policy`` (the starting policy),
+``sluice.engines`` (rollout, training and agent serving, and the Ray actors that host them),
+``sluice.storage`` (the data planes and records), ``sluice.rl`` (pure algorithm code),
+``sluice.envs`` (environments) and ``sluice.sim`` (the simulator); ``sluice.config`` (the run
+configuration) lives in this folder. The benchmarks (``benchmarks/``) run from a checkout
+and are not part of it.
 
 What a user's own code is written against is re-exported here: the environment types,
 ``batched`` for reward functions that take a whole group, the config tree and its loader,
@@ -18,9 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sluice.config.tree import ConfigError, RunConfig, build_config, load_config
 from sluice.envs import Environment, Problem, RewardResult, make_env, score
 from sluice.envs.rewards import batched
-from sluice.rl.config import ConfigError, RunConfig, build_config, load_config
 
 if TYPE_CHECKING:
     from sluice.flows.api import RunSummary

@@ -8,7 +8,7 @@ a row dict or a per-element Arrow conversion: each list column is packed with ``
 into one flat buffer behind an offsets array (about 8 ns a value, against 20-40 ns for
 ``pa.RecordBatch.from_pylist``), and token versions are expanded from their runs with numpy.
 
-Called by ``engines.rollout_worker.block_of`` and by ``benchmarks.data_planes``; the
+Called by ``engines.rollout.worker.block_of`` and by ``benchmarks.data_planes``; the
 batch it returns is checked against the schema by ``StoreClient.put`` (``validate_batch``),
 which every block passes on its way into the store. ``encode_block`` / ``decode_block``
 are used by ``storage.trajectory_store``: a block lives in the object store as one Arrow

@@ -1,1 +1,2 @@
-"""Prefect tasks and the coarse steps they wrap: the pieces a flow composes."""
+"""The Prefect tasks the flows compose (``job``: a run's tasks, each with its retries;
+``evaluation``; ``registry``) and which failures their retries can help with."""

@@ -8,11 +8,8 @@ import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from sluice.engines.cluster import child_env
-from sluice.engines.lora import is_adapter, read_adapter
-from sluice.engines.rollout_worker import launch_rollout_workers
-from sluice.rl.config import RunConfig
-from sluice.tasks.environment import (
+from sluice.config.tree import RunConfig
+from sluice.driver.environment import (
     agent_spec,
     episode_limits,
     eval_tokens,
@@ -22,7 +19,10 @@ from sluice.tasks.environment import (
     scorer_factory,
     step_spec,
 )
-from sluice.tasks.rollouts import evaluate
+from sluice.driver.rollouts import evaluate
+from sluice.engines.cluster.ray_cluster import child_env
+from sluice.engines.rollout.worker import launch_rollout_workers
+from sluice.engines.train.lora import is_adapter, read_adapter
 
 
 @task(name="evaluate-policy", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)

@@ -17,10 +17,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from sluice.engines.chat_template import TemplateError
+from sluice.config.tree import ConfigError
+from sluice.engines.agents.chat_template import TemplateError
 from sluice.envs.dataset import DataError
 from sluice.envs.prompts import PromptsTooLong
-from sluice.rl.config import ConfigError
 from sluice.storage.schema import SchemaError
 
 log = logging.getLogger("sluice")

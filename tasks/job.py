@@ -2,7 +2,7 @@
 
 ``prepare-policy`` builds or reuses the starting policy; ``start-ray`` joins or starts Ray;
 ``train-segment`` takes the flow's step up to the next checkpoint (``Job`` keeps the live
-pools, ``tasks/session.py``, across a segment's retries, and opens new ones from the newest
+pools, ``driver/session.py``, across a segment's retries, and opens new ones from the newest
 valid checkpoint after a failure); ``checkpoint`` writes one; ``finish-run`` stops the
 rollouts, saves the policy and writes the summary, plots and ledger check;
 ``register-policy`` adds the policy to MLflow's model registry.
@@ -21,19 +21,20 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from sluice.engines import cluster
-from sluice.engines.episodes import EpisodeSteps
-from sluice.engines.policy import prepare_policy
-from sluice.rl.config import RunConfig
+from sluice.config.tree import RunConfig
+from sluice.driver import plots
+from sluice.driver.environment import make_environment, scorer_factory, step_spec
+from sluice.driver.session import Session, latest_checkpoint
+from sluice.driver.tracking import MetricLogger, MlflowLogger
+from sluice.engines.cluster import ray_cluster
+from sluice.engines.rollout.episodes import EpisodeSteps
+from sluice.policy.starting import prepare_policy
 from sluice.storage.checkpoints import Checkpoint
 from sluice.storage.layout import RunLayout, durable_state
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 from sluice.storage.urls import redact
-from sluice.tasks import plots, registry
-from sluice.tasks.environment import make_environment, scorer_factory, step_spec
+from sluice.tasks import registry
 from sluice.tasks.failures import retry_may_help
-from sluice.tasks.session import Session, latest_checkpoint
-from sluice.tasks.tracking import MetricLogger, MlflowLogger
 
 log = logging.getLogger("sluice")
 
@@ -55,7 +56,7 @@ class RunSummary:
     best_accuracy: float | None = None
     best_step: int = 0
     best_policy: str | None = None
-    # What collapsed by the end (tasks/health.py), one phrase each; empty: nothing.
+    # What collapsed by the end (driver/health.py), one phrase each; empty: nothing.
     collapse: tuple[str, ...] = ()
     model_version: str | None = None
     model_name: str | None = None
@@ -165,11 +166,11 @@ def prepare_policy_task(cfg: RunConfig) -> str:
 )
 def start_ray(cfg: RunConfig, layout: RunLayout) -> None:
     """Join the cluster at ``RAY_ADDRESS`` if set, else start a local Ray sized for the pools
-    (``engines/cluster.py``)."""
+    (``engines/cluster/ray_cluster.py``)."""
     r, t = cfg.rollout, cfg.train
-    cluster.start(
+    ray_cluster.start(
         r.workers * r.cpus_per_worker + t.ranks * t.cpus,
-        cluster.summed((r.workers, r.resources), (t.ranks, t.resources)),
+        ray_cluster.summed((r.workers, r.resources), (t.ranks, t.resources)),
         layout.ray_temp,
     )
 

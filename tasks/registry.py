@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from sluice.engines.lora import is_adapter, read_adapter
+from sluice.engines.train.lora import is_adapter, read_adapter
 
 log = logging.getLogger("sluice")
 

@@ -39,9 +39,9 @@ def shared_cache(session_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_policy(session_dir: Path) -> Path:
     """A small untrained-but-saved policy folder (no warm start), built once per session."""
-    from sluice.engines.policy import prepare_policy
-    from sluice.rl.config import EnvConfig, PolicyConfig
-    from sluice.tasks.environment import make_environment
+    from sluice.config.tree import EnvConfig, PolicyConfig
+    from sluice.driver.environment import make_environment
+    from sluice.policy.starting import prepare_policy
 
     env, signature = make_environment(EnvConfig())
     cfg = PolicyConfig(layers=2, hidden=64, heads=2, intermediate=128, warmstart_max_steps=0)

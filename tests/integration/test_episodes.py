@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from sluice.engines.rollout_worker import RolloutWorker, played_block
-from sluice.engines.vllm_rollout import VLLMRolloutEngine
+from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
+from sluice.engines.rollout.worker import RolloutWorker, played_block
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.scoring import RecordedScorer
 from sluice.storage.schema import validate_batch

@@ -10,11 +10,11 @@ import gc
 import pytest
 import torch
 
-from sluice.engines.lora import ADAPTER_FILE, load_adapter_state, read_adapter
-from sluice.engines.trainer_core import PolicyTrainer
-from sluice.engines.vllm_rollout import VLLMRolloutEngine
+from sluice.config.tree import LoraConfig
+from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
+from sluice.engines.train.lora import ADAPTER_FILE, load_adapter_state, read_adapter
+from sluice.engines.train.trainer import PolicyTrainer
 from sluice.rl.batching import Sample
-from sluice.rl.config import LoraConfig
 from sluice.storage.params import ParameterService
 from tests.support.trainers import make_trainer, step
 

@@ -12,8 +12,8 @@ and the nodes that join later ask the head's.
 
 The job asks for two rollout workers but starts when only one rollout node (rollout-a) is
 up: no node has room for worker 1, so the async run starts with worker 0 alone
-(``engines/placement.py``), and gives worker 1 a stream once rollout-b joins and Ray places it
-there. Then the raylet of the node holding worker 0 is SIGKILLed: a lost machine. Its worker
+(``engines/cluster/placement.py``), and gives worker 1 a stream once rollout-b joins and Ray places
+it there. Then the raylet of the node holding worker 0 is SIGKILLed: a lost machine. Its worker
 dies with it, its groups go back to the queue, and Ray cannot restart it (no other node
 offers a free ``rollout``): the pool shrinks to one worker and training goes on. A
 replacement node (rollout-c) then joins; Ray restarts worker 0 there, the flow sees it

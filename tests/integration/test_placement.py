@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from sluice.engines.placement import PlacementTimeout, wait_placed
+from sluice.engines.cluster.placement import PlacementTimeout, wait_placed
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +46,8 @@ def test_a_run_starts_without_an_unplaceable_actor_only_when_it_may(ray_local, c
 def test_more_trainer_ranks_than_the_cluster_holds_fail_naming_them(ray_local) -> None:
     from ray.util.placement_group import remove_placement_group
 
-    from sluice.engines.trainer_actor import launch_trainer
-    from sluice.rl.config import TrainConfig
+    from sluice.config.tree import TrainConfig
+    from sluice.engines.train.pool import launch_trainer
 
     # Three ranks of one CPU each, on a cluster of two CPUs: the placement group of the
     # ranks is placed whole or not at all, so no rank starts.

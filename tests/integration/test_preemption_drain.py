@@ -1,10 +1,11 @@
-"""engines/preemption.py on a real two-node Ray cluster: a spot notice drains the worker node.
+"""engines/cluster/preemption.py on a real two-node Ray cluster: a spot notice drains the
+worker node.
 
 The cluster is what the Terraform user data starts, on one machine
 (``tests/support/ray_nodes.py``): ``ray start --head --block`` and ``ray start --block
 --address ... --node-name ... --resources '{"rollout": 1}'``, with token authentication
-(Ray 2.60's default) from a token file of the test's own. The watcher
-runs as its own process (``python -m sluice.engines.preemption``), as the systemd unit runs it; only
+(Ray 2.60's default) from a token file of the test's own. The watcher runs as its own
+process (``python -m sluice.engines.cluster.preemption``), as the systemd unit runs it; only
 the metadata service is a stand-in (tests/support/fake_imds.py). Every Ray call of the test
 runs in a child process with the cluster's auth settings, so this test process's own Ray
 state (other tests' local ``ray.init``) stays out of it.
@@ -74,7 +75,7 @@ def test_spot_notice_drains_the_worker_and_it_leaves_once_its_work_is_gone(
         ).encode()
         watcher = subprocess.run(
             [
-                *(sys.executable, "-m", "sluice.engines.preemption"),
+                *(sys.executable, "-m", "sluice.engines.cluster.preemption"),
                 *("--gcs-address", cluster.gcs_address, "--node-name", WORKER_NAME),
                 *("--imds-url", imds.url, "--poll-interval", "0.2"),
             ],

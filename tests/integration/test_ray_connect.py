@@ -1,11 +1,12 @@
-"""engines/cluster.py against real Ray: a local Ray sized for the pools and offering their
-resources, and joining an existing two-node cluster (tests/support/ray_nodes.py) by its GCS
+"""engines/cluster/ray_cluster.py against real Ray: a local Ray sized for the pools and offering
+their resources, and joining an existing two-node cluster (tests/support/ray_nodes.py) by its GCS
 address and through its Ray client server (``ray://``). Each driver runs in a child process,
 so this test process's own Ray (other tests' ``ray.init``) stays out of it.
 
-In every case the control-plane actors' placement (``engines.cluster.on_driver_node``) puts
-an actor on the driver's node: the head, for a driver that joined by address (Ray picks the
-head among nodes on the driver's machine), or the node of the client server (the head).
+In every case the control-plane actors' placement
+(``engines.cluster.ray_cluster.on_driver_node``) puts an actor on the driver's node: the
+head, for a driver that joined by address (Ray picks the head among nodes on the driver's
+machine), or the node of the client server (the head).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ DRIVER = """
 import json, logging, sys
 from pathlib import Path
 import ray
-from sluice.engines import cluster
-from sluice.engines.cluster import on_driver_node
+from sluice.engines.cluster import ray_cluster
+from sluice.engines.cluster.ray_cluster import on_driver_node
 
 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
 
@@ -37,7 +38,7 @@ class Where:
     def node(self):
         return ray.get_runtime_context().get_node_id()
 
-cluster.start(3, {"rollout": 2.0, "trainer": 1.0}, Path(sys.argv[1]))
+ray_cluster.start(3, {"rollout": 2.0, "trainer": 1.0}, Path(sys.argv[1]))
 actor = Where.options(scheduling_strategy=on_driver_node()).remote()
 print(json.dumps({
     "resources": {k: v for k, v in ray.cluster_resources().items() if "node:" not in k},

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from sluice.tasks.session import MISMATCH_BF16
+from sluice.driver.session import MISMATCH_BF16
 from tests.support.cli import ROOT, child_env, sluice
 
 MODEL = ROOT / "models" / "smollm2-135m-instruct"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from sluice.driver.tracking import MlflowLogger
 from sluice.tasks import registry
 from sluice.tasks.registry import promote_or_keep
-from sluice.tasks.tracking import MlflowLogger
 from tests.support.servers import Server, free_port
 
 pytestmark = pytest.mark.integration

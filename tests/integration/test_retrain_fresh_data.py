@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from sluice.config.tree import RunConfig, build_config
+from sluice.driver.environment import dataset_environment
 from sluice.flows.retrain import earlier_runs, fresh_rows, retrain, retrain_config
-from sluice.rl.config import RunConfig, build_config
 from sluice.storage.ledger import Ledger, LedgerEvent
-from sluice.tasks.environment import dataset_environment
 
 pytestmark = pytest.mark.integration
 

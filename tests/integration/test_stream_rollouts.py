@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from sluice.engines.dispatcher import DispatcherClient
-from sluice.engines.rollout_worker import RolloutWorkerClient
-from sluice.rl.config import build_config
-from sluice.tasks.rollouts import StreamRollouts
+from sluice.config.tree import build_config
+from sluice.driver.rollouts import StreamRollouts
+from sluice.engines.rollout.dispatcher import DispatcherClient
+from sluice.engines.rollout.worker import RolloutWorkerClient
 
 pytestmark = pytest.mark.integration
 

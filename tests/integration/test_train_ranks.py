@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from sluice.config.tree import LoraConfig
 from sluice.rl.batching import Sample
-from sluice.rl.config import LoraConfig
 from sluice.storage.checkpoints import CheckpointStore
 from tests.support.cli import child_env
 from tests.support.trainers import NO_TOKEN_LIMIT, make_trainer, step
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]
 STEPS = 3
 # Gradients summed over two ranks and gloo, in another order than one torch process:
-# equal to rounding (see tests/unit/engines/test_sharded_engines.py).
+# equal to rounding (see tests/unit/engines/train/test_sharded_engines.py).
 ATOL, RTOL = 1e-5, 1e-4
 SETTINGS = {
     "lr": 5e-3,

@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sluice.engines.lora import ADAPTER_CONFIG, ADAPTER_FILE
+from sluice.engines.train.lora import ADAPTER_CONFIG, ADAPTER_FILE
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
 from tests.support.cli import sluice, smoke_run

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from sluice.engines.agent_episodes import AgentSpec
-from sluice.engines.rollout_worker import RolloutWorker, played_block
-from sluice.engines.vllm_rollout import VLLMRolloutEngine
+from sluice.config.tree import VERIFIERS_AGENT
+from sluice.engines.agents.episodes import AgentSpec
+from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
+from sluice.engines.rollout.worker import RolloutWorker, played_block
 from sluice.envs.scoring import RecordedScorer
 from sluice.envs.verifiers_tasksets import VerifiersEnv, task_messages
-from sluice.rl.config import VERIFIERS_AGENT
 from sluice.storage.schema import validate_batch
 
 pytestmark = pytest.mark.integration

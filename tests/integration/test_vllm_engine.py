@@ -11,9 +11,9 @@ import gc
 
 import pytest
 
-from sluice.engines.policy import build_model, build_tokenizer, save_policy
-from sluice.engines.vllm_rollout import STREAM_EVERY, VLLMRolloutEngine
-from sluice.rl.config import PolicyConfig
+from sluice.config.tree import PolicyConfig
+from sluice.engines.rollout.vllm_engine import STREAM_EVERY, VLLMRolloutEngine
+from sluice.policy.starting import build_model, build_tokenizer, save_policy
 
 PROMPTS = ["12+34=", "7+8=", "100+250="]
 

@@ -86,7 +86,7 @@ def build_bpe_policy(
     model.save_pretrained(folder, safe_serialization=True)
     GenerationConfig(eos_token_id=eos, pad_token_id=pad).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    # As engines/policy.py's save_policy: vLLM picks its tokenizer class from this field.
+    # As policy/starting.py's save_policy: vLLM picks its tokenizer class from this field.
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"

@@ -1,5 +1,5 @@
 """Multi-turn environments for the episode tests, importable by path (``tests.support.envs:
-Echo``) because their steps run in a process of their own (``engines/episodes.py``)."""
+Echo``) because their steps run in a process of their own (``engines/rollout/episodes.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sluice.engines.episodes import StepSpec
+from sluice.engines.rollout.episodes import StepSpec
 from sluice.envs import Problem, RewardResult
 from sluice.envs.multi_turn import EnvStep
 

@@ -1,5 +1,5 @@
 """A stand-in for the EC2 instance metadata service (IMDSv2) on 127.0.0.1, for tests of the
-spot-notice logic in engines/preemption.py. It fakes AWS, so it tests our logic only."""
+spot-notice logic in engines/cluster/preemption.py. It fakes AWS, so it tests our logic only."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Trainers built in-process for tests, and the calls only tests make on them.
 
-``make_trainer`` builds ``engines.trainer_core.build_engine`` from keyword settings (``train``
+``make_trainer`` builds ``engines.train.trainer.build_engine`` from keyword settings (``train``
 fields, plus the seed, device and sampling temperature), with no token limit on a
 micro-batch unless one is given, so a test's rows split by ``micro_batch`` alone.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sluice.engines.trainer_core import NO_TOKEN_LIMIT, PolicyTrainer, build_engine
+from sluice.config.tree import TrainConfig
+from sluice.engines.train.trainer import NO_TOKEN_LIMIT, PolicyTrainer, build_engine
 from sluice.rl.batching import Sample, collate
-from sluice.rl.config import TrainConfig
 from sluice.storage.safetensors_stream import materialised
 from sluice.storage.torch_state import tensors_to_bytes
 

@@ -1,11 +1,12 @@
 """The house's import rules, read from the source with ``ast``.
 
-Imports point one way, ``flows -> tasks -> engines/storage -> rl/envs``; ``rl`` and ``envs``
-import none of the other parts, ``storage`` never imports ``engines``; no part imports
-another by its bare folder name (everything is ``sluice.<part>``); and no module reaches
-itself through a chain of imports. ``benchmarks`` (measurement, run from a checkout and not
-shipped) may import any part, and no part imports it. Function-local imports count like
-top-level ones.
+Imports point one way: ``flows -> tasks -> driver -> policy -> engines/storage -> envs,
+config -> rl``. ``rl`` and ``envs`` import none of the other parts, ``storage`` never imports
+``engines``, and inside ``engines`` the trainer (``engines.train``) knows nothing of rollout
+or agents, and ``engines.cluster`` nothing of the rest. No part imports another by its bare
+folder name (everything is ``sluice.<part>``), and no module reaches itself through a chain
+of imports. ``benchmarks`` (measurement, run from a checkout and not shipped) may import any
+part, and no part imports it. Function-local imports count like top-level ones.
 """
 
 from __future__ import annotations
@@ -16,18 +17,39 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("flows", "tasks", "engines", "storage", "rl", "envs", "sim")
+# Each part of the ``sluice`` namespace and its folder in the checkout.
+FOLDERS = {
+    "flows": "flows",
+    "tasks": "tasks",
+    "driver": "driver",
+    "policy": "policy",
+    "engines": "engines",
+    "storage": "storage",
+    "config": "sluice/config",
+    "rl": "rl",
+    "envs": "envs",
+    "sim": "sim",
+}
+PARTS = tuple(FOLDERS)
 # What each part may import besides itself.
 ALLOWED: dict[str, set[str]] = {
     "rl": set(),
     "envs": set(),
-    "storage": {"rl", "envs"},
-    "engines": {"storage", "rl", "envs"},
-    "sim": {"rl"},
-    "tasks": {"engines", "storage", "rl", "envs"},
-    "flows": {"tasks", "engines", "storage", "rl", "envs", "sim"},
+    "config": {"rl"},
+    "storage": {"rl", "envs", "config"},
+    "engines": {"storage", "rl", "envs", "config"},
+    "policy": {"engines", "storage", "rl", "envs", "config"},
+    "sim": {"rl", "config"},
+    "driver": {"policy", "engines", "storage", "rl", "envs", "config"},
+    "tasks": {"driver", "policy", "engines", "storage", "rl", "envs", "config"},
+    "flows": {"tasks", "driver", "policy", "engines", "storage", "rl", "envs", "config", "sim"},
     "sluice": set(PARTS),
     "benchmarks": {*PARTS, "sluice"},
+}
+# Inside engines: the sub-packages one may not import.
+ENGINES_FORBIDDEN = {
+    "train": {"rollout", "agents"},
+    "cluster": {"rollout", "agents", "train"},
 }
 
 
@@ -35,12 +57,13 @@ def _modules() -> dict[str, Path]:
     """Module name (``sluice.storage.ledger``, ``benchmarks.suite``) -> file, for every module
     of the package and of the benchmarks."""
     found = {"sluice": ROOT / "sluice" / "__init__.py"}
-    for part in (*PARTS, "benchmarks"):
-        for file in sorted((ROOT / part).rglob("*.py")):
-            names = list(file.relative_to(ROOT).with_suffix("").parts)
+    for part, folder in (*FOLDERS.items(), ("benchmarks", "benchmarks")):
+        for file in sorted((ROOT / folder).rglob("*.py")):
+            names = list(file.relative_to(ROOT / folder).with_suffix("").parts)
             if names[-1] == "__init__":
                 names.pop()
-            found[".".join(names if part == "benchmarks" else ["sluice", *names])] = file
+            prefix = ["benchmarks"] if part == "benchmarks" else ["sluice", part]
+            found[".".join([*prefix, *names])] = file
     return found
 
 
@@ -75,6 +98,11 @@ def _part(module: str) -> str | None:
     return names[1] if len(names) > 1 and names[1] in PARTS else "sluice"
 
 
+def _engines_package(module: str) -> str | None:
+    names = module.split(".")
+    return names[2] if names[:2] == ["sluice", "engines"] and len(names) > 3 else None
+
+
 def _graph() -> dict[str, set[str]]:
     return {
         name: {m for _, m in _imports(name, file) if m in MODULES} for name, file in MODULES.items()
@@ -93,6 +121,9 @@ def test_imports_point_down_and_use_the_namespace(name: str) -> None:
         part = _part(module)
         if part is not None and part != me and part not in ALLOWED[me]:
             wrong.append(f"{file.name}:{line}: {me} may not import {module} ({part})")
+        inside, target = _engines_package(name), _engines_package(module)
+        if target in ENGINES_FORBIDDEN.get(inside or "", set()):
+            wrong.append(f"{file.name}:{line}: engines.{inside} may not import {module}")
     assert not wrong, "\n".join(wrong)
 
 

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sluice.rl.config import DataConfig
+from sluice.config.tree import DataConfig
+from sluice.driver.environment import dataset_environment
 from sluice.storage.urls import open_url
-from sluice.tasks.environment import dataset_environment
 from tests.integration.storage.conftest import S3Server
 
 pytestmark = pytest.mark.integration

@@ -33,7 +33,7 @@ from benchmarks.control_plane import (
     top_frames,
     verdict,
 )
-from sluice.engines.messages import Assignment
+from sluice.engines.rollout.messages import Assignment
 from sluice.envs import Problem
 from sluice.storage.schema import validate_batch
 

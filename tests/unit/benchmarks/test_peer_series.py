@@ -18,7 +18,7 @@ from benchmarks.series import (
     wall_steps,
 )
 from benchmarks.trl_grpo import RESULT_FILE
-from sluice.tasks.tracking import MlflowLogger
+from sluice.driver.tracking import MlflowLogger
 
 
 def _series(step_s: list[float], evals: dict[int, float]) -> Series:
@@ -57,7 +57,7 @@ def test_window_medians_skip_the_warm_up_and_a_short_tail():
 def wall(monkeypatch):
     """The logger's wall clock, set by the test: ``wall.now`` epoch seconds."""
     clock = SimpleNamespace(now=1_000.0)
-    monkeypatch.setattr("sluice.tasks.tracking.time", SimpleNamespace(time=lambda: clock.now))
+    monkeypatch.setattr("sluice.driver.tracking.time", SimpleNamespace(time=lambda: clock.now))
     return clock
 
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from benchmarks.trl_episodes import EpisodeRollout, play
-from sluice.engines.episodes import EpisodeSteps, StepSpec
-from sluice.engines.policy import EOS_ID, PAD_ID, build_tokenizer
+from sluice.engines.rollout.episodes import EpisodeSteps, StepSpec
 from sluice.envs import make_env
 from sluice.envs.multi_turn import EpisodeLimits, reference_turns
+from sluice.policy.starting import EOS_ID, PAD_ID, build_tokenizer
 
 TOKENIZER = build_tokenizer()
 THREE_TURNS = EpisodeLimits(max_turns=3)

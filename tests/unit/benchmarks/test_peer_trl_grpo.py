@@ -19,11 +19,11 @@ from benchmarks.trl_grpo import (
     sluice_optimizer,
     train_problems,
 )
-from sluice.engines.policy import check_policy_folder
+from sluice.config.tree import load_config
+from sluice.driver.environment import make_environment
 from sluice.envs.prompts import PromptStream
 from sluice.envs.scoring import VerifierScorer
-from sluice.rl.config import load_config
-from sluice.tasks.environment import make_environment
+from sluice.policy.starting import check_policy_folder
 from tests.support.cli import child_env
 
 ROOT = Path(__file__).parents[3]
@@ -67,7 +67,7 @@ def test_the_learning_rate_warms_up_as_sluices_trainer_does():
         rates.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         schedule.step()
-    # engines/parallel.py (Optimisation.warmup): lr x min(1, (step + 1) / (warmup + 1)).
+    # engines/train/parallel.py (Optimisation.warmup): lr x min(1, (step + 1) / (warmup + 1)).
     assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from benchmarks.vocab import measure_one, table
-from sluice.engines.policy import build_model, build_tokenizer, save_policy
-from sluice.rl.config import PolicyConfig
+from sluice.config.tree import PolicyConfig
+from sluice.policy.starting import build_model, build_tokenizer, save_policy
 
 
 @pytest.mark.parametrize("variant", ["whole", "chunked"])

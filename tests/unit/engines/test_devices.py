@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.engines.cluster import gpus_each, pool_dtype, thread_env
-from sluice.engines.vllm_rollout import GIB, engine_args
-from sluice.rl.config import ConfigError, load_config
+from sluice.config.tree import ConfigError, load_config
+from sluice.engines.cluster.ray_cluster import gpus_each, pool_dtype, thread_env
+from sluice.engines.rollout.vllm_engine import GIB, engine_args
 
 
 def test_cpu_defaults_keep_what_runs_here():
@@ -69,7 +69,7 @@ def test_the_config_takes_devices_and_refuses_gpu_in_custom_resources():
 
 
 def test_a_tensor_parallel_worker_asks_for_a_gpu_per_rank(monkeypatch):
-    import sluice.engines.cluster as cluster
+    import sluice.engines.cluster.ray_cluster as cluster
 
     monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 4.0, "GPU": 4.0})
     assert gpus_each(None, ranks=2) == 2.0 and gpus_each(None) == 1.0

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from sluice.config.tree import ConfigError, build_config
 from sluice.envs import make_env
 from sluice.envs.registry import registered
-from sluice.rl.config import ConfigError, build_config
 
 PACKAGE = """
 from sluice import Problem, RewardResult

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sluice.config.tree import RunConfig, load_config
 from sluice.envs import make_env
-from sluice.rl.config import RunConfig, load_config
 
 EXAMPLES = Path(__file__).parents[3] / "examples" / "environments"
 CONFIGS = sorted(EXAMPLES.glob("*.yaml"))

@@ -9,19 +9,19 @@ import re
 
 import pytest
 
-from sluice.engines.episodes import EpisodeSteps, StepSpec
-from sluice.engines.messages import PartialGroup, PartialSample
-from sluice.engines.sample_runner import Play
+from sluice.config.tree import ConfigError, load_config
+from sluice.driver.environment import make_environment, step_spec
+from sluice.engines.rollout.episodes import EpisodeSteps, StepSpec
+from sluice.engines.rollout.messages import PartialGroup, PartialSample
+from sluice.engines.rollout.sample_runner import Play
 from sluice.envs import make_env
 from sluice.envs.games import CHAT, GameError
 from sluice.envs.multi_turn import EnvStep, EpisodeLimits
 from sluice.envs.prompts import training_prompts
-from sluice.rl.config import ConfigError, load_config
-from sluice.tasks.environment import make_environment, step_spec
 from tests.support.bpe_policy import build_bpe_policy
 from tests.support.envs import ROOT
 from tests.support.skyrl_games import skyrl_rows
-from tests.unit.engines.test_sample_runner import ScriptedEngine
+from tests.unit.engines.rollout.test_sample_runner import ScriptedEngine
 
 GUESS = {"game": "GuessTheNumber-v0"}
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from sluice.config.tree import EnvConfig, RewardConfig
+from sluice.driver.environment import make_environment, scorer_factory
 from sluice.envs import Problem
 from sluice.envs.scoring import PoolScorer, VerifierScorer
-from sluice.rl.config import EnvConfig, RewardConfig
-from sluice.tasks.environment import make_environment, scorer_factory
 
 MODULE = """
 import os, signal, time

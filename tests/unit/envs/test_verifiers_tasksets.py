@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sluice.config.tree import VERIFIERS_AGENT, load_config
 from sluice.envs import make_env
-from sluice.rl.config import VERIFIERS_AGENT, load_config
 
 TASKSETS = str(Path(__file__).parents[2] / "support" / "verifiers_tasksets")
 

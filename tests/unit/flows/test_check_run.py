@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sluice.config.tree import ConfigError, load_config
 from sluice.flows.api import check_run
-from sluice.rl.config import ConfigError, load_config
 
 SMOKE = Path(__file__).parents[3] / "configs" / "smoke.yaml"
 

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from sluice.config.tree import ConfigError, build_config
 from sluice.flows.retrain import retrain_config
-from sluice.rl.config import ConfigError, build_config
 
 NOW = datetime(2026, 11, 26, tzinfo=UTC)
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from sluice.config.tree import RunConfig, build_config
+from sluice.driver.health import LearningHealth
+from sluice.driver.step_log import StoreMetrics, Totals
 from sluice.flows.rl_job import rl_step
-from sluice.rl.config import RunConfig, build_config
 from sluice.storage.layout import RunLayout
-from sluice.tasks.health import LearningHealth
-from sluice.tasks.step_log import StoreMetrics, Totals
 
 TRAINED = {
     "samples": 16.0,
@@ -75,7 +75,7 @@ class FakeTrainer:
 
 
 class FakeSession:
-    """What ``rl_step`` uses of ``tasks.session.Session``; refs are plain values here."""
+    """What ``rl_step`` uses of ``driver.session.Session``; refs are plain values here."""
 
     def __init__(self, cfg: RunConfig, step: int = 0) -> None:
         self.cfg, self.step, self.calls = cfg, step, Calls()

@@ -320,7 +320,7 @@ def check_user_data() -> list[str]:
         "ray start --block --address=${head_ip}:${ports.ray_gcs}",
         "'--resources=${ray_resources}'",
         "--node-name=$INSTANCE_ID",
-        "python -m sluice.engines.preemption",
+        "python -m sluice.engines.cluster.preemption",
         "RAY_AUTH_MODE=token",
     )
     problems += [f"worker user data lacks {w!r}" for w in wanted_worker if w not in worker]
@@ -1283,7 +1283,7 @@ def test_user_data_renders_to_valid_bash(
     if template.startswith("worker"):
         assert "--address=10.40.16.5:6379" in script
         assert "'--resources={\"rollout\":1}'" in script
-        assert "python -m sluice.engines.preemption --gcs-address 10.40.16.5:6379" in script
+        assert "python -m sluice.engines.cluster.preemption --gcs-address 10.40.16.5:6379" in script
     elif variables["run_mlflow"]:
         assert "mlflow server --host 0.0.0.0 --port 5000" in script
         assert "prefect server start" in script

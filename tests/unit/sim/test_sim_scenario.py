@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sluice.rl.config import RolloutConfig, RunConfig
+from sluice.config.tree import RolloutConfig, RunConfig
 from sluice.sim.command import parse_policy
 from sluice.sim.engine import simulate
 from sluice.sim.lengths import LengthError, draw_lengths, replay_groups
@@ -147,7 +147,7 @@ def test_parse_policy(text, fields):
 
 
 def test_policy_settings_a_run_has_are_the_run_configs_own_fields():
-    # Declared once, in rl/config.py: the same type, default, bounds and description, so a
+    # Declared once, in sluice/config/tree.py: the same type, default, bounds and description, so a
     # default changed there changes the simulator's too.
     shared = set()
     for name, field in PolicySpec.model_fields.items():

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sluice.rl.config import ConfigError, build_config
+from sluice.config.tree import ConfigError, build_config
+from sluice.driver.session import check_meta
 from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
 from sluice.tasks.job import JobError, check_start
-from sluice.tasks.session import check_meta
 
 
 def _cfg(root: Path):

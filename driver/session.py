@@ -1,0 +1,525 @@
+"""The live pools of one attempt at a training segment: opened, waited on, checkpointed,
+closed by the flow's tasks (``tasks/job.py``) and stepped by the flow (``flows/rl_job.py``).
+
+A ``Session`` owns the Ray actors the run needs: the trajectory store, the parameter
+service, the trainer, the rollout workers and (``async``) the dispatcher. ``open`` starts
+them, fresh or from a checkpoint, and ``start`` sets the rollouts going; ``wait`` waits for
+Ray refs while restarting dead rollout workers; ``evaluate`` measures held-out accuracy;
+``checkpoint`` writes the trainer's state with the data cursor and the ledger watermark;
+``close`` kills every actor. How rollouts are driven is the mode's ``Rollouts``
+(``driver/rollouts.py``), chosen once. Nothing here knows about Prefect.
+
+Resuming from a checkpoint at step S: the ledger is rolled back to the checkpoint's
+watermark (events after it describe training whose weights were lost), the store re-offers
+what was generated before it and drops what came after (its prompts are drawn again), the
+trainer loads the checkpoint and publishes version S, rollout workers pull it, and the
+prompt stream continues from the checkpoint's cursor. Sample ids of the new attempt carry
+a tag (``a1.``, ``a2.``...) so they never collide with rolled-back ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from sluice.config.tree import ConfigError, LoraConfig, RunConfig
+from sluice.driver.environment import (
+    agent_spec,
+    episode_limits,
+    eval_tokens,
+    fitting,
+    make_environment,
+    max_model_len,
+    plays_episodes,
+    scorer_factory,
+    step_spec,
+)
+from sluice.driver.health import LearningHealth
+from sluice.driver.rollouts import Rollouts, evaluate, schedule
+from sluice.driver.step_log import StoreMetrics, Totals
+from sluice.driver.tracking import MetricLogger
+from sluice.engines.cluster.placement import wait_placed
+from sluice.engines.cluster.ray_cluster import child_env, gpus_each, on_driver_node, pool_dtype
+from sluice.engines.rollout.dispatcher import launch_dispatcher
+from sluice.engines.rollout.worker import RolloutWorkerClient, launch_rollout_workers
+from sluice.engines.train.lora import ADAPTER_FILE
+from sluice.engines.train.pool import TrainerPool, launch_trainer
+from sluice.engines.train.trainer import MODEL_FILE
+from sluice.envs.prompts import training_prompts
+from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
+from sluice.storage.layout import RunLayout
+from sluice.storage.ledger import Ledger
+from sluice.storage.params import ParameterService
+from sluice.storage.trajectory_index import LeaseGrant
+from sluice.storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
+
+log = logging.getLogger("sluice")
+
+# ray.kill is asynchronous; closing a session waits this long for its actors to be gone.
+ACTOR_EXIT_TIMEOUT_S = 30.0
+# Mean per-token log-prob differences between the trainer and a rollout engine on the same
+# tokens and version that are warned about: float32 engines agree to about 1e-7 here, bf16
+# ones to about 1e-2 (docs/results.md); a push that missed one tensor differed by 6e-3.
+MISMATCH_FLOAT32, MISMATCH_BF16 = 1e-3, 0.05
+# How often a wait looks for dead rollout workers (progress lines come every PROGRESS_EVERY_S).
+CHECK_EVERY_S = 1.0
+
+
+class Session:
+    """The pools of one attempt at training; see the module docstring."""
+
+    def __init__(self, cfg: RunConfig, policy_dir: str, tracker: MetricLogger) -> None:
+        self.cfg, self.policy_dir, self.tracker = cfg, policy_dir, tracker
+        self.layout = RunLayout(cfg.run_dir, cfg.cache_dir)
+        self.schedule = schedule(cfg)
+        self.env, _ = make_environment(cfg.env, cfg.policy)
+        self.make_scorer = scorer_factory(self.env, cfg.reward, cfg.env)
+        self.scorer = self.make_scorer()  # the driver's, for held-out evaluation
+        self.heldout = self.env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
+        self.eval_tokens = eval_tokens(cfg, self.heldout)
+        self.batch_size = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+        self.step = 0  # the trainer's version
+        self.start_accuracy: float | None = None
+        self.end_accuracy: float | None = None
+        self.health = LearningHealth(
+            cfg.eval.collapse_drop, cfg.eval.entropy_floor, cfg.eval.collapse_patience
+        )
+        self.totals = Totals()
+        self.store_metrics = StoreMetrics()
+        self.actors: list[Any] = []
+        self.groups: list[PlacementGroup] = []
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self, checkpoint: Checkpoint | None, again: bool = False) -> None:
+        """Start the pools: fresh, or continuing from ``checkpoint``. ``again``: an earlier
+        attempt of this run failed before any checkpoint; whatever it recorded is set aside."""
+        cfg, tag = self.cfg, ""
+        if checkpoint is not None:
+            tag = self._roll_back(int(checkpoint.meta["ledger_watermark"]), checkpoint.step)
+        elif again:
+            tag = self._roll_back(0, 0)
+        self._launch(restore="checkpoint" if checkpoint is not None else False, tag=tag)
+        self._wait_placed()
+        pids = self.trainer.pids()
+        trainer = f"the trainer (pid {pids[0]})"
+        if len(pids) > 1:
+            trainer = f"{len(pids)} trainer ranks (pids {', '.join(map(str, pids))})"
+        engine = {
+            "torch": "torch DDP" if len(pids) > 1 else "torch",
+            "fsdp": "torch FSDP2",
+            "deepspeed": f"deepspeed ZeRO-{cfg.train.zero_stage}",
+        }[cfg.train.engine]
+        live = self.rollouts.live()
+        log.info(
+            "starting %d rollout worker(s) (pids %s) and %s on %s; vLLM takes ~30 s",
+            len(live),
+            ", ".join(map(str, ray.get([w.pid() for w in live]))),
+            trainer,
+            engine,
+        )
+        self.trainer.start(cfg.rollout.placement_timeout_s)
+        seen = ray.get([self.trainer.devices(), *(w.devices() for w in live)])
+        if any(d != "cpu" for d in seen):
+            log.info(
+                "devices (CUDA_VISIBLE_DEVICES): the trainer %s; rollout workers %s",
+                seen[0],
+                ", ".join(seen[1:]),
+            )
+        if checkpoint is None:
+            held_out = self._held_out(live) | self.logprob_check(live)
+            self.start_accuracy = self.end_accuracy = held_out["eval/accuracy"]
+            self.health.held_out(0, self.start_accuracy)
+            log.info(
+                "step    0/%d | held-out %5.1f%% (starting policy)",
+                cfg.train.steps,
+                100 * self.start_accuracy,
+            )
+            self.tracker.log_metrics(0, held_out)
+        else:
+            meta = checkpoint.meta
+            self.step = int(ray.get(self.trainer.restore(checkpoint.files, meta)))
+            self.start_accuracy = meta.get("start_accuracy")
+            self.end_accuracy = meta.get("end_accuracy")
+            self.health.restore(meta.get("health") or {})
+            self.synced(live)
+            held_groups = int(self.store.stats()["held"]) // cfg.rollout.samples_per_prompt
+            self.rollouts.restore(meta["data_cursor"], self.step, held_groups)
+            log.info("resumed at step %d from %s", self.step, checkpoint.url)
+
+    def start(self) -> None:
+        """Start generating (after ``open``; a fresh run checkpoints step 0 in between)."""
+        self.rollouts.start()
+
+    def close(self) -> None:
+        """Kill every actor this session started, and wait until they are gone: a store
+        still flushing its ledger must not write after a resume has rolled the ledger back."""
+        self.scorer.close()
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        for group in self.groups:
+            remove_placement_group(group)  # the trainer ranks' resources, back to the cluster
+        self.groups = []
+        deadline = time.monotonic() + ACTOR_EXIT_TIMEOUT_S
+        for actor in self.actors:
+            while time.monotonic() < deadline:
+                try:
+                    ray.get(actor.__ray_ready__.remote(), timeout=1.0)
+                except RayActorError:
+                    break
+                except GetTimeoutError:
+                    continue
+                time.sleep(0.1)
+        self.actors = []
+
+    def _wait_placed(self) -> None:
+        """Wait for Ray to place the trainer and the rollout workers the mode needs; the
+        others join when a node has room for them (``Rollouts.placed``)."""
+        cfg, r = self.cfg, self.cfg.rollout
+        names = [f"rollout worker {i}" for i in range(len(self.workers))]
+        handles = [w.handle for w in self.workers]
+        ranks = self.trainer.handles
+        trainers = (
+            ["the trainer"] if len(ranks) == 1 else [f"trainer rank {i}" for i in range(len(ranks))]
+        )
+        train_ask = _ask(cfg.train.cpus, self.train_gpus, cfg.train.resources)
+        actors = {
+            **dict(zip(trainers, ranks, strict=True)),
+            **dict(zip(names, handles, strict=True)),
+        }
+        asks = {
+            **dict.fromkeys(trainers, train_ask),
+            **{name: _ask(r.cpus_per_worker, self.worker_gpus, r.resources) for name in names},
+        }
+        need = self.schedule.min_workers
+
+        def enough(pending: set[str]) -> bool:
+            return not pending & set(trainers) and len(set(names) - pending) >= need
+
+        pending = wait_placed(actors, asks, enough, r.placement_timeout_s)
+        self.rollouts.placed({names.index(name) for name in pending})
+
+    def _roll_back(self, watermark: int, step: int) -> str:
+        """Set ledger files after ``watermark`` aside; the new attempt's id tag."""
+        attempt, where, moved = Ledger(self.cfg.storage_url).roll_back(watermark, step)
+        log.info(
+            "resuming from step %d: %d ledger file(s) written after it moved to %s",
+            step,
+            moved,
+            where,
+        )
+        return f"a{attempt}."
+
+    # -- what a step uses ------------------------------------------------------------------
+
+    def wait(self, refs: Any, what: str) -> Any:
+        """``ray.get(refs)``; meanwhile restarts dead rollout workers, and logs progress."""
+        pending = refs if isinstance(refs, list) else [refs]
+        self.ready(pending, len(pending), what)
+        return ray.get(refs)
+
+    def ready(self, refs: list[Any], need: int, what: str) -> list[Any]:
+        """The first ``need`` of ``refs`` that finish (or fail), waited for like ``wait``."""
+        started = last_line = time.monotonic()
+        while len(done := ray.wait(refs, num_returns=need, timeout=CHECK_EVERY_S)[0]) < need:
+            self.rollouts.check()
+            if time.monotonic() - last_line >= PROGRESS_EVERY_S:
+                last_line = time.monotonic()
+                log.info(
+                    "waiting for %s for %.0f s; trajectory store: %s",
+                    what,
+                    last_line - started,
+                    self.store.stats(),
+                )
+        return done
+
+    def synced(self, workers: list[RolloutWorkerClient]) -> list[RolloutWorkerClient]:
+        """``workers`` after each loaded the trainer's version, less any that died doing so.
+        The rollouts hear of a death as it happens, not after the others loaded (those may
+        wait on the trainer): Ray restarts the worker, and the new process pulls the newest
+        weights before it generates."""
+        timeout = self.cfg.weights.pull_timeout_s
+        loading = {w.sync_weights(self.step, timeout): w for w in workers}
+        loaded = dict(loading)
+        while loading:
+            for ref in self.ready(list(loading), 1, "weights"):
+                worker = loading.pop(ref)
+                try:
+                    ray.get(ref)
+                except RayActorError as error:  # ActorUnavailableError is one
+                    self.rollouts.died_loading(worker, self.step, error)
+                    del loaded[ref]
+        return list(loaded.values())
+
+    def lease(self) -> LeaseGrant:
+        """A training batch from the store: ``batch_size`` samples in whole groups, none
+        more than the mode's ``max_staleness`` versions behind the trainer. Only where the
+        rows live comes here; the trainer reads them."""
+        timeout = self.cfg.store.lease_timeout_s
+        ask = self.store.request(
+            self.batch_size, self.step, self.schedule.max_staleness, wait_s=timeout
+        )
+        grant: LeaseGrant | None = self.wait(ask, f"{self.batch_size} ready samples")
+        if grant is None:
+            raise TimeoutError(
+                f"no {self.batch_size} ready samples within {timeout:.0f} s (store: "
+                f"{self.store.stats()}); are the rollout workers alive?"
+            )
+        return grant
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics of the trainer's current version (``eval/accuracy``, and with
+        ``eval.k > 1`` mean@k and pass@k)."""
+        self.store.drain(True)  # nothing consumes while paused: puts must not wait for room
+        self.rollouts.pause()  # async: workers hand vLLM back, then load the version
+        workers = self.synced(self.rollouts.live())  # async: one whose node is gone is out
+        held_out = self._held_out(workers) | self.logprob_check(workers)
+        self.store.drain(False)
+        self.rollouts.resume()
+        return held_out
+
+    def logprob_check(self, workers: list[RolloutWorkerClient]) -> dict[str, float]:
+        """The trainer's log-probs of tokens a rollout worker has just sampled against the
+        worker's own, with both on the same version (the workers are synced): the mean and
+        largest difference per token (``eval/logprob_mismatch``, ``..._max``). Two engines
+        that agree differ by rounding (float32: about 1e-7; bf16: about 1e-2); a weight push
+        that lost or mangled a tensor, or a precision the config did not ask for, shows here
+        before it shows in learning. Peers gate their CI on it; ``make test`` does too."""
+        e = self.cfg.eval
+        if not e.mismatch_prompts or not workers:
+            return {}
+        prompts = [p.prompt for p in self.heldout[: e.mismatch_prompts]]
+        seed = self.cfg.seed * 1_000_003 + self.step
+        temperature, step = self.cfg.rollout.temperature, self.step
+        try:
+            samples = ray.get(
+                workers[0].sampled(prompts, self.eval_tokens, temperature, seed, step)
+            )
+        except (RayActorError, ActorUnavailableError) as error:
+            log.warning("log-prob check skipped: its rollout worker died (%s)", error)
+            return {}
+        if not samples:  # the worker restarted and does not hold this version yet
+            log.warning("log-prob check skipped: its rollout worker is not at version %d", step)
+            return {}
+        trained = ray.get(self.trainer.logprobs(samples))
+        diffs = [
+            abs(a - b)
+            for sample, theirs in zip(samples, trained, strict=True)
+            for a, b in zip(sample.behaviour_logprobs, theirs, strict=True)
+        ]
+        mean, bound = sum(diffs) / len(diffs), self.mismatch_bound()
+        if mean > bound:
+            log.warning(
+                "the trainer and the rollout engine disagree at version %d: log-probs of the "
+                "same tokens differ by %.2e on average (max %.2e; eval.max_logprob_mismatch is "
+                "%.2e): check the weight push and both engines' dtype",
+                self.step,
+                mean,
+                max(diffs),
+                bound,
+            )
+        return {"eval/logprob_mismatch": mean, "eval/logprob_mismatch_max": max(diffs)}
+
+    def mismatch_bound(self) -> float:
+        """``eval.max_logprob_mismatch``, or what suits the two pools' precision."""
+        if self.cfg.eval.max_logprob_mismatch is not None:
+            return self.cfg.eval.max_logprob_mismatch
+        dtypes = {
+            pool_dtype(self.cfg.rollout.dtype, self.worker_gpus),
+            pool_dtype(self.cfg.train.dtype, self.train_gpus),
+        }
+        return MISMATCH_FLOAT32 if dtypes == {"float32"} else MISMATCH_BF16
+
+    def _held_out(self, workers: list[RolloutWorkerClient]) -> dict[str, float]:
+        e = self.cfg.eval
+        return evaluate(
+            workers,
+            self.scorer,
+            self.heldout,
+            self.eval_tokens,
+            e.k,
+            e.temperature,
+            episodes=plays_episodes(self.cfg),
+        )
+
+    def checkpoint(self) -> str:
+        """Model, optimiser and RNG (written by the trainer) with the data cursor and watermark."""
+        watermark = ray.get(self.store.handle.flush.remote())
+        meta = {
+            "step": self.step,
+            "ledger_watermark": watermark,
+            "data_cursor": self.rollouts.cursor(),
+            "start_accuracy": self.start_accuracy,
+            "end_accuracy": self.end_accuracy,
+            "health": self.health.state(),
+            "mlflow_run_id": self.tracker.run_id,
+            # A LoRA checkpoint holds the adapter alone: what it adapts, and how.
+            "lora": adapter_meta(self.cfg.train.lora),
+            "base_model": self.policy_dir,
+        }
+        url: str = ray.get(
+            self.trainer.save_checkpoint(
+                self.cfg.storage_url, self.cfg.checkpoint.keep, self.step, meta
+            )
+        )
+        log.info("checkpoint %s", url)
+        return url
+
+    def save_policy(self, policy_dir: str) -> None:
+        """Write the trainer's current policy as a model folder (replaced whole if there)."""
+        ray.get(self.trainer.save(policy_dir))
+
+    def finish(self, policy_dir: str) -> int:
+        """Stop the rollouts, drop what is left untrained (recorded), save the policy."""
+        self.store.drain(True)  # the workers finish what they hold; nothing consumes it
+        self.rollouts.stop()
+        left = int(ray.get(self.store.handle.close.remote("the run ended before it was trained")))
+        if left:
+            log.info("%d generated samples were left untrained (recorded as dropped)", left)
+        self.save_policy(policy_dir)
+        return left
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def _launch(self, restore: bool | str, tag: str) -> None:
+        """The trajectory store, the parameter service, the trainer, the rollout workers,
+        (``async``) the dispatcher, and the mode's ``Rollouts`` over them."""
+        cfg, env_vars, here = self.cfg, child_env(), on_driver_node()
+        streaming = self.schedule.streaming
+        # Resolved once: the actors and the placement messages ask for the same GPUs.
+        self.train_gpus = gpus_each(cfg.train.gpus_per_rank)
+        self.worker_gpus = gpus_each(cfg.rollout.gpus_per_worker, cfg.rollout.tensor_parallel_size)
+        handle = create_store(
+            cfg.storage_url,
+            cfg.store_capacity_batches * self.batch_size,
+            cfg.store.lease_timeout_s,
+            restore=restore,
+            scheduling_strategy=here,
+            stale_by=cfg.stale_by,
+        )
+        self.store = StoreClient(
+            handle,
+            cfg.storage_url,
+            # async: rows reach storage in files of one training batch, not one per put, and
+            # a worker goes on generating while the store takes its last two puts.
+            persist_rows=self.batch_size if streaming else 0,
+            pipeline=2 if streaming else 0,
+        )
+        params = ParameterService.create(
+            relays=cfg.weights.relays,
+            bucket_bytes=cfg.weights.bucket_mib << 20,
+            first_at=here,
+            # weights travel in the dtype vLLM runs in
+            dtype=pool_dtype(cfg.rollout.dtype, self.worker_gpus),
+        )
+        self.trainer: TrainerPool = launch_trainer(
+            cfg.train,
+            self.policy_dir,
+            cfg.seed,
+            params,
+            env_vars,
+            self.train_gpus,
+            temperature=cfg.rollout.temperature,
+        )
+        self.workers: list[RolloutWorkerClient] = launch_rollout_workers(
+            cfg.rollout,
+            self.policy_dir,
+            max_model_len(cfg.policy),
+            cfg.seed,
+            self.env,
+            self.store,
+            params,
+            env_vars,
+            gpus=self.worker_gpus,
+            scorer=self.make_scorer,
+            limits=episode_limits(cfg.env),
+            agent=agent_spec(cfg),
+            steps=step_spec(cfg),
+            lora=cfg.train.lora,
+        )
+        self.actors = [handle, *self.trainer.handles, *(w.handle for w in self.workers)]
+        self.groups = [self.trainer.group] if self.trainer.group is not None else []
+        self.actors += params.relays
+        train_seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
+        prompts, self.heldout = fitting(
+            cfg,
+            training_prompts(self.env, cfg.env.train_prompts, train_seed),
+            self.heldout,
+            self.store,
+        )
+        dispatcher = None
+        if streaming:
+            dispatcher = launch_dispatcher(cfg, self.store, prompts, self.env.name)
+            self.actors.append(dispatcher.handle)
+        self.rollouts: Rollouts = self.schedule.rollouts(
+            cfg, self.workers, prompts, self.wait, tag, dispatcher
+        )
+
+
+def _ask(cpus: float, gpus: float, resources: dict[str, float]) -> dict[str, float]:
+    """What an actor asks Ray for, as the placement messages show it (GPUs when any)."""
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **resources}
+
+
+def latest_checkpoint(cfg: RunConfig) -> Checkpoint | None:
+    """The newest valid checkpoint of this run (older ones if the newest is broken), once
+    it is known to fit the config's ``train.lora``."""
+    found = CheckpointStore(cfg.storage_url, cfg.checkpoint.keep).load_latest(check_meta)
+    if found is not None:
+        check_lora(found, cfg)
+    return found
+
+
+def adapter_meta(lora: LoraConfig | None) -> dict[str, Any] | None:
+    """What fixes an adapter's shape, as a checkpoint records it (None: full weights)."""
+    return None if lora is None else {"rank": lora.rank, "target_modules": lora.target_modules}
+
+
+def check_lora(found: Checkpoint, cfg: RunConfig) -> None:
+    """Raise a ConfigError when the checkpoint's kind (adapter or full weights, and the
+    adapter's shape) is not the one ``cfg.train.lora`` trains: before any pool starts."""
+    want = adapter_meta(cfg.train.lora)
+    has = found.meta.get("lora") if ADAPTER_FILE in found.files else None
+    where = f"checkpoint step-{found.step} of run {cfg.name!r}"
+    if want is None and ADAPTER_FILE in found.files:
+        raise ConfigError(
+            f"{where} holds a LoRA adapter ({has}) over {found.meta.get('base_model')}: resume "
+            f"it with train.lora set as that run had it"
+        )
+    if want is not None and has is None:
+        raise ConfigError(
+            f"{where} holds full weights (a run without train.lora): resume it without "
+            "train.lora, or start a LoRA run under a new name"
+        )
+    if want is not None and has != want:
+        raise ConfigError(
+            f"{where} holds an adapter of {has}, but train.lora asks for {want}: set "
+            "train.lora.rank and train.lora.target_modules as that run had them"
+        )
+
+
+def check_meta(found: Checkpoint) -> None:
+    """What a resume reads of a checkpoint's meta is there and of the right kind: the
+    session's step, watermark and data cursor, the trainer's version and schedule."""
+    meta = found.meta
+
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"its meta {why}")
+
+    for key in ("step", "version", "ledger_watermark"):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad(f"has no non-negative integer {key!r} (got {value!r})")
+    if meta["step"] != found.step or meta["version"] != found.step:
+        raise bad(f"says step {meta['step']} and version {meta['version']}, not {found.step}")
+    if not isinstance(meta.get("data_cursor"), dict):
+        raise bad("has no data cursor")
+    if not isinstance(meta.get("scheduler"), dict):
+        raise bad("has no learning-rate schedule state")
+    if MODEL_FILE not in found.files and ADAPTER_FILE not in found.files:
+        raise bad(f"lists no {MODEL_FILE} (nor a LoRA {ADAPTER_FILE})")

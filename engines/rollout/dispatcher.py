@@ -1,0 +1,383 @@
+"""The dispatcher: hands prompt groups to streaming rollout workers, within the staleness bound.
+
+A zero-CPU Ray actor, created by the flow's session in ``async`` mode and asked by each
+rollout worker (``engines/rollout/worker.py: stream``) for more groups whenever the worker
+has room; the flow reaches it through ``DispatcherClient``. The messages it exchanges are
+in ``engines/rollout/messages.py``.
+
+- Admission control (AReaL's rule, arXiv 2505.24298 section 5.1): group number g (in issue
+  order) is trained at trainer version about g // B (B groups per step); a worker holding
+  version v may only start it while ``g < (v + max_staleness + 1) * B``, so generation
+  never runs further ahead of training than the bound allows. The store drops whatever
+  still ends up staler (counted and recorded in the ledger).
+- Skew-aware dispatch (StreamRL, arXiv 2504.15930): an online length predictor
+  (``rl.dispatch.LengthPredictor``) learns response lengths per prompt and environment;
+  a look-ahead pool of upcoming groups is handed out longest first, and with ``balance``
+  the predicted tokens are spread across workers (``rl.dispatch.plan``).
+- Repack (Laminar, arXiv 2510.12633): a worker whose batch has drained to a few
+  stragglers sends them with each ``take``. When admission gives it no fresh group and at
+  least two workers on its version straggle (``rl.dispatch.stragglers``), a worker the
+  plan moves is told to hand its unfinished groups to the plan's target (``Work.give_to``,
+  then ``hand_over``); the target gets them with its next ``take`` and continues each
+  sample from its tokens. The mover is then free: it loads newer weights at once, even
+  without partial rollout, and takes fresh groups as soon as admission allows.
+- Held workers do not poll: a ``take`` admission answers empty says from which weight
+  version the worker may start a group (``Work.held_until``), and the worker asks again
+  once it holds that version or once a report's answer says to (a credit or a requeue
+  opened the window, groups were repacked onto it, the plan moves it, or the run stops).
+- Workers report finished groups (lengths, rewards) and their counters; the flow reads
+  them once per step with ``drain``. Reports are paced to ``REPORTS_PER_S`` for the whole
+  fleet (each answer says when to report next), so their cost does not grow with it.
+- Failure isolation: the dispatcher knows which groups each worker holds. When a worker
+  dies, ``requeue`` puts its unfinished groups back at the front of the queue (under new
+  group ids) and takes them out of the admission count, so nothing it held is lost and
+  the admission window does not shrink. Groups the store drops as too stale are credited
+  back the same way (``credit``).
+- Exactly once from dispatch: every sample of a group it hands out is in the ledger from
+  that moment (``dispatched``, sent to the trajectory store, which keeps the ledger); a
+  dead worker's groups are recorded ``dropped`` with the reason before their prompts go
+  back to the queue, so every dispatched sample ends trained or dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import ray
+
+from sluice.config.tree import RunConfig
+from sluice.engines.cluster.ray_cluster import on_driver_node
+from sluice.engines.rollout.messages import (
+    Assignment,
+    GroupDone,
+    Handoff,
+    ReportReply,
+    RolloutTotals,
+    Work,
+)
+from sluice.envs import Problem
+from sluice.envs.prompts import PromptSource
+from sluice.rl.dispatch import GroupRequest, InFlight, LengthPredictor, WorkerLoad, plan, stragglers
+from sluice.storage.ledger import LedgerEvent
+
+
+class LedgerSink(Protocol):
+    """Where the dispatcher's ledger events go: the trajectory store (``StoreClient``)."""
+
+    def record(self, events: list[LedgerEvent], wait: bool = True) -> None:
+        """Events in order; ``wait=False``: the sink may still be taking them on return."""
+
+    def settle_records(self) -> None:
+        """Wait until the sink has every event recorded so far."""
+
+
+# Groups kept ready for ordering: enough for a couple of steps, so "longest first" has
+# something to choose from without running far ahead of the prompt stream.
+LOOKAHEAD_STEPS = 2
+# Reports the whole fleet sends a second, at most: a worker reports every
+# max(StreamSettings.report_every_s, workers / REPORTS_PER_S) seconds. A report costs the
+# dispatcher ~0.7 ms of CPU on these machines (BENCHMARKS.md, control plane), so reports
+# keep it under a tenth of a core at any fleet size.
+REPORTS_PER_S = 100.0
+
+
+class GroupDispatcher:
+    """The dispatcher's logic; ``Dispatcher`` is the same class as a Ray actor."""
+
+    def __init__(
+        self,
+        ledger: LedgerSink,
+        prompts: PromptSource,
+        env: str,
+        groups_per_step: int,
+        samples_per_prompt: int,
+        max_staleness: int,
+        seed: int,
+        long_first: bool = True,
+        balance: bool = True,
+        prior_length: float = 32.0,
+        repack_max_stragglers: int = 0,
+        repack_min_age_s: float = 1.0,
+    ) -> None:
+        self._ledger = ledger
+        self._prompts = prompts
+        self._env = env
+        self._per_step = groups_per_step
+        self._n = samples_per_prompt
+        self._k = max_staleness
+        self._seed = seed
+        self._long_first = long_first
+        self._balance = balance
+        self._predictor = LengthPredictor(prior=prior_length)
+        self._pool: list[Problem] = []
+        self._issued = 0  # group ids handed out so far (ids are never reused)
+        self._returned = 0  # issued groups that came back unfinished (requeue, restart)
+        self._tag = ""  # a resumed run's group ids differ from the rolled-back run's
+        self._held: dict[int, dict[str, Problem]] = {}  # worker -> its unfinished groups
+        self._stopped = False
+        self._workers: dict[int, dict[str, float]] = {}
+        self._totals = RolloutTotals()
+        self._repack = (repack_max_stragglers, repack_min_age_s)  # max 0: off
+        # worker -> (its version, its running samples) as of its last take, while draining
+        self._stragglers: dict[int, tuple[int, list[InFlight]]] = {}
+        self._handoffs: dict[int, list[Handoff]] = {}  # worker -> groups repacked onto it
+
+    def _request(self, index: int, problem: Problem) -> GroupRequest:
+        prompt_len = len(problem.prompt)
+        return GroupRequest(
+            group_id=str(index),  # the pool position: a prompt can be in the pool twice
+            prompt_id=problem.prompt_id,
+            env=self._env,
+            prompt_len=prompt_len,
+            samples=self._n,
+            predicted=self._predictor.predict(problem.prompt_id, self._env, prompt_len),
+        )
+
+    def take(
+        self,
+        worker: int,
+        want: int,
+        worker_version: int,
+        stragglers: list[InFlight] | None = None,
+    ) -> Work | None:
+        """Up to ``want`` fresh groups for ``worker`` (none while admission holds it back),
+        any groups repacked onto it, and maybe a repack order; None: stop.
+
+        ``stragglers``: the worker's running samples when only a few are left (repack
+        plans with them); none while its batch is full.
+        """
+        handoffs = self._handoffs.pop(worker, [])
+        if self._stopped:  # groups already handed over are finished, not lost
+            return Work([], handoffs) if handoffs else None
+        out = self._fresh(worker, want, worker_version)
+        if stragglers and not out and not handoffs:
+            self._stragglers[worker] = (worker_version, stragglers)
+        else:
+            self._stragglers.pop(worker, None)
+        if out or handoffs:
+            return Work(out, handoffs)
+        give_to = self._repack_target(worker, worker_version)
+        return Work([], [], give_to, held_until=None if give_to is not None else self._open_at())
+
+    def _fresh(self, worker: int, want: int, worker_version: int) -> list[Assignment]:
+        allowed = (worker_version + self._k + 1) * self._per_step - self.admitted
+        count = min(want, allowed)
+        if count <= 0:
+            return []
+        loads = [
+            WorkerLoad(w, c["in_flight_tokens"], int(c["free_groups"]) if self._balance else 0)
+            for w, c in self._workers.items()
+            if w != worker
+        ] + [WorkerLoad(worker, self._load(worker), count)]
+        # The plan fills every worker's reported room before the asker's (last, losing
+        # ties), and only the asker's share is handed out: the pool must cover all of it.
+        room = sum(load.capacity for load in loads)
+        while len(self._pool) < max(room, LOOKAHEAD_STEPS * self._per_step):
+            self._pool.extend(self._prompts.take(self._per_step))
+        requests = [self._request(i, p) for i, p in enumerate(self._pool)]
+        chosen = plan(requests, loads, self._long_first, self._balance).assignments[worker]
+        taken = {int(r.group_id) for r in chosen}
+        picked = [(self._pool[int(r.group_id)], r.predicted) for r in chosen]
+        self._pool = [p for i, p in enumerate(self._pool) if i not in taken]
+        out = []
+        held = self._held.setdefault(worker, {})
+        for problem, predicted in picked:
+            group_id = f"{problem.prompt_id}@{self._tag}g{self._issued}"
+            out.append(
+                Assignment(problem, group_id, self._seed * 1_000_003 + self._issued, predicted)
+            )
+            held[group_id] = problem
+            self._issued += 1
+        # In the ledger from this moment: a dispatched sample ends trained or dropped. The
+        # take does not wait for the store to have the events (the next call to the store
+        # does): they are stamped now, and the ledger is read in time order.
+        self._record({a.group_id: a.problem for a in out}, "dispatched", wait=False)
+        return out
+
+    def _record(
+        self, groups: dict[str, Problem], event: str, reason: str | None = None, wait: bool = True
+    ) -> None:
+        """One ledger event for each sample of each group (``{group id: problem}``)."""
+        if groups:
+            self._ledger.record(
+                [
+                    LedgerEvent(f"{group_id}/{j}", problem.prompt_id, event, reason=reason)
+                    for group_id, problem in groups.items()
+                    for j in range(self._n)
+                ],
+                wait=wait,
+            )
+
+    def _open_at(self) -> int:
+        """The lowest worker version admission lets start a group now: the least v with
+        ``(v + max_staleness + 1) * groups_per_step > admitted``."""
+        return self.admitted // self._per_step - self._k
+
+    def _repack_target(self, worker: int, version: int) -> int | None:
+        """Where ``worker`` should move its stragglers, if the repack plan moves them."""
+        most, min_age = self._repack
+        if not most or worker not in self._stragglers:
+            return None
+        # Only between workers on the same version: a moved sample keeps one policy's tokens.
+        peers = {w: reqs for w, (v, reqs) in self._stragglers.items() if v == version}
+        found = stragglers(peers, most, min_age, time.time())
+        if found is None or worker not in found.moves:
+            return None
+        return found.target
+
+    def hand_over(self, worker: int, target: int, handoffs: list[Handoff]) -> bool:
+        """Repack: ``worker``'s unfinished groups move to ``target`` (its next ``take``).
+        False, and nothing moves, once stopped or when ``target`` no longer straggles (it
+        took fresh groups, or died)."""
+        if self._stopped or target not in self._stragglers:
+            return False
+        held, theirs = self._held.get(worker, {}), self._held.setdefault(target, {})
+        for h in handoffs:
+            theirs[h.group_id] = held.pop(h.group_id)
+        self._handoffs.setdefault(target, []).extend(handoffs)
+        self._stragglers.pop(worker, None)  # out of date now: both ask again
+        self._stragglers.pop(target, None)
+        self._totals.repacked += len(handoffs)
+        return True
+
+    @property
+    def admitted(self) -> int:
+        """Groups counted by admission control: issued, less those that came back."""
+        return self._issued - self._returned
+
+    def requeue(self, worker: int) -> int:
+        """``worker`` died: its unfinished groups go back to the front of the queue."""
+        lost = self._held.pop(worker, {})  # groups repacked onto it included
+        self._record(
+            lost,
+            "dropped",
+            f"rollout worker {worker} died before it finished the group; the prompt goes "
+            "back to the queue",
+        )
+        self._pool[:0] = list(lost.values())
+        self._returned += len(lost)
+        self._workers.pop(worker, None)
+        self._stragglers.pop(worker, None)
+        self._handoffs.pop(worker, None)
+        return len(lost)
+
+    def credit(self, groups: int) -> None:
+        """``groups`` admitted groups were dropped by the store (too stale) and will never be
+        trained: give their places in the admission window back, or every drop would
+        narrow it for the rest of the run."""
+        self._returned += groups
+
+    def restart_at(self, cursor: dict[str, Any], admitted: int, tag: str) -> None:
+        """Continue a resumed run from a checkpoint's ``cursor``, with ``admitted`` groups
+        counted (trained ones plus those the restored store re-offers), new ids tagged ``tag``.
+        """
+        self._prompts.restore(cursor["prompts"])
+        self._issued = int(cursor["issued"])
+        self._returned = self._issued - admitted
+        self._tag = tag
+
+    def _load(self, worker: int) -> float:
+        counters = self._workers.get(worker)
+        return counters["in_flight_tokens"] if counters else 0.0
+
+    def report(
+        self, worker: int, groups: list[GroupDone], counters: dict[str, float]
+    ) -> ReportReply:
+        """Take a worker's finished groups and counters (its ``version`` among them); answer
+        whether it should ``take`` now and when to report next."""
+        held = self._held.get(worker, {})
+        for g in groups:
+            held.pop(g.group_id, None)
+            self._predictor.observe(g.prompt_id, self._env, g.prompt_len, g.lengths)
+            t = self._totals
+            t.groups += 1
+            t.samples += len(g.lengths)
+            t.tokens += sum(g.lengths)
+            t.reward_sum += g.reward_sum
+            t.correct += g.correct
+            t.truncated += g.truncated
+            t.reward_errors += g.reward_errors
+            t.lengths.extend(g.lengths)
+            t.add_reward_metrics(g.reward_metrics, g.reward_messages)
+        self._workers[worker] = counters
+        version = int(counters.get("version", -1))
+        ask = (
+            self._stopped
+            or worker in self._handoffs
+            or version >= self._open_at()
+            or self._repack_target(worker, version) is not None
+        )
+        return ReportReply(ask, len(self._workers) / REPORTS_PER_S)
+
+    def drain(self) -> dict[str, Any]:
+        """Rollout totals since the last call, and each worker's latest counters; the store
+        has every ledger event of the groups issued so far."""
+        self._ledger.settle_records()
+        totals, self._totals = self._totals, RolloutTotals()
+        return {"totals": totals, "workers": dict(self._workers), "issued": self._issued}
+
+    def stop(self) -> None:
+        """No more groups: workers finish what they hold and return."""
+        self._stopped = True
+        self._ledger.settle_records()
+
+    def resume(self) -> None:
+        self._stopped = False
+
+    def cursor(self) -> dict[str, Any]:
+        self._ledger.settle_records()  # a checkpoint's ledger holds what it issued
+        return {"prompts": self._prompts.cursor(), "issued": self._issued}
+
+
+Dispatcher = ray.remote(num_cpus=0)(GroupDispatcher)
+
+
+class DispatcherClient:
+    """The dispatcher's actor handle, typed, for the flow; rollout workers hold ``handle``."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def resume(self) -> None:
+        ray.get(self.handle.resume.remote())
+
+    def stop(self) -> None:
+        ray.get(self.handle.stop.remote())
+
+    def requeue(self, worker: int) -> int:
+        return int(ray.get(self.handle.requeue.remote(worker)))
+
+    def credit(self, groups: int) -> None:
+        self.handle.credit.remote(groups)  # no answer needed: the next drain is behind it
+
+    def drain(self) -> dict[str, Any]:
+        return dict(ray.get(self.handle.drain.remote()))
+
+    def cursor(self) -> dict[str, Any]:
+        return dict(ray.get(self.handle.cursor.remote()))
+
+    def restart_at(self, cursor: dict[str, Any], admitted: int, tag: str) -> None:
+        ray.get(self.handle.restart_at.remote(cursor, admitted, tag))
+
+
+def launch_dispatcher(
+    cfg: RunConfig, ledger: LedgerSink, prompts: PromptSource, env: str
+) -> DispatcherClient:
+    """The dispatcher of an ``async`` run, on the driver's node (it holds the run's queue)."""
+    r = cfg.rollout
+    handle = Dispatcher.options(scheduling_strategy=on_driver_node()).remote(
+        ledger,
+        prompts,
+        env,
+        r.prompts_per_step,
+        r.samples_per_prompt,
+        cfg.max_staleness,
+        cfg.seed,
+        long_first=r.long_first,
+        balance=r.balance,
+        prior_length=float(r.max_new_tokens),
+        repack_max_stragglers=r.repack_max_stragglers if r.repack else 0,
+        repack_min_age_s=r.repack_min_age_s,
+    )
+    return DispatcherClient(handle)
