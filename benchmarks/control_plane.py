@@ -9,15 +9,14 @@ Components, in one local Ray session (127.0.0.1), fresh controllers for every lo
   skew-aware dispatch over every worker's reported load, a ``dispatched`` ledger event per sample
   sent to the store) and a ``storage.params.ParameterService`` relay.
 - ``WorkerHost`` actors (``HOSTS``), each running its share of the simulated rollout workers
-  as threads. A simulated worker makes the calls ``engines/rollout/worker.py: _Stream`` makes
-  around its engine, the engine replaced by a clock: it takes groups from the dispatcher when
-  a slot is free, "generates" each for a log-normal time, puts finished groups as one block
-  through ``StoreClient`` within ``PUT_EVERY_S`` (rows of realistic size: 512 prompt tokens,
-  response lengths drawn from the simulator's 7B workload, about 4k tokens on average, 12
-  bytes a token), reports done groups and its load to the dispatcher every
-  ``report_every_s`` or as the dispatcher's answers pace it, waits while admission holds it
-  back (``Work.held_until``), and asks the relay for newer weights every
-  ``WEIGHT_CHECK_S``, pulling a new version when there is one.
+  as threads. A simulated worker makes the calls ``engines/rollout/stream_loop.py: StreamLoop``
+  makes around its engine, the engine replaced by a clock: it takes groups from the dispatcher when
+  a slot is free, "generates" each for a log-normal time, puts finished groups as one block through
+  ``StoreClient`` within ``PUT_EVERY_S`` (rows of realistic size: 512 prompt tokens, response
+  lengths drawn from the simulator's 7B workload, about 4k tokens on average, 12 bytes a token),
+  reports done groups and its load to the dispatcher every ``report_every_s`` or as the dispatcher's
+  answers pace it, waits while admission holds it back (``Work.held_until``), and asks the relay for
+  newer weights every ``WEIGHT_CHECK_S``, pulling a new version when there is one.
 - ``Trainer``, the trainer's stand-in (``flows/rl_job.py: rl_step``) on a thread of the
   driver: each step it reads the store's counters, leases a batch of whole groups, reads the
   rows, waits ``--step-s``, publishes the next weight version (4 MB), acknowledges the lease,
@@ -84,7 +83,7 @@ from sluice.engines.rollout.dispatcher import (
     GroupDispatcher,
 )
 from sluice.engines.rollout.messages import Assignment, GroupDone, StreamSettings
-from sluice.engines.rollout.worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
+from sluice.engines.rollout.stream_loop import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.envs import Problem
 from sluice.sim.engine import simulate
 from sluice.sim.lengths import draw_lengths
@@ -116,7 +115,7 @@ WEIGHTS_MB = 4
 # simulated workers on 2 cores that alone is 5k relay calls/s, which would starve the store
 # under test; the relay probe measures what a relay can answer, against the 0.1 s demand.
 WEIGHT_CHECK_S = 1.0
-# The real worker's timing, as the flow leaves it (driver/rollouts.py: stream_settings).
+# The real worker's timing, as the flow leaves it (driver/stream.py: stream_settings).
 _REAL = StreamSettings(worker=0, samples_per_prompt=GROUP, max_new_tokens=1, temperature=1.0,
                        scale_by_std=False, concurrency=1)  # fmt: skip
 REAL_WEIGHT_CHECK_S = _REAL.weight_check_s
@@ -514,7 +513,8 @@ class _Calls:
 
 
 class _SimWorker:
-    """One simulated rollout worker: ``_Stream``'s calls around its engine, the engine a clock."""
+    """One simulated rollout worker: ``StreamLoop``'s calls around its engine, the engine a
+    clock."""
 
     def __init__(
         self,

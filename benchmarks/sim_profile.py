@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.modes import CONFIG, VARIANTS, median_result, paired
 from sluice.engines.rollout.messages import StreamSettings
-from sluice.engines.rollout.worker import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
+from sluice.engines.rollout.stream_loop import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.sim.calibrate import (
     Profile,
     RunMeasurements,

@@ -6,8 +6,9 @@ service, the trainer, the rollout workers and (``async``) the dispatcher. ``open
 them, fresh or from a checkpoint, and ``start`` sets the rollouts going; ``wait`` waits for
 Ray refs while restarting dead rollout workers; ``evaluate`` measures held-out accuracy;
 ``checkpoint`` writes the trainer's state with the data cursor and the ledger watermark;
-``close`` kills every actor. How rollouts are driven is the mode's ``Rollouts``
-(``driver/rollouts.py``), chosen once. Nothing here knows about Prefect.
+``close`` kills every actor. How rollouts are driven is the mode's (``driver/modes.py``):
+``batch`` in ``sync`` and ``one_step``, ``stream`` in ``async``. Nothing here knows about
+Prefect.
 
 Resuming from a checkpoint at step S: the ledger is rolled back to the checkpoint's
 watermark (events after it describe training whose weights were lost), the store re-offers
@@ -28,6 +29,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from sluice.config.tree import ConfigError, LoraConfig, RunConfig
+from sluice.driver.batch import BatchRollouts
 from sluice.driver.environment import (
     agent_spec,
     episode_limits,
@@ -40,8 +42,10 @@ from sluice.driver.environment import (
     step_spec,
 )
 from sluice.driver.health import LearningHealth
-from sluice.driver.rollouts import Rollouts, evaluate, schedule
+from sluice.driver.held_out import evaluate
+from sluice.driver.modes import Rollouts, schedule
 from sluice.driver.step_log import StoreMetrics, Totals
+from sluice.driver.stream import StreamRollouts
 from sluice.driver.tracking import MetricLogger
 from sluice.engines.cluster.placement import wait_placed
 from sluice.engines.cluster.ray_cluster import child_env, gpus_each, on_driver_node, pool_dtype
@@ -72,6 +76,10 @@ CHECK_EVERY_S = 1.0
 
 class Session:
     """The pools of one attempt at training; see the module docstring."""
+
+    # The mode's rollouts, set by ``open``: one batch a step, or streams (``driver/modes.py``).
+    batch: BatchRollouts | None = None
+    stream: StreamRollouts | None = None
 
     def __init__(self, cfg: RunConfig, policy_dir: str, tracker: MetricLogger) -> None:
         self.cfg, self.policy_dir, self.tracker = cfg, policy_dir, tracker
@@ -179,7 +187,7 @@ class Session:
 
     def _wait_placed(self) -> None:
         """Wait for Ray to place the trainer and the rollout workers the mode needs; the
-        others join when a node has room for them (``Rollouts.placed``)."""
+        others join when a node has room for them (``StreamRollouts.placed``)."""
         cfg, r = self.cfg, self.cfg.rollout
         names = [f"rollout worker {i}" for i in range(len(self.workers))]
         handles = [w.handle for w in self.workers]
@@ -202,7 +210,8 @@ class Session:
             return not pending & set(trainers) and len(set(names) - pending) >= need
 
         pending = wait_placed(actors, asks, enough, r.placement_timeout_s)
-        self.rollouts.placed({names.index(name) for name in pending})
+        if self.stream is not None:  # the batch modes waited for every worker
+            self.stream.placed({names.index(name) for name in pending})
 
     def _roll_back(self, watermark: int, step: int) -> str:
         """Set ledger files after ``watermark`` aside; the new attempt's id tag."""
@@ -217,6 +226,23 @@ class Session:
 
     # -- what a step uses ------------------------------------------------------------------
 
+    @property
+    def rollouts(self) -> Rollouts:
+        """The mode's rollouts, through what both modes do."""
+        found = self.stream or self.batch
+        assert found is not None, "the session is not open"
+        return found
+
+    def train(self, step: int) -> tuple[dict[str, float], float]:
+        """Lease a batch, train on it and acknowledge it: the trainer's metrics, and when the
+        lease was granted. The trainer publishes version ``step`` to the parameter service
+        before it answers, so a trained sample always has one behind it."""
+        lease = self.lease()  # B samples in whole groups, none staler than max_staleness
+        leased = time.monotonic()
+        trained: dict[str, float] = self.wait(self.trainer.train(lease), "the trainer")
+        self.store.ack(lease, step)  # the ledger: these samples were trained at version `step`
+        return trained, leased
+
     def wait(self, refs: Any, what: str) -> Any:
         """``ray.get(refs)``; meanwhile restarts dead rollout workers, and logs progress."""
         pending = refs if isinstance(refs, list) else [refs]
@@ -227,7 +253,8 @@ class Session:
         """The first ``need`` of ``refs`` that finish (or fail), waited for like ``wait``."""
         started = last_line = time.monotonic()
         while len(done := ray.wait(refs, num_returns=need, timeout=CHECK_EVERY_S)[0]) < need:
-            self.rollouts.check()
+            if self.stream is not None:  # restart dead workers' streams while waiting
+                self.stream.check()
             if time.monotonic() - last_line >= PROGRESS_EVERY_S:
                 last_line = time.monotonic()
                 log.info(
@@ -276,11 +303,13 @@ class Session:
         """Held-out metrics of the trainer's current version (``eval/accuracy``, and with
         ``eval.k > 1`` mean@k and pass@k)."""
         self.store.drain(True)  # nothing consumes while paused: puts must not wait for room
-        self.rollouts.pause()  # async: workers hand vLLM back, then load the version
+        if self.stream is not None:
+            self.stream.stop()  # the workers hand vLLM back, then load the version
         workers = self.synced(self.rollouts.live())  # async: one whose node is gone is out
         held_out = self._held_out(workers) | self.logprob_check(workers)
         self.store.drain(False)
-        self.rollouts.resume()
+        if self.stream is not None:
+            self.stream.start()
         return held_out
 
     def logprob_check(self, workers: list[RolloutWorkerClient]) -> dict[str, float]:
@@ -377,7 +406,8 @@ class Session:
     def finish(self, policy_dir: str) -> int:
         """Stop the rollouts, drop what is left untrained (recorded), save the policy."""
         self.store.drain(True)  # the workers finish what they hold; nothing consumes it
-        self.rollouts.stop()
+        if self.stream is not None:  # a batch run collected its last batch in its last step
+            self.stream.stop()
         left = int(ray.get(self.store.handle.close.remote("the run ended before it was trained")))
         if left:
             log.info("%d generated samples were left untrained (recorded as dropped)", left)
@@ -388,7 +418,7 @@ class Session:
 
     def _launch(self, restore: bool | str, tag: str) -> None:
         """The trajectory store, the parameter service, the trainer, the rollout workers,
-        (``async``) the dispatcher, and the mode's ``Rollouts`` over them."""
+        (``async``) the dispatcher, and the mode's rollouts over them."""
         cfg, env_vars, here = self.cfg, child_env(), on_driver_node()
         streaming = self.schedule.streaming
         # Resolved once: the actors and the placement messages ask for the same GPUs.
@@ -452,13 +482,13 @@ class Session:
             self.heldout,
             self.store,
         )
-        dispatcher = None
         if streaming:
             dispatcher = launch_dispatcher(cfg, self.store, prompts, self.env.name)
             self.actors.append(dispatcher.handle)
-        self.rollouts: Rollouts = self.schedule.rollouts(
-            cfg, self.workers, prompts, self.wait, tag, dispatcher
-        )
+            self.stream = StreamRollouts(cfg, self.workers, dispatcher, self.wait, tag)
+        else:
+            lag = self.schedule.max_staleness
+            self.batch = BatchRollouts(cfg, self.workers, prompts, self.wait, tag, lag)
 
 
 def _ask(cpus: float, gpus: float, resources: dict[str, float]) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """The eval flow: held-out accuracy of one policy, a folder or a registered model version.
 
 Starts Ray and one rollout worker (vLLM) on the policy, decodes the held-out set greedily
-(``driver/rollouts.py: evaluate``), and logs the accuracy to MLflow (and, for a registered
+(``driver/held_out.py: evaluate``), and logs the accuracy to MLflow (and, for a registered
 version, as a tag on it). Driven by ``sluice eval`` and the ``eval`` deployment.
 """
 

@@ -3,7 +3,7 @@
 Components, each in its own folder, opened by ``driver/session.py`` and driven from here:
 - ``envs/``: the environment (prompts + verifier);
 - ``engines/rollout/worker.py``: rollout workers, Ray actors holding vLLM and the verifier;
-  how they are driven in each mode is ``driver/rollouts.py`` (one ``Rollouts`` Protocol);
+  what ``sync``, ``one_step`` and ``async`` do with them in a step is ``driver/modes.py``;
 - ``storage/trajectory_store.py``: scored groups as Arrow blocks in Ray's object store;
   the flow leases whole groups, the trainer reads them, the flow acknowledges them after
   the step; the ledger records every sample's life;
@@ -39,8 +39,9 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from sluice.config.tree import build_config, cautions
+from sluice.driver.modes import batch_step, stream_step
 from sluice.driver.session import Session
-from sluice.driver.step_log import StepTimes, step_line, step_metrics
+from sluice.driver.step_log import step_line, step_metrics
 from sluice.driver.tracking import MetricLogger, MlflowLogger, tracking_uri
 from sluice.flows.runtime import use_credentials_block
 from sluice.storage.layout import RunLayout
@@ -61,19 +62,14 @@ log = logging.getLogger("sluice")
 
 
 def rl_step(s: Session, tracker: MetricLogger) -> None:
-    """One RL step: lease a batch, train on it and publish the new version, acknowledge."""
-    cfg, step, t0 = s.cfg, s.step + 1, time.monotonic()
-    s.rollouts.before_train(step)  # sync, one_step: this step's groups are in the store
-    t1 = time.monotonic()
-    lease = s.lease()  # B samples in whole groups, none staler than max_staleness
-    t2 = time.monotonic()
-    # One optimiser step on the leased rows; the trainer publishes version `step` to the
-    # parameter service before it answers, so a trained sample always has one behind it.
-    trained = s.wait(s.trainer.train(lease), "the trainer")
-    s.store.ack(lease, step)  # the ledger: these samples were trained at version `step`
-    t3 = time.monotonic()
-    s.rollouts.after_train(step)  # sync, one_step: the workers load version `step`
-    times = StepTimes(t0, t1, t2, t3, time.monotonic())
+    """One RL step in the run's mode (``driver/modes.py``): lease a batch, train on it and
+    publish the new version, acknowledge; then log it, and evaluate every ``eval.every``."""
+    cfg, step = s.cfg, s.step + 1
+    if s.stream is not None:  # async: the workers stream on their own
+        trained, times = stream_step(s.stream, step, s.train)
+    else:  # sync, one_step: the batch generated for this step
+        assert s.batch is not None
+        trained, times = batch_step(s.batch, step, cfg.train.steps, s.schedule.overlap, s.train)
     s.step = step
     s.totals.samples += int(trained["samples"])
     s.totals.tokens += int(trained["tokens"])

@@ -9,7 +9,7 @@ for each variant, which ``predict`` compares against.
 per-step times from the run's MLflow sqlite database (``perf/rollout_s``,
 ``perf/train_s``, ``perf/weight_sync_s``, ``train/publish_s``) and every sample's response
 length from its trajectory Parquet files (``storage/schema.py``; the group id carries the
-step's tag ``@r<seed * 1000003 + step>``, see ``driver/rollouts.py``). ``derive_costs``
+step's tag ``@r<seed * 1000003 + step>``, see ``driver/batch.py``). ``derive_costs``
 fits, by least squares over the steps:
 
 - generation of a batch on one engine = overhead + a * (longest response) + b * (sum of
@@ -36,7 +36,7 @@ import numpy as np
 
 from sluice.sim.scenario import CostSpec, Scenario, ScenarioError, build_scenario, read_profile
 
-# driver/rollouts.py tags a step's groups with seed * STEP_TAG + step.
+# driver/batch.py tags a step's groups with seed * STEP_TAG + step.
 STEP_TAG = 1_000_003
 
 

@@ -11,7 +11,7 @@ one heap (time, sequence) and hands each to the part it concerns:
   millions of samples run in seconds. Prefill, weight loads and repack migrations *stall*
   an engine (no decode) for their cost.
 - the trainer: one data-parallel step per batch, ``train_step_s + tokens * per_token / T``.
-- the policy, mirroring Sluice's flow (``flows/rl_job.py``, ``driver/rollouts.py``):
+- the policy, mirroring Sluice's flow (``flows/rl_job.py``, ``driver/modes.py``):
   ``sync`` submits a batch, trains on it, loads weights everywhere, repeats; ``one_step``
   submits the next batch before training and each engine loads the new weights once its
   share of that batch is done (Ray runs an actor's calls in order); ``async`` is the

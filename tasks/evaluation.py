@@ -19,7 +19,7 @@ from sluice.driver.environment import (
     scorer_factory,
     step_spec,
 )
-from sluice.driver.rollouts import evaluate
+from sluice.driver.held_out import evaluate
 from sluice.engines.cluster.ray_cluster import child_env
 from sluice.engines.rollout.worker import launch_rollout_workers
 from sluice.engines.train.lora import is_adapter, read_adapter

@@ -35,7 +35,8 @@ class RolloutStats:
     # the first failed samples' reasons (for the console).
     reward_metrics: dict[str, float] = field(default_factory=dict)
     reward_messages: tuple[str, ...] = ()
-    # Multi-turn: what the worker counted of the episodes (``driver.rollouts.EPISODE_COUNTERS``).
+    # Multi-turn: what the worker counted of the episodes
+    # (``driver.rollout_metrics.EPISODE_COUNTERS``).
     episode_counts: dict[str, float] = field(default_factory=dict)
 
 

@@ -9,7 +9,7 @@ with loss mask 0, log-prob 0 and the version of the weights it follows; then the
 next turn starts from the whole sequence as it stands, never re-tokenized. A group whose
 samples are all done goes to ``finish``. With an agent (``engines/agents/episodes.py``),
 a sample is the agent's episode: its calls decode here, and its session is the sample.
-Driven by ``rollout_worker._Stream`` (``async``) and by ``Play`` here (the multi-turn
+Driven by ``stream_loop.StreamLoop`` (``async``) and by ``Play`` here (the multi-turn
 batches of ``sync``/``one_step``, held-out evaluation).
 """
 

@@ -15,8 +15,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from sluice.engines.agents.episodes import AgentSpec
+from sluice.engines.rollout.scored import played_block
 from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
-from sluice.engines.rollout.worker import RolloutWorker, played_block
+from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs import AdditionEnv
 from sluice.envs.scoring import RecordedScorer
 from sluice.storage.schema import validate_batch

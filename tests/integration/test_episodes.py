@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from sluice.engines.rollout.scored import played_block
 from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
-from sluice.engines.rollout.worker import RolloutWorker, played_block
+from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.scoring import RecordedScorer
 from sluice.storage.schema import validate_batch

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sluice.config.tree import build_config
-from sluice.driver.rollouts import StreamRollouts
+from sluice.driver.stream import StreamRollouts
 from sluice.engines.rollout.dispatcher import DispatcherClient
 from sluice.engines.rollout.worker import RolloutWorkerClient
 

@@ -15,8 +15,9 @@ from transformers import AutoTokenizer
 
 from sluice.config.tree import VERIFIERS_AGENT
 from sluice.engines.agents.episodes import AgentSpec
+from sluice.engines.rollout.scored import played_block
 from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
-from sluice.engines.rollout.worker import RolloutWorker, played_block
+from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs.scoring import RecordedScorer
 from sluice.envs.verifiers_tasksets import VerifiersEnv, task_messages
 from sluice.storage.schema import validate_batch

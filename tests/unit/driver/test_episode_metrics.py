@@ -1,6 +1,6 @@
 """Multi-turn counters become per-episode metrics; a single-turn run logs none."""
 
-from sluice.driver.rollouts import episode_metrics
+from sluice.driver.rollout_metrics import episode_metrics
 
 
 def test_counters_become_per_episode_metrics():

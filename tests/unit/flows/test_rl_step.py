@@ -1,6 +1,7 @@
 """The flow's step (``flows/rl_job.py: rl_step``) on small deterministic fakes: the order of
-a trajectory's life (lease, train and publish, acknowledge), what each mode's rollouts are
-told, what is logged, and when held-out evaluation runs. No Ray, no vLLM."""
+a trajectory's life (lease, train and publish, acknowledge: ``Session.train`` itself, on
+fake pools), what each mode's rollouts are told, what is logged, and when held-out
+evaluation runs. No Ray, no vLLM."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 from sluice.config.tree import RunConfig, build_config
 from sluice.driver.health import LearningHealth
+from sluice.driver.modes import schedule
+from sluice.driver.session import Session
 from sluice.driver.step_log import StoreMetrics, Totals
 from sluice.flows.rl_job import rl_step
 from sluice.storage.layout import RunLayout
@@ -39,14 +42,22 @@ class Calls:
 
 
 class FakeRollouts:
+    """Either mode's rollouts: what a step tells them."""
+
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
 
-    def before_train(self, step: int) -> None:
-        self.calls("before_train", step)
+    def check(self) -> None:  # streams
+        self.calls("check")
 
-    def after_train(self, step: int) -> None:
-        self.calls("after_train", step)
+    def collect(self) -> None:  # batches
+        self.calls("collect")
+
+    def generate(self, step: int) -> None:
+        self.calls("generate", step)
+
+    def load(self, step: int) -> None:
+        self.calls("load", step)
 
     def drain(self, step: int, dropped_groups: int) -> dict[str, float]:
         self.calls("drain", (step, dropped_groups))
@@ -75,11 +86,17 @@ class FakeTrainer:
 
 
 class FakeSession:
-    """What ``rl_step`` uses of ``driver.session.Session``; refs are plain values here."""
+    """What ``rl_step`` uses of ``driver.session.Session``, its ``train`` the real one; refs
+    are plain values here."""
+
+    train = Session.train
 
     def __init__(self, cfg: RunConfig, step: int = 0) -> None:
         self.cfg, self.step, self.calls = cfg, step, Calls()
+        self.schedule = schedule(cfg)
         self.rollouts = FakeRollouts(self.calls)
+        streaming = self.schedule.streaming
+        self.stream, self.batch = (self.rollouts, None) if streaming else (None, self.rollouts)
         self.store = FakeStore(self.calls)
         self.trainer = FakeTrainer(self.calls)
         self.totals, self.store_metrics = Totals(), StoreMetrics()
@@ -112,21 +129,32 @@ class FakeTracker:
         self.logged.append((step, metrics))
 
 
-def _cfg(**eval_: int) -> RunConfig:
-    return build_config({"train": {"steps": 10}, "eval": eval_ or {"every": 5}})
+def _cfg(mode: str = "async", **eval_: int) -> RunConfig:
+    return build_config({"mode": mode, "train": {"steps": 10}, "eval": eval_ or {"every": 5}})
 
 
-def test_a_step_leases_trains_then_acknowledges_at_the_new_version() -> None:
-    s, tracker = FakeSession(_cfg(), step=3), FakeTracker()
+# A trajectory's life in a step, whatever the mode.
+TRAINED_AT_4 = [
+    ("lease", 3),  # leased against the trainer's version before the step
+    ("train", "lease-4"),
+    ("ack", ("lease-4", 4)),  # acknowledged as trained at the published version
+]
+
+
+@pytest.mark.parametrize(
+    ("mode", "before", "after"),
+    [
+        ("async", [("check", None)], []),
+        ("sync", [("collect", None)], [("load", 4), ("generate", 5)]),
+        ("one_step", [("collect", None), ("generate", 5)], [("load", 4)]),
+    ],
+)
+def test_a_step_leases_trains_then_acknowledges_at_the_new_version(
+    mode: str, before: list[tuple[str, Any]], after: list[tuple[str, Any]]
+) -> None:
+    s, tracker = FakeSession(_cfg(mode), step=3), FakeTracker()
     rl_step(s, tracker)  # type: ignore[arg-type]
-    assert s.calls.log == [
-        ("before_train", 4),
-        ("lease", 3),  # leased against the trainer's version before the step
-        ("train", "lease-4"),
-        ("ack", ("lease-4", 4)),  # acknowledged as trained at the published version
-        ("after_train", 4),
-        ("drain", (4, 0)),
-    ]
+    assert s.calls.log == [*before, *TRAINED_AT_4, *after, ("drain", (4, 0))]
     assert s.step == 4
     ((step, metrics),) = tracker.logged
     assert step == 4

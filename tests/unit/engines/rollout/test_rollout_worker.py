@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pyarrow as pa
 
 from sluice.config.tree import EnvConfig
+from sluice.driver.batch import submit
 from sluice.driver.environment import make_environment
-from sluice.driver.rollouts import submit
 from sluice.engines.protocols import Completion
 from sluice.engines.rollout.dispatcher import GroupDispatcher
 from sluice.engines.rollout.messages import (
@@ -19,14 +19,9 @@ from sluice.engines.rollout.messages import (
     PartialSample,
     StreamSettings,
 )
-from sluice.engines.rollout.worker import (
-    RolloutWorker,
-    ScoredRows,
-    _as_reported,
-    _Stream,
-    block_of,
-    score_groups,
-)
+from sluice.engines.rollout.scored import ScoredRows, block_of, score_groups
+from sluice.engines.rollout.stream_loop import StreamLoop, _as_reported
+from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.prompts import PromptStream
 from sluice.envs.scoring import VerifierScorer
@@ -115,7 +110,7 @@ class _Store:
 
 
 def _worker(**fields):
-    """What ``_Stream`` reads of its ``RolloutWorker``: a worker with no engine, environment,
+    """What ``StreamLoop`` reads of its ``RolloutWorker``: a worker with no engine, environment,
     scorer or episodes unless given."""
     defaults = dict(
         engine=SimpleNamespace(version=lambda: 0), env=None, scorer=None, scoring=None,
@@ -153,7 +148,7 @@ def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
     the dispatcher's hands unrecorded: nobody would drop it when the worker died."""
     store, source = _Store(), _Source()
     worker = _worker(store=store)
-    stream = _Stream(worker, source, StreamSettings(0, 4, 8, 1.0, False, 8))
+    stream = StreamLoop(worker, source, StreamSettings(0, 4, 8, 1.0, False, 8))
     stream.unsent, stream.unsent_done = [_rows("g0")], [_done("g0")]
     stream.send()
     stream.unsent, stream.unsent_done = [_rows("g1")], [_done("g1")]
@@ -270,7 +265,7 @@ def test_an_isolated_scorer_scores_off_the_decoding_thread_and_keeps_the_groups_
     scorer = _HeldScorer(env)
     with ThreadPoolExecutor(1) as scoring:
         worker = _worker(env=env, scorer=scorer, scoring=scoring)
-        stream = _Stream(worker, _Source(), StreamSettings(0, 1, 8, 1.0, False, 8))
+        stream = StreamLoop(worker, _Source(), StreamSettings(0, 1, 8, 1.0, False, 8))
         for g, problem in enumerate(env.problems("train", 2, seed=0)):
             done = Completion([5], [-1.0], problem.answer, True)
             sample = PartialSample(f"g{g}", 0, 1.0, token_ids=[5], marks=[(0, 0)], done=done)
@@ -310,7 +305,7 @@ def test_a_weight_load_marks_the_token_where_it_lands_in_a_continued_sample():
     env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
     [problem] = env.problems("train", 1, seed=0)
     worker = _worker(engine=_Counting(), env=env, stream_counters={"weight_loads": 0.0})
-    stream = _Stream(worker, _Source(), StreamSettings(0, 1, 32, 1.0, False, 8))
+    stream = StreamLoop(worker, _Source(), StreamSettings(0, 1, 32, 1.0, False, 8))
     sample = PartialSample("g", 0, 1.0, token_ids=list(range(10)), marks=[(0, 0)])
     stream.groups["g"] = PartialGroup(problem, [1], [sample], seed=0)
     stream.begin("g", stream.groups["g"], sample)
@@ -357,7 +352,7 @@ def test_a_held_worker_asks_again_only_at_the_version_it_waits_for_or_when_told(
     dispatcher = GroupDispatcher(ledger, PromptStream(env, 8, seed=0), env.name, 2, 1, 0, 0)
     source, engine = _Dispatching(ray_local, dispatcher), _Starts()
     worker = _worker(engine=engine, env=env)
-    stream = _Stream(worker, source, StreamSettings(0, 1, 8, 1.0, False, 8))
+    stream = StreamLoop(worker, source, StreamSettings(0, 1, 8, 1.0, False, 8))
     stream.refill()
     assert len(stream.running) == 2 and source.takes == 1  # the whole window at version 0
     stream.running.clear()  # they finished: room again

@@ -11,7 +11,7 @@ from sluice.engines.protocols import Delta
 from sluice.engines.rollout.episodes import EpisodeSteps
 from sluice.engines.rollout.messages import PartialGroup, PartialSample
 from sluice.engines.rollout.sample_runner import Play
-from sluice.engines.rollout.worker import played_block
+from sluice.engines.rollout.scored import played_block
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.storage.schema import validate_batch
 from tests.support.envs import Broken, Endless, TwoTurns, spec

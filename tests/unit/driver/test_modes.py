@@ -1,10 +1,12 @@
-"""How each mode drives rollouts (``driver/rollouts.py``), on small deterministic fakes.
+"""What each mode does in a step (``driver/modes.py``) and how its rollouts are driven
+(``driver/batch.py``, ``driver/stream.py``), on small deterministic fakes.
 
-``schedule`` reads the mode once; ``BatchRollouts`` spreads a batch over the workers,
-overlaps generation with training in ``one_step`` only, and makes a dead worker's shard
-again under a new tag; ``StreamRollouts`` hands a dead streaming worker's groups back to
-the dispatcher once. Worker clients are fakes whose "refs" are plain values (the waiter
-returns them), except where Ray's own death signal is the thing under test.
+``schedule`` reads the mode once; ``batch_step`` generates the next batch after the workers
+loaded the new version in ``sync`` and before training in ``one_step``; ``BatchRollouts``
+spreads a batch over the workers and makes a dead worker's shard again under a new tag;
+``StreamRollouts`` hands a dead streaming worker's groups back to the dispatcher once. Worker
+clients are fakes whose "refs" are plain values (the waiter returns them), except where
+Ray's own death signal is the thing under test.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import pytest
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from sluice.config.tree import RunConfig, build_config
-from sluice.driver.rollouts import BatchRollouts, StreamRollouts, schedule
+from sluice.driver.batch import BatchRollouts
+from sluice.driver.modes import batch_step, schedule, stream_step
+from sluice.driver.stream import StreamRollouts
 from sluice.engines.rollout.messages import BatchShard, RolloutStats
 from sluice.envs import make_env
 from sluice.envs.prompts import PromptStream
@@ -39,7 +43,7 @@ class FakeWorker:
         self.index, self.log = index, log
 
     def rollout(self, problems: list[Any], shard: BatchShard) -> RolloutStats:
-        self.log.append(("rollout", self.index, len(problems), shard.tag))
+        self.log.append(("rollout", self.index, len(problems), shard.tag, shard.version))
         n = len(problems) * shard.n
         return RolloutStats(n, len(problems), 10 * n, 0.5 * n, n // 2, 0, 0, 0)
 
@@ -52,52 +56,88 @@ def _batch(mode: str) -> tuple[BatchRollouts, list[tuple[Any, ...]]]:
     cfg, log = _cfg(mode), []
     workers = [FakeWorker(i, log) for i in range(2)]
     prompts = PromptStream(make_env("addition"), 64, seed=0)
-    return BatchRollouts(cfg, workers, prompts, lambda ref, what: ref), log  # type: ignore[arg-type]
+    lag = schedule(cfg).max_staleness
+    rollouts = BatchRollouts(cfg, workers, prompts, lambda ref, what: ref, lag=lag)  # type: ignore[arg-type]
+    return rollouts, log
+
+
+def _step(mode: str, rollouts: BatchRollouts, step: int, log: list[tuple[Any, ...]]) -> None:
+    """One ``batch_step``; its training logs "train" and answers at once."""
+
+    def train(step: int) -> tuple[dict[str, float], float]:
+        log.append(("train", step))
+        return {}, 0.0
+
+    batch_step(rollouts, step, 3, schedule(_cfg(mode)).overlap, train)
 
 
 @pytest.mark.parametrize(
-    ("mode", "staleness", "streaming", "first"),
-    [("sync", 0, False, 2), ("one_step", 1, False, 2), ("async", 3, True, 1)],
+    ("mode", "staleness", "streaming", "overlap", "first"),
+    [
+        ("sync", 0, False, False, 2),
+        ("one_step", 1, False, True, 2),
+        ("async", 3, True, False, 1),
+    ],
 )
 def test_the_mode_is_read_once_into_a_schedule(
-    mode: str, staleness: int, streaming: bool, first: int
+    mode: str, staleness: int, streaming: bool, overlap: bool, first: int
 ) -> None:
     s = schedule(_cfg(mode))
-    assert (s.max_staleness, s.streaming, s.min_workers) == (staleness, streaming, first)
+    assert (s.max_staleness, s.streaming, s.overlap, s.min_workers) == (
+        staleness,
+        streaming,
+        overlap,
+        first,
+    )
 
 
 def test_sync_generates_the_next_batch_only_after_the_workers_load_the_new_version() -> None:
     rollouts, log = _batch("sync")
     rollouts.start()
     assert [c[0] for c in log] == ["rollout", "rollout"]  # the batch, split over 2 workers
-    assert sorted(c[2] for c in log) == [2, 2]
+    assert sorted(c[2] for c in log) == [2, 2] and {c[4] for c in log} == {0}
     log.clear()
-    rollouts.before_train(1)
-    assert log == []  # sync: nothing new before the step
-    rollouts.after_train(1)
-    assert [c[0] for c in log] == ["sync_weights", "sync_weights", "rollout", "rollout"]
+    _step("sync", rollouts, 1, log)
+    assert [c[0] for c in log] == ["train", "sync_weights", "sync_weights", "rollout", "rollout"]
+    assert {c[4] for c in log if c[0] == "rollout"} == {1}  # batch 2 on version 1
     metrics = rollouts.drain(1)
     assert metrics["rollout/reward"] == 0.5 and metrics["rollout/accuracy"] == 0.5
 
 
-def test_one_step_submits_the_next_batch_before_training_on_this_one() -> None:
+def test_one_step_generates_the_next_batch_before_training_on_this_one() -> None:
     rollouts, log = _batch("one_step")
     rollouts.start()
     log.clear()
-    rollouts.before_train(1)
-    assert [c[0] for c in log] == ["rollout", "rollout"]  # batch 2, on version 0's weights
+    _step("one_step", rollouts, 1, log)
+    assert [c[0] for c in log] == ["rollout", "rollout", "train", "sync_weights", "sync_weights"]
+    assert {c[4] for c in log if c[0] == "rollout"} == {0}  # batch 2 on version 0's weights
     log.clear()
-    rollouts.after_train(1)
-    assert [c[0] for c in log] == ["sync_weights", "sync_weights"]
+    _step("one_step", rollouts, 2, log)
+    assert {c[4] for c in log if c[0] == "rollout"} == {1}  # batch 3 one version behind
 
 
-def test_the_last_step_submits_no_further_batch() -> None:
+def test_the_last_step_generates_no_further_batch() -> None:
     for mode in ("sync", "one_step"):
         rollouts, log = _batch(mode)
         rollouts.start()
-        rollouts.before_train(3)
-        rollouts.after_train(3)
+        _step(mode, rollouts, 3, log)
         assert [c for c in log if c[0] == "rollout"] == log[:2], mode
+
+
+def test_an_async_step_restarts_dead_streams_then_trains() -> None:
+    calls: list[str] = []
+
+    class Streams:
+        def check(self) -> None:
+            calls.append("check")
+
+    def train(step: int) -> tuple[dict[str, float], float]:
+        calls.append(f"train {step}")
+        return {"samples": 1.0}, 0.0
+
+    trained, times = stream_step(Streams(), 4, train)  # type: ignore[arg-type]
+    assert calls == ["check", "train 4"] and trained == {"samples": 1.0}
+    assert times.start <= times.generated <= times.trained == times.synced
 
 
 def test_a_shard_whose_worker_died_is_made_again_under_a_new_tag() -> None:
@@ -112,7 +152,7 @@ def test_a_shard_whose_worker_died_is_made_again_under_a_new_tag() -> None:
     rollouts.wait = wait
     rollouts.restarts.wait_back = lambda worker: None  # type: ignore[method-assign]
     rollouts.start()
-    rollouts.before_train(1)
+    rollouts.collect()
     tags = [c[3] for c in log if c[0] == "rollout"]
     assert len(tags) == 3 and tags[2] == f"{tags[0]}x1"
     assert rollouts.restarts.counts == [1, 0]
