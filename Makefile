@@ -10,7 +10,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # processes took 21-30 min against 34 for one; `TEST_WORKERS=1 make test` runs one.
 TEST_WORKERS ?= 2
 
-.PHONY: model test-real setup run test test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
+.PHONY: model test-real setup run test test-fast test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
   bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
@@ -29,6 +29,12 @@ test: setup
 	$(PYTEST) $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) --durations=15 \
 	  -m "not slow and not gpu and not ui and not bench and not serial"
 	$(PYTEST) -m "serial and not slow and not gpu and not ui and not bench"
+
+# The edit loop: the unit tests that start neither Ray nor vLLM (tests/conftest.py leaves out
+# those that ask for either, and those marked `integration`), in TEST_WORKERS processes.
+test-fast: setup
+	SLUICE_TEST_FAST=1 $(PYTEST) $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS)) \
+	  --durations=10 -m "not slow and not gpu and not ui and not bench and not real" tests/unit
 
 # The multi-node Ray test (marker `slow`): a cluster of five nodes on 127.0.0.1 that grows,
 # loses a node and regrows under a real job (~3 minutes). CI runs it after `make test`.

@@ -64,8 +64,25 @@ def ray_local(session_dir: Path):
     ray.shutdown()
 
 
+# The edit loop's tier (``make test-fast``): no Ray, no vLLM. A test that starts either
+# through the fixtures below, or is marked ``integration``, is left out of it.
+FAST = os.environ.get("SLUICE_TEST_FAST") == "1"
+NOT_FAST_FIXTURES = {"ray_local", "in_process_vllm"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` skip on a machine without a CUDA device (``make test-gpu``)."""
+    """``make test-fast`` leaves out what starts Ray or vLLM; tests marked ``gpu`` skip on a
+    machine without a CUDA device (``make test-gpu``)."""
+    if FAST:
+        slow = [
+            item
+            for item in items
+            if NOT_FAST_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or item.get_closest_marker("integration")
+        ]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item not in set(slow)]
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return  # torch is not imported for a run without them

@@ -27,6 +27,8 @@ from sluice.policy.starting import check_policy_folder
 from tests.support.cli import child_env
 
 ROOT = Path(__file__).parents[3]
+# TRL trains for real in a child process: out of the edit loop (make test-fast).
+REAL_TRL = pytest.mark.integration
 
 
 def test_the_reward_is_the_runs_scorer_and_counts_what_it_scored():
@@ -104,6 +106,7 @@ def train(config: str, out: Path, *settings: str) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
+@REAL_TRL
 def test_two_real_trl_steps_record_every_step_and_save_a_policy_sluice_loads(tmp_path, tiny_policy):
     """TRL's trainer, Sluice's policy and verifier."""
     out = tmp_path / "trl"
@@ -128,6 +131,7 @@ def test_two_real_trl_steps_record_every_step_and_save_a_policy_sluice_loads(tmp
     assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"  # what vLLM reads
 
 
+@REAL_TRL
 def test_two_real_trl_steps_play_the_agentic_workloads_episodes(tmp_path, tiny_policy):
     """TRL's trainer with the rollout function (benchmarks/trl_episodes.py), the tiny
     policy and the calculator."""
@@ -150,6 +154,7 @@ def test_two_real_trl_steps_play_the_agentic_workloads_episodes(tmp_path, tiny_p
     check_policy_folder(out / POLICY_FOLDER)
 
 
+@REAL_TRL
 def test_two_real_trl_steps_on_the_real_model_config_with_a_chat_folder(tmp_path, bpe_policy):
     """configs/smollm2.yaml's workload (chat messages rendered by the folder's template, the
     final_number reward in its pool) on a tiny ChatML folder: TRL's reward is the config's
