@@ -337,6 +337,29 @@ class TrajectoryStore:
         return {**self._index.stats(), "capacity": self._capacity}
 
 
+def check_trajectory_versions(url: str) -> None:
+    """Refuse a run whose trajectory files were written with another schema version, from
+    their footers alone and before anything starts: ``SchemaError`` naming the file and
+    both versions (no retry reads it, and a restored store would meet it only after Ray
+    and the pools started). An unreadable file is left to the store, which records its
+    samples as dropped."""
+    fs, root = open_url(url)
+    folder = fsio.join(root, TRAJECTORIES)
+    for name in fsio.list_names(fs, folder):
+        if not name.endswith(".parquet"):
+            continue
+        path = fsio.join(folder, name)
+        try:
+            with fs.open(path, "rb") as file:
+                schema = pq.read_schema(file)
+        except (pa.ArrowException, OSError):
+            continue
+        try:
+            check_version(schema)
+        except SchemaError as error:
+            raise SchemaError(f"{url_of(fs, path)}: {error}") from None
+
+
 def _pending_rows(url: str, latest: dict[str, str]) -> pa.Table | None:
     """Stored rows not yet trained or dropped, groups contiguous, first copy wins."""
     fs, root = open_url(url)

@@ -32,6 +32,7 @@ from sluice.policy.starting import prepare_policy
 from sluice.storage.checkpoints import Checkpoint
 from sluice.storage.layout import RunLayout, durable_state
 from sluice.storage.ledger import Ledger, check_exactly_once, check_versions
+from sluice.storage.trajectory_store import check_trajectory_versions
 from sluice.storage.urls import redact
 from sluice.tasks import registry
 from sluice.tasks.failures import retry_may_help
@@ -269,7 +270,8 @@ def check_start(cfg: RunConfig, resume: bool) -> Checkpoint | None:
 
     A fresh run needs a storage location no run has written to (no ledger, trajectories or
     checkpoint, valid or not): one run per location, so it never appends to another run's
-    ledger or prunes its checkpoints.
+    ledger or prunes its checkpoints. A resumed one needs a valid checkpoint, and trajectory
+    files of this schema version.
     """
     if not resume:
         used = durable_state(cfg.storage_url)
@@ -286,4 +288,5 @@ def check_start(cfg: RunConfig, resume: bool) -> Checkpoint | None:
             f"run {cfg.name!r} has no valid checkpoint under {redact(cfg.storage_url)}; "
             "start it with `sluice run`"
         )
+    check_trajectory_versions(cfg.storage_url)  # the store would meet it after Ray started
     return found

@@ -13,6 +13,7 @@ from sluice.storage.schema import (
     check_version,
     validate_batch,
 )
+from sluice.storage.trajectory_store import check_trajectory_versions
 
 
 def row(**overrides):
@@ -136,3 +137,18 @@ def test_a_slice_is_checked_on_its_own_rows():
     validate_batch(batch.slice(2, 1))  # the bad row lies outside this slice
     with pytest.raises(SchemaError, match=r"response_len is 3 at row 0 \(sample_id='s2'\)"):
         validate_batch(batch.slice(1, 2))
+
+
+def test_a_run_folder_with_a_foreign_trajectory_file_is_refused_from_its_footer(tmp_path):
+    """What a resume checks before anything starts: each trajectory file's schema version,
+    named with the file; an unreadable file is left to the store (it drops its samples)."""
+    check_trajectory_versions(tmp_path.as_uri())  # no trajectories yet: nothing to refuse
+    folder = tmp_path / "trajectories"
+    folder.mkdir()
+    table = pa.Table.from_batches([batch_from_rows([row()])])
+    pq.write_table(table, folder / "a.parquet")
+    (folder / "b.parquet").write_bytes(b"not parquet")
+    check_trajectory_versions(tmp_path.as_uri())  # no error: the run may resume
+    pq.write_table(table.replace_schema_metadata({VERSION_KEY: b"9"}), folder / "c.parquet")
+    with pytest.raises(SchemaError, match=r"c\.parquet: .*written with schema version 9"):
+        check_trajectory_versions(tmp_path.as_uri())
