@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import pytest
 
@@ -41,6 +42,31 @@ def test_a_run_starts_without_an_unplaceable_actor_only_when_it_may(ray_local, c
     finally:
         for actor in actors.values():
             ray.kill(actor)
+
+
+def test_a_placed_actor_still_in_its_constructor_is_starting_not_unplaced(ray_local) -> None:
+    """A worker loading vLLM holds its process long before it answers: the wait says it is
+    starting, and a timeout says so too, not that the cluster has no room."""
+    ray = ray_local
+
+    @ray.remote(num_cpus=0)
+    class Slow:
+        def __init__(self, seconds: float) -> None:
+            time.sleep(seconds)
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    loading = Slow.remote(60)
+    actors, asks = {"rollout worker 0": loading}, {"rollout worker 0": {"CPU": 0}}
+    try:
+        with pytest.raises(PlacementTimeout) as failed:
+            wait_placed(actors, asks, lambda p: not p, timeout_s=15)
+        message = str(failed.value)
+        assert message.startswith("rollout worker 0 placed but not started within")
+        assert "rollout.workers" in message
+    finally:
+        ray.kill(loading)
 
 
 def test_more_trainer_ranks_than_the_cluster_holds_fail_naming_them(ray_local) -> None:
