@@ -41,16 +41,17 @@ def plan(seed: int) -> list[tuple[int, str]]:
 def _pids(out: str) -> tuple[dict[int, int], int]:
     """The latest pid of each rollout worker and of the trainer, from the job's output.
 
-    ``async`` starts without a worker Ray has not placed yet (a loaded machine is slow to
-    start its process): the start-up line lists the others' pids, and the late one's pid
-    comes with "rollout worker N is up"."""
+    ``async`` starts without a worker that is still starting or that Ray has not placed yet
+    (a loaded machine is slow to start its process): the start-up line lists the others'
+    pids, and the late one's pid comes with "rollout worker N is up"."""
     workers: dict[int, int] = {}
     waiting: set[int] = set()
     trainer = 0
     for line in out.splitlines():
-        if ": not placed yet" in line:
-            names = line.split(": not placed yet")[0]
-            waiting |= {int(n) for n in re.findall(r"rollout worker (\d+)", names)}
+        for late in (": still starting", ": not placed yet"):
+            if late in line:
+                names = line.split(late)[0]
+                waiting |= {int(n) for n in re.findall(r"rollout worker (\d+)", names)}
         started = re.search(r"\(pids ([\d, ]+)\) and the trainer \(pid (\d+)\)", line)
         if started:
             placed = [i for i in range(WORKERS) if i not in waiting]
