@@ -1,5 +1,5 @@
 """A user's agent function, named by import path, run isolated: many episodes at once in a
-process of its own (``envs/isolated.py``, ``envs/call_child.py``).
+process of its own (``envs/isolated.py``).
 
 The contract (``docs/environments.md``): ``agent(base_url, prompt, **fields)`` plays one
 episode against the OpenAI-compatible endpoint at ``base_url`` (an ``openai`` client made
@@ -13,10 +13,11 @@ or stops answering, fails with the reason; the pool starts a new process for lat
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.envs.isolated import GRACE_S, IsolatedCalls
+from sluice.envs.isolated import GRACE_S, Answer, IsolatedPool, outcomes
 from sluice.envs.rewards import _check_value
 
 _ERROR_CHARS = 300
@@ -30,7 +31,7 @@ class AgentOutcome:
     error: str | None = None
 
 
-class AgentPool(IsolatedCalls[AgentOutcome]):
+class AgentPool:
     """Runs ``agent`` (an import path) with fixed ``args`` for each episode it is given."""
 
     def __init__(
@@ -43,13 +44,26 @@ class AgentPool(IsolatedCalls[AgentOutcome]):
         roots: Sequence[str] = (),
         grace_s: float = GRACE_S,
     ) -> None:
-        super().__init__(agent, args, timeout_s, memory_mib, roots, grace_s)
-        self.correct_at = correct_at
+        self.agent, self.correct_at = agent, correct_at
+        self.pool = IsolatedPool(
+            [(agent, args or {})], 1, timeout_s, memory_mib, roots, grace_s=grace_s
+        )
 
-    def outcome(self, value: Any) -> AgentOutcome:
-        reward, metrics, correct = _check_value(value)
-        verdict = correct if correct is not None else reward >= self.correct_at
-        return AgentOutcome(reward, verdict, metrics)
+    def run(self, args: Mapping[str, Any]) -> Future[AgentOutcome]:
+        """Start one episode's run; its outcome comes on the future."""
+        return outcomes(self.pool.run(0, args), self._outcome)
 
-    def failed(self, why: str) -> AgentOutcome:
-        return AgentOutcome(0.0, False, {}, f"agent {self.function}: {why}"[:_ERROR_CHARS])
+    def _outcome(self, answer: Answer) -> AgentOutcome:
+        why = answer.error
+        if why is None:
+            try:
+                reward, metrics, correct = _check_value(answer.value)
+            except ValueError as bad:
+                why = str(bad)
+            else:
+                verdict = correct if correct is not None else reward >= self.correct_at
+                return AgentOutcome(reward, verdict, metrics)
+        return AgentOutcome(0.0, False, {}, f"agent {self.agent}: {why}"[:_ERROR_CHARS])
+
+    def close(self) -> None:
+        self.pool.close()

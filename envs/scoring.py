@@ -22,9 +22,10 @@ class Scorer(Protocol):
     """Scores completions of problems; a failure is a ``RewardResult`` with ``error`` set.
 
     ``isolated``: the scoring runs in other processes and this one only waits (up to the
-    pool's timeout), so a streaming worker scores from a thread of its own while it goes on
-    decoding. An in-process verifier is not: its time budget is a signal, which only the
-    main thread receives, and it takes microseconds anyway.
+    pool's timeout), so a streaming worker scores from threads of its own, several groups at
+    once, while it goes on decoding; ``score`` is then safe to call from several threads.
+    An in-process verifier is not: its time budget is a signal, which only the main thread
+    receives, and it takes microseconds anyway.
     """
 
     isolated: bool

@@ -1,7 +1,7 @@
 """A multi-turn environment's steps, run isolated, off a rollout worker's decoding loop.
 
 The environment is user code: its steps run in a process of their own
-(``envs/isolated.py``, ``envs/call_child.py``), which builds the environment from its
+(``envs/isolated.py``), which builds the environment from its
 ``StepSpec`` (the name a run gives it and its arguments) once and calls ``step`` for many
 episodes at once: an ``async`` step waits on the process's event loop (thousands may wait
 at once), a plain one runs on a thread of its own. ``EpisodeSteps.submit`` sends one step
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.envs import Problem
-from sluice.envs.isolated import IsolatedCalls
+from sluice.envs.isolated import Answer, IsolatedPool
 from sluice.envs.multi_turn import EnvStep, check_step
 from sluice.envs.registry import make_env
 
@@ -79,19 +79,18 @@ async def run_step(env: str, env_args: dict, problem: dict, history: list[str]) 
     return answer
 
 
-class _Steps(IsolatedCalls[EnvStep | StepFailed]):
-    answers = "json"
-
-    def outcome(self, value: Any) -> EnvStep | StepFailed:
-        if not isinstance(value, dict):
-            raise ValueError(f"the step process answered {type(value).__name__}")
-        try:
-            return check_step(EnvStep(**value))  # the process is untrusted: checked again
-        except TypeError as error:
-            raise ValueError(str(error)) from None
-
-    def failed(self, why: str) -> EnvStep | StepFailed:
-        return StepFailed(f"environment step: {why}"[:300])
+def _stepped(answer: Answer) -> EnvStep | StepFailed:
+    """A step's answer as an ``EnvStep``, checked again (the process is untrusted)."""
+    why = answer.error
+    if why is None:
+        if not isinstance(answer.value, dict):
+            why = f"the step process answered {type(answer.value).__name__}"
+        else:
+            try:
+                return check_step(EnvStep(**answer.value))
+            except (TypeError, ValueError) as error:
+                why = str(error)
+    return StepFailed(f"environment step: {why}"[:300])
 
 
 class EpisodeSteps:
@@ -100,24 +99,20 @@ class EpisodeSteps:
 
     def __init__(self, spec: StepSpec, timeout_s: float) -> None:
         self.spec, self.timeout_s = spec, timeout_s
-        self._calls = _Steps(
-            f"{__name__}:run_step",
-            {"env": spec.env, "env_args": dict(spec.args)},
-            timeout_s,
-            spec.memory_mib,
-            spec.roots,
-        )
+        function = (f"{__name__}:run_step", {"env": spec.env, "env_args": dict(spec.args)})
+        self._calls = IsolatedPool([function], 1, timeout_s, spec.memory_mib, spec.roots, "json")
 
     def submit(self, problem: Problem, history: list[str]) -> Future[Stepped]:
         started = time.monotonic()
         stepped: Future[Stepped] = Future()
 
-        def done(outcome: Future[EnvStep | StepFailed]) -> None:
-            stepped.set_result(Stepped(outcome.result(), time.monotonic() - started))
+        def done(answer: Future[Answer]) -> None:
+            stepped.set_result(Stepped(_stepped(answer.result()), time.monotonic() - started))
 
         problem_json = {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)}
         problem_json["fields"] = dict(problem.fields)
-        self._calls.run({"problem": problem_json, "history": list(history)}).add_done_callback(done)
+        args = {"problem": problem_json, "history": list(history)}
+        self._calls.run(0, args).add_done_callback(done)
         return stepped
 
     def close(self) -> None:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from functools import partial
 from typing import Any, Protocol
@@ -45,6 +44,7 @@ from sluice.storage.trajectory_store import StoreClient
 
 # How often a worker that needs a version asks the relay again.
 RELAY_POLL_S = 0.005
+RowsAndStats = tuple[ScoredRows, RolloutStats]
 # A streaming worker puts finished groups into the store in blocks of up to PUT_GROUPS, and
 # never holds one back longer than PUT_EVERY_S: one store call per group cost ~10% of a
 # worker's time, and with blocks of one or two groups (a group finishes every ~40 ms here)
@@ -117,10 +117,8 @@ class StreamLoop(SampleRunner):
         )
         self.source, self.s = source, settings
         self.scoring = worker.scoring
-        # Finished groups whose scores are being computed on ``scoring``, oldest first.
-        self.being_scored: deque[
-            tuple[str, PartialGroup, Future[tuple[ScoredRows, RolloutStats]]]
-        ] = deque()
+        # Finished groups whose scores are being computed on ``scoring``.
+        self.being_scored: list[tuple[str, PartialGroup, Future[RowsAndStats]]] = []
         self.reports: list[GroupDone] = []  # groups the store took, to report
         self.unsent: list[ScoredRows] = []  # finished groups not yet in the store
         self.unsent_done: list[GroupDone] = []  # their reports
@@ -162,8 +160,9 @@ class StreamLoop(SampleRunner):
                     continue
                 if self.stopping and not self.groups and not self.being_scored:
                     break
-                if self.being_scored:  # nothing to decode: wait for the oldest score
-                    wait([self.being_scored[0][2]], timeout=RELAY_POLL_S)
+                if self.being_scored:  # nothing to decode: wait for a score
+                    futures = [future for _, _, future in self.being_scored]
+                    wait(futures, timeout=RELAY_POLL_S, return_when=FIRST_COMPLETED)
                 elif self.waiting():  # or for an environment or an agent
                     self.wait(RELAY_POLL_S)
                 else:
@@ -329,10 +328,17 @@ class StreamLoop(SampleRunner):
             self.being_scored.append((group_id, group, self.scoring.submit(score)))
 
     def take_scored(self) -> None:
-        """Move the groups the scoring thread has finished, in order, to the unsent ones."""
-        while self.being_scored and self.being_scored[0][2].done():
-            group_id, group, future = self.being_scored.popleft()
-            self.scored(group_id, group, future.result())
+        """Move the groups whose scores are in to the unsent ones, in the order they were
+        finished: a group whose reward is slow holds back no other."""
+        if not any(future.done() for _, _, future in self.being_scored):
+            return
+        still = []
+        for group_id, group, future in self.being_scored:
+            if future.done():
+                self.scored(group_id, group, future.result())
+            else:
+                still.append((group_id, group, future))
+        self.being_scored = still
 
     def scored(
         self, group_id: str, group: PartialGroup, scored: tuple[ScoredRows, RolloutStats]

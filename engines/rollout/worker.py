@@ -59,6 +59,8 @@ from sluice.storage.params import ParameterError, ParameterService
 from sluice.storage.trajectory_store import StoreClient
 from sluice.storage.urls import Credentials
 
+SCORING_THREADS = 8  # groups a stream scores at once with an isolated scorer
+
 
 class RolloutWorker:
     """A rollout engine held together with the environment, a store producer and a
@@ -92,10 +94,13 @@ class RolloutWorker:
         torch.set_num_threads(threads)
         self.engine = make_engine()
         self.scorer = make_scorer()
-        # An isolated scorer waits on its processes: a stream scores on this thread while
-        # the engine goes on decoding (one thread, so the pool has one caller at a time).
+        # An isolated scorer waits on its processes: a stream scores on these threads while
+        # the engine goes on decoding, several groups at once, so that a group whose reward
+        # hangs holds back no other.
         self.scoring = (
-            ThreadPoolExecutor(1, thread_name_prefix="score") if self.scorer.isolated else None
+            ThreadPoolExecutor(SCORING_THREADS, thread_name_prefix="score")
+            if self.scorer.isolated
+            else None
         )
         self.env, self._store, self._params = env, store, params
         self.limits = limits or EpisodeLimits()

@@ -316,12 +316,15 @@ class RewardConfig(_Section):
     timeout_s: float = Field(
         10.0,
         gt=0.0,
-        description="Longest one call may take; a call still running then fails its sample "
-        "and its process is replaced.",
+        description="Longest one call may take; a call still running then fails its sample, "
+        "while the other calls go on.",
     )
     workers: int = Field(1, ge=1, description="Reward processes per rollout worker.")
     memory_mib: int = Field(
-        4096, ge=64, description="Address-space limit of each reward process, in MiB."
+        4096,
+        ge=64,
+        description="Address space each reward process may map beyond the interpreter's own, "
+        "in MiB.",
     )
     correct_at: float = Field(
         1.0,

@@ -46,7 +46,7 @@ def test_a_mapping_gives_reward_correct_and_metrics_and_unused_arguments_are_lef
         ("raises", "raised KeyError"),
         ("hangs", "timed out after 1 s"),
         ("blocks_the_loop_sync", "timed out after 1 s"),
-        ("blocks_the_loop", "process ended"),
+        ("blocks_the_loop", "its process stopped answering: killed"),
         ("junk", "not a number"),
         ("dies", "process ended (exit code 3)"),
     ],
@@ -77,10 +77,10 @@ def test_the_agent_process_ends_when_its_input_closes_even_with_runs_hanging():
     agents = pool("blocks_the_loop_sync", timeout_s=3600.0)
     try:
         run = agents.run({"base_url": "u"})
-        child = agents._child
-        assert child is not None
-        child.proc.stdin.close()
-        assert child.proc.wait(timeout=30) == 0
+        [child] = agents.pool.processes()
+        assert child.stdin is not None
+        child.stdin.close()
+        assert child.wait(timeout=30) == 0
         outcome = run.result(timeout=30)
     finally:
         agents.close()

@@ -85,7 +85,7 @@ def test_a_user_reward_that_fails_fails_its_samples_and_the_run_finishes(
     reasons = [r for r in pc.unique(table.column("reason")).to_pylist() if r]
     for why in (
         "timed out after 1 s (reward.timeout_s)",
-        "the reward process was killed by SIGKILL",
+        "its process ended (killed by SIGKILL)",
         "returned nan, not a finite number",
         "returned a str, not a number or a mapping",
     ):

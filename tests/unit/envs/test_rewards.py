@@ -1,4 +1,5 @@
-"""User reward functions by import path, run in ``RewardPool``'s processes (``envs/rewards.py``).
+"""User reward functions by import path, run in ``RewardPool``'s processes (``envs/rewards.py``
+over ``envs/isolated.py``).
 
 The functions live in a module written to a folder outside the package, as a user's would;
 the pool's processes are real subprocesses with real limits. Each way a reward can fail
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice.envs import isolated
 from sluice.envs.rewards import (
     RewardCall,
     RewardFunction,
@@ -25,8 +27,19 @@ from sluice.envs.rewards import (
 )
 
 USER_MODULE = """
-import asyncio, os, signal, time
+import asyncio, os, signal, threading, time
 from sluice.envs.rewards import batched
+
+_three = threading.Barrier(3, timeout=60)
+
+def together(completion):  # returns only once three calls are in it at the same moment
+    _three.wait()
+    return 1.0
+
+async def blocks_the_loop(completion):
+    if completion == "block":
+        time.sleep(600)
+    return 1.0
 
 def exact(completion, answer):
     return float(completion.strip() == answer)
@@ -133,7 +146,7 @@ def test_weights_scale_each_function_and_correct_follows_the_threshold(
     [
         ("raise", "raised KeyError: 'no such thing'"),
         ("hang", "timed out after 1 s (reward.timeout_s)"),
-        ("die", "the reward process was killed by SIGKILL"),
+        ("die", "its process ended (killed by SIGKILL)"),
         ("nan", "returned nan, not a finite number"),
         ("inf", "returned inf, not a finite number"),
         ("text", "returned a str, not a number or a mapping"),
@@ -163,34 +176,61 @@ def test_a_batched_reward_returning_the_wrong_count_fails_the_group(user_rewards
 def test_two_processes_share_the_calls(user_rewards: str) -> None:
     with _pool(user_rewards, "by_mode", workers=2, timeout_s=1.0) as pool:
         out = pool.score(_calls("hang", "fine", "fine", "fine"))
+        assert len(pool.pool.processes()) == 2
     assert out[0].error is not None and "timed out" in out[0].error
     assert [o.reward for o in out[1:]] == [1.0, 1.0, 1.0]
 
 
-def test_a_group_is_one_round_trip_and_a_call_that_hangs_or_dies_in_it_fails_alone(
-    user_rewards: str,
-) -> None:
-    """A group's calls go to a process in one request, answered call by call; when one of
-    them hangs or kills the process, only that call fails and the later ones go on in a
-    fresh process."""
+def test_the_calls_of_a_group_run_at_once(user_rewards: str) -> None:
+    """Three calls that each wait for the other two: they finish only if they run together."""
+    with _pool(user_rewards, "together") as pool:
+        out = pool.score(_calls("a", "b", "c"))
+    assert [(o.reward, o.error) for o in out] == [(1.0, None)] * 3
+
+
+def test_a_call_that_hangs_or_dies_among_others_fails_alone(user_rewards: str) -> None:
+    """The calls sharing the process that one of them killed are run again, each alone in a
+    fresh process: only the one that kills it fails."""
     with _pool(user_rewards, "by_mode", timeout_s=1.0) as pool:
-        [job] = pool._jobs(_calls("a", "b", "c"))
-        assert job.each and job.calls == [0, 1, 2]
         out = pool.score(_calls("fine", "hang", "fine", "die", "raise", "fine"))
         assert [o.error is None for o in out] == [True, False, True, False, False, True]
-        assert "timed out" in str(out[1].error) and "SIGKILL" in str(out[3].error)
+        assert "timed out" in str(out[1].error)
+        assert "its process ended (killed by SIGKILL)" in str(out[3].error)
         assert "raised KeyError" in str(out[4].error)
         assert [out[i].reward for i in (0, 2, 5)] == [1.0, 1.0, 1.0]
-        [slot] = pool._slots
-        assert slot is not None and slot.proc.poll() is None
-        pid = slot.proc.pid
         assert [o.reward for o in pool.score(_calls("fine", "fine", "fine"))] == [1.0] * 3
-        assert pool._slots[0] is slot and slot.proc.pid == pid  # no process lost on the way
 
 
-def test_the_timeout_counts_for_each_call_of_a_group(user_rewards: str) -> None:
-    """Three calls of 0.6 s in one request take longer than the 1 s timeout together, and
-    none of them times out."""
+def test_a_call_that_blocks_its_process_fails_as_timed_out_and_the_others_go_on(
+    user_rewards: str,
+) -> None:
+    """An async reward that blocks the event loop stops its process answering: past the
+    grace the process is killed, that call fails as timed out, the others run again alone."""
+    with _pool(user_rewards, "blocks_the_loop", timeout_s=1.0) as pool:
+        pool.pool.grace_s = 0.5
+        out, fine = pool.score(_calls("block", "fine"))
+    assert out.error is not None
+    assert "timed out after 1 s (reward.timeout_s), and its process stopped answering" in out.error
+    assert (fine.reward, fine.error) == (1.0, None)
+
+
+def test_a_process_full_of_hung_threads_is_replaced(
+    user_rewards: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain function that timed out runs on in its thread: after ``RETIRE_AFTER`` of
+    them the process takes no new calls and is stopped once its calls are answered."""
+    monkeypatch.setattr(isolated, "RETIRE_AFTER", 2)
+    with _pool(user_rewards, "by_mode", timeout_s=0.5) as pool:
+        assert [o.error is not None for o in pool.score(_calls("hang", "hang"))] == [True, True]
+        [first] = pool.pool.processes() or [None]
+        assert first is None  # retired and stopped: no process is left with two hung threads
+        assert [o.reward for o in pool.score(_calls("fine"))] == [1.0]
+        assert len(pool.pool.processes()) == 1
+
+
+def test_the_timeout_counts_for_each_call(user_rewards: str) -> None:
+    """Three calls of 0.6 s take longer than the 1 s timeout together, and none of them
+    times out."""
     with _pool(user_rewards, "by_mode", timeout_s=1.0) as pool:
         out = pool.score(_calls("slow", "slow", "slow"))
     assert [(o.reward, o.error) for o in out] == [(1.0, None)] * 3

@@ -243,40 +243,43 @@ def test_a_worker_samples_for_the_logprob_check_only_at_the_trainers_version():
 
 
 class _HeldScorer:
-    """An isolated scorer whose first call waits until the test lets it go."""
+    """An isolated scorer that holds the group of problem ``held`` until the test lets it go."""
 
     isolated = True
 
-    def __init__(self, env) -> None:
-        self.verifier, self.release, self.calls = VerifierScorer(env), threading.Event(), 0
+    def __init__(self, env, held: str) -> None:
+        self.verifier, self.release, self.held = VerifierScorer(env), threading.Event(), held
 
     def score(self, problems, completions, lengths):
-        self.calls += 1
-        if self.calls == 1:
+        if problems[0].prompt_id == self.held:
             assert self.release.wait(30)
         return self.verifier.score(problems, completions, lengths)
 
 
-def test_an_isolated_scorer_scores_off_the_decoding_thread_and_keeps_the_groups_order():
+def test_an_isolated_scorer_scores_off_the_decoding_thread_and_a_slow_group_holds_back_no_other():
     """A user's reward that takes long holds back only its own group: ``finish`` returns at
-    once (the loop goes on stepping the engine), and groups reach the store in the order
-    they finished once their scores are in."""
+    once (the loop goes on stepping the engine), and a group scored meanwhile on another
+    thread reaches the unsent ones first."""
     env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
-    scorer = _HeldScorer(env)
-    with ThreadPoolExecutor(1) as scoring:
+    problems = env.problems("train", 2, seed=0)
+    scorer = _HeldScorer(env, held=problems[0].prompt_id)
+    with ThreadPoolExecutor(2) as scoring:
         worker = _worker(env=env, scorer=scorer, scoring=scoring)
         stream = StreamLoop(worker, _Source(), StreamSettings(0, 1, 8, 1.0, False, 8))
-        for g, problem in enumerate(env.problems("train", 2, seed=0)):
+        for g, problem in enumerate(problems):
             done = Completion([5], [-1.0], problem.answer, True)
             sample = PartialSample(f"g{g}", 0, 1.0, token_ids=[5], marks=[(0, 0)], done=done)
             stream.groups[f"g{g}"] = PartialGroup(problem, [1], [sample], seed=0)
             stream.finish(f"g{g}", stream.groups[f"g{g}"])
+        [(_, _, g1)] = [entry for entry in stream.being_scored if entry[0] == "g1"]
+        wait([g1])
         stream.take_scored()
-        assert stream.unsent == [] and len(stream.being_scored) == 2  # g0 is still scoring
+        assert [d.group_id for d in stream.unsent_done] == ["g1"]  # g0 is still scoring
+        assert [entry[0] for entry in stream.being_scored] == ["g0"]
         scorer.release.set()
         wait([future for _, _, future in stream.being_scored])
         stream.take_scored()
-    assert [d.group_id for d in stream.unsent_done] == ["g0", "g1"]
+    assert [d.group_id for d in stream.unsent_done] == ["g1", "g0"]
     assert [rows.columns["rewards"] for rows in stream.unsent] == [[1.0], [1.0]]
 
 
