@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: model test-real setup run test test-fast test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-misbehaving bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -118,7 +118,7 @@ check-gpu-install: setup
 # short ones). `make bench-quick`: the peer comparison on 30 steps, one round, printed,
 # plots under runs/bench-quick, BENCHMARKS.md untouched (3.3 minutes).
 BENCH_TARGETS := bench-modes bench-peer bench-peer-agentic bench-staleness bench-agentic \
-  bench-peer-default bench-rewards bench-ranks bench-engines bench-data bench-trl-generation \
+  bench-peer-default bench-rewards bench-misbehaving bench-ranks bench-engines bench-data bench-trl-generation \
   bench-weights bench-control bench-micro-batch bench-datasets bench-adapters
 bench: setup
 	$(PY) -m benchmarks.suite $(if $(BENCH_STOP_BY),--stop-by $(BENCH_STOP_BY)) $(BENCH_TARGETS)
@@ -174,6 +174,9 @@ bench-engines: setup
 # sample, and trained samples/s of the default run, 3 runs of 200 steps a path (~15 minutes).
 bench-rewards: setup
 	$(PY) -m benchmarks.rewards --steps 200 --repeats 3 --write
+
+bench-misbehaving: setup
+	$(PY) -m benchmarks.misbehaving_reward --steps 12 --repeats 2 --write
 
 # A 1M-row Parquet data set: time to the first prompts and the driver's memory (~2 minutes).
 bench-datasets: setup
