@@ -57,7 +57,9 @@ def summed(*asks: tuple[int, dict[str, float]]) -> dict[str, float]:
 
 def start(cpus: float, resources: dict[str, float], temp_dir: Path) -> None:
     """Join the cluster at ``RAY_ADDRESS``, or start a local Ray with ``cpus`` CPU slots
-    and ``resources``. On a cluster, warns about resources no node offers (yet)."""
+    and ``resources``. On a cluster, warns about resources no node offers (yet); a local
+    one warns when ``RAY_AUTH_MODE`` turns off Ray's token authentication, all that guards
+    its sockets (they listen on every interface)."""
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")
@@ -80,6 +82,15 @@ def start(cpus: float, resources: dict[str, float], temp_dir: Path) -> None:
                     amount,
                 )
         return
+    auth = os.environ.get("RAY_AUTH_MODE", "token")
+    if auth.lower() != "token":
+        log.warning(
+            "RAY_AUTH_MODE=%s: the single-machine Ray cluster starts without token "
+            "authentication, and Ray 2.60 listens on every interface (docs/operating.md): "
+            "anyone who can reach this machine can run code in this run; unset it to keep "
+            "Ray's default (token)",
+            auth,
+        )
     ray.init(
         num_cpus=max(math.ceil(cpus - 1e-9), 1),
         resources=resources or None,

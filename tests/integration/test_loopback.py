@@ -8,11 +8,17 @@ the node's address whatever ``_node_ip_address`` says (docs/operating.md). The d
 Ray worker as well and holds one such socket (Ray's core-worker server). The test fails if
 any other process of the run listens beyond loopback, or the driver on more than that one
 socket.
+
+Until Ray binds loopback, its token authentication is what guards those sockets: the same
+test asks the run's GCS for a key with the token (answered) and without it (refused).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -52,14 +58,46 @@ def _wide(sockets: list[str]) -> list[str]:
     return [s for s in sockets if s.rsplit(" ", 1)[1] not in LOOPBACK]
 
 
+def _gcs_port(root: int) -> int:
+    """The port the GCS server among ``root``'s descendants listens on."""
+    for process in psutil.Process(root).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.name() == "gcs_server":
+                (port,) = {
+                    c.laddr.port
+                    for c in process.net_connections(kind="tcp")
+                    if c.status == psutil.CONN_LISTEN
+                }
+                return port
+    raise AssertionError("no gcs_server among the job's processes")
+
+
+def _ask_gcs(port: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """One request to the GCS at ``port``, from a process of its own with ``env``."""
+    request = (
+        "from ray._raylet import GcsClient; "
+        f"GcsClient(address='127.0.0.1:{port}').internal_kv_get(b'x', None, timeout=30); "
+        "print('answered')"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", request], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
 def test_what_sluice_starts_listens_on_loopback_only(tmp_path: Path, shared_cache: Path) -> None:
     job = Job(
-        smoke_args(tmp_path, shared_cache, "mode=async", "train.steps=3", "eval.every=100"),
+        smoke_args(tmp_path, shared_cache, "mode=async", "train.steps=60", "eval.every=100"),
         tmp_path / "job.log",
     )
     try:
-        job.expect(r"step    1/3")
+        job.expect(r"step    1/60")
         found = _listening(job.proc.pid)
+        port = _gcs_port(job.proc.pid)  # (60 steps: the run still stands while it is asked)
+        plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        with_token = _ask_gcs(port, {**plain, "RAY_AUTH_MODE": "token"})
+        home = tmp_path / "home"  # no ~/.ray/auth_token there
+        home.mkdir()
+        without = _ask_gcs(port, {**plain, "HOME": str(home), "RAY_AUTH_MODE": "disabled"})
         assert job.finish() == 0, job.output()[-3000:]
     finally:
         job.stop()
@@ -68,3 +106,7 @@ def test_what_sluice_starts_listens_on_loopback_only(tmp_path: Path, shared_cach
     # The driver is a Ray worker too: its one wide socket is Ray's core-worker server.
     assert len(_wide(found["driver"])) <= 1, found
     assert _wide(found["ray"]), found  # Ray's processes were seen: the named exception
+    # ... and what guards them: a client with the run's token is answered, one without is not
+    assert "answered" in with_token.stdout, with_token.stderr[-2000:]
+    assert without.returncode != 0 and "answered" not in without.stdout
+    assert "InvalidAuthToken" in without.stderr, without.stderr[-2000:]
