@@ -23,6 +23,7 @@ from sluice.driver.environment import (
 )
 from sluice.flows.runtime import configure_process
 from sluice.storage.layout import RunLayout
+from sluice.tasks.job import machine_misfit
 
 if TYPE_CHECKING:
     from sluice.flows.rl_job import RunSummary
@@ -61,7 +62,8 @@ def check_run(cfg: RunConfig) -> None:
     """What a run needs that the config tree alone cannot say, checked before anything
     starts: its folders can be made, its model folder holds safetensors weights (and can
     carry ``train.lora``'s adapters), the environment supplies its prompts and they fit the
-    context, and its reward functions import and take what the run passes them."""
+    context, its reward functions import and take what the run passes them, and its pools
+    fit this machine when the run starts Ray here."""
     for what, folder in (("root", cfg.run_dir), ("cache", cfg.cache_dir)):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -76,3 +78,5 @@ def check_run(cfg: RunConfig) -> None:
     check_prompts(cfg)
     check_rewards(cfg)
     check_agent(cfg)
+    if (misfit := machine_misfit(cfg)) is not None:
+        raise ConfigError(misfit)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -26,8 +29,9 @@ from sluice.driver import plots
 from sluice.driver.environment import make_environment, scorer_factory, step_spec
 from sluice.driver.session import Session, latest_checkpoint
 from sluice.driver.tracking import MetricLogger, MlflowLogger
-from sluice.engines.cluster import ray_cluster
+from sluice.engines.cluster import fit, ray_cluster
 from sluice.engines.rollout.episodes import EpisodeSteps
+from sluice.engines.rollout.vllm_engine import CPU_KV_CACHE_GIB
 from sluice.policy.starting import prepare_policy
 from sluice.storage.checkpoints import Checkpoint
 from sluice.storage.layout import RunLayout, durable_state
@@ -265,14 +269,35 @@ def register_policy(job: Job, summary: RunSummary) -> str:
     return version
 
 
+def machine_misfit(cfg: RunConfig) -> str | None:
+    """Why the run's pools cannot fit this machine's memory, when it would start the embedded
+    Ray cluster here (no ``RAY_ADDRESS``, no GPU); else None. Past it the actors are placed
+    and never start, and the run would wait out ``rollout.placement_timeout_s``."""
+    if os.environ.get("RAY_ADDRESS") or torch.cuda.is_available():
+        return None
+    r = cfg.rollout
+    folder = Path(cfg.policy.path) if cfg.policy.path else None
+    weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder else 0
+    kv = r.kv_cache_gib if r.kv_cache_gib is not None else CPU_KV_CACHE_GIB
+    why = fit.misfit(
+        fit.Ask(r.workers, kv, cfg.train.ranks, weights), psutil.virtual_memory().total
+    )
+    return (
+        None if why is None else f"run {cfg.name!r} does not fit this machine's Ray cluster: {why}"
+    )
+
+
 def check_start(cfg: RunConfig, resume: bool) -> Checkpoint | None:
     """The checkpoint to resume from; an error when ``resume`` and the run's state disagree.
 
     A fresh run needs a storage location no run has written to (no ledger, trajectories or
     checkpoint, valid or not): one run per location, so it never appends to another run's
     ledger or prunes its checkpoints. A resumed one needs a valid checkpoint, and trajectory
-    files of this schema version.
+    files of this schema version. Either needs pools that fit the embedded cluster when it
+    starts one (``engines/cluster/fit.py``).
     """
+    if (misfit := machine_misfit(cfg)) is not None:  # a deployment's run, not checked by the CLI
+        raise JobError(misfit)
     if not resume:
         used = durable_state(cfg.storage_url)
         if used:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -226,3 +227,25 @@ def test_bad_input_is_one_readable_message(setting, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_pools_that_cannot_fit_the_embedded_cluster_fail_at_once(tmp_path):
+    """A thousand rollout workers on this machine's embedded Ray: refused before Prefect, Ray
+    or the starting policy start, with what would fit."""
+    args = [
+        "run",
+        "configs/smoke.yaml",
+        "--set",
+        f"root={tmp_path}",
+        "--set",
+        "rollout.workers=1000",
+    ]
+    result = _run(args, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    assert "does not fit this machine's Ray cluster: the pools need about" in result.stderr
+    assert re.search(r"rollout.workers=1000 x ~[\d.]+ GiB", result.stderr), result.stderr
+    assert "Lower rollout.workers (at most" in result.stderr
+    assert "Fix the config file or the --set value" in result.stderr
+    assert "start-ray" not in out and "prefect" not in out.lower(), out[-3000:]
+    assert "Traceback" not in result.stderr

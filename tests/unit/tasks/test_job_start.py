@@ -118,3 +118,11 @@ def test_a_resume_refuses_a_checkpoint_of_the_other_kind(
     same = build_config({"name": "r1", "root": str(tmp_path), "train": {"lora": meta["lora"]}})
     found = check_start(same, resume=True)
     assert found is not None and set(found.files) == set(files)
+
+
+def test_a_run_whose_pools_cannot_fit_this_machine_is_refused(tmp_path: Path) -> None:
+    """What a deployment's run meets (the CLI refuses it sooner, in ``check_run``)."""
+    cfg = build_config({"name": "r1", "root": str(tmp_path), "rollout": {"workers": 1000}})
+    with pytest.raises(JobError, match="does not fit this machine's Ray cluster"):
+        check_start(cfg, resume=False)
+    assert check_start(_cfg(tmp_path), resume=False) is None  # one worker fits
