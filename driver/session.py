@@ -47,6 +47,7 @@ from sluice.driver.modes import Rollouts, schedule
 from sluice.driver.step_log import StoreMetrics, Totals
 from sluice.driver.stream import StreamRollouts
 from sluice.driver.tracking import MetricLogger
+from sluice.driver.weight_sync import SyncWatch
 from sluice.engines.cluster.placement import wait_placed
 from sluice.engines.cluster.ray_cluster import child_env, gpus_each, on_driver_node, pool_dtype
 from sluice.engines.rollout.dispatcher import launch_dispatcher
@@ -98,6 +99,7 @@ class Session:
             cfg.eval.collapse_drop, cfg.eval.entropy_floor, cfg.eval.collapse_patience
         )
         self.totals = Totals()
+        self.sync = SyncWatch()  # each weight load's seconds (driver/weight_sync.py)
         self.store_metrics = StoreMetrics()
         self.actors: list[Any] = []
         self.groups: list[PlacementGroup] = []

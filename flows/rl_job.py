@@ -86,6 +86,10 @@ def rl_step(s: Session, tracker: MetricLogger) -> None:
             s.save_policy(str(s.layout.best_policy))
         # How long training paused for it: benchmarks take it off the run's wall clock.
         metrics["eval/seconds"] = time.monotonic() - evaluating
+    for slow in s.sync.observe(step, metrics):
+        log.warning("weight sync: %s", slow)
+    if (median := s.sync.median()) is not None:
+        metrics["perf/weight_load_median_s"] = median
     s.health.entropy(metrics["train/entropy"])
     metrics.update(s.health.metrics())
     warnings = s.health.warnings(s.end_accuracy)

@@ -65,6 +65,7 @@ class RunSummary:
     collapse: tuple[str, ...] = ()
     model_version: str | None = None
     model_name: str | None = None
+    weight_sync: str | None = None  # the trend of the run's weight loads (driver/weight_sync.py)
 
     def lines(self) -> list[str]:
         gain = 100 * (self.end_accuracy - self.start_accuracy)
@@ -82,6 +83,7 @@ class RunSummary:
             *best,
             f"throughput {self.samples_per_s:.1f} samples/s, {self.tokens_per_s:.0f} tokens/s; "
             f"wall {self.wall_s:.0f} s",
+            *([self.weight_sync] if self.weight_sync else []),
             f"trained policy: {self.policy}",
             f"ledger: sluice ledger {self.storage_url}",
             f"MLflow run {self.mlflow_run_id}: mlflow ui --backend-store-uri "
@@ -241,6 +243,7 @@ def finish_run(job: Job, started: float) -> RunSummary:
         best_step=health.best_step,
         best_policy=best_policy,
         collapse=tuple(health.warnings(session.end_accuracy)),
+        weight_sync=session.sync.trend(),
     )
     if summary.collapse:
         tracker.set_tag("sluice.collapsed", "; ".join(summary.collapse))

@@ -75,6 +75,9 @@ def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness, runs):
     assert summary["steps"] == steps
     assert 0.0 <= summary["end_accuracy"] <= 1.0
     assert summary["samples_per_s"] > 0
+    # every step's weight sync was watched (driver/weight_sync.py), its trend in the summary
+    assert summary["weight_sync"].startswith(f"weight loads: {steps}, median ")
+    assert summary["weight_sync"] in result.stdout
     # everything the run wrote is under its folder or the cache
     assert (run_dir / "prefect").is_dir()
     assert (run_dir / "policy" / "model.safetensors").is_file()
