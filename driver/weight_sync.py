@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 SLOW_FACTOR = 5.0  # a load this many times the run's median so far is worth a warning
+MIN_SLOW_S = 1.0  # ... and this long: the tiny policy's loads take milliseconds, or none
 WARMUP = 5  # loads seen before the median is trusted
 _PULL = re.compile(r"rollout/worker(\d+)/weight_pull_s")
 
@@ -30,7 +31,8 @@ class SyncWatch:
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> list[str]:
         """Record the step's loads; warnings for those slower than ``factor`` times the
-        median of the run's loads before them."""
+        median of the run's loads before them (and than ``MIN_SLOW_S``). Never raises on
+        what it reads: watching must not fail a run."""
         seen: list[tuple[str, float]] = []
         for key, seconds in metrics.items():
             if match := _PULL.fullmatch(key):
@@ -43,10 +45,11 @@ class SyncWatch:
         for who, seconds in seen:
             if len(self.loads) >= WARMUP:
                 median = statistics.median(s for _, s in self.loads)
-                if seconds > self.factor * median:
+                if seconds > max(self.factor * median, MIN_SLOW_S):
+                    times = f"{seconds / median:.0f}x " if median > 0 else ""
                     warnings.append(
                         f"step {step}: {who} took {seconds:.2f} s to load a weight version, "
-                        f"{seconds / median:.0f}x the run's median ({median:.2f} s)"
+                        f"{times}the run's median ({median:.2f} s)"
                     )
             self.loads.append((step, seconds))
         return warnings

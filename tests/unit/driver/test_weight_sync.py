@@ -15,24 +15,37 @@ def _stream(pull_s: float, loads: float = 1.0, worker: int = 0) -> dict[str, flo
 
 def test_a_load_far_slower_than_the_median_warns_once_the_median_is_known():
     watch = SyncWatch(factor=5.0)
-    assert watch.observe(1, _stream(9.0)) == []  # no median yet: nothing to compare with
+    assert watch.observe(1, _stream(90.0)) == []  # no median yet: nothing to compare with
     for step in range(2, WARMUP + 2):
-        assert watch.observe(step, _stream(0.2, loads=2)) == []  # 0.1 s a load
-    assert watch.median() == 0.1
-    [warning] = watch.observe(9, {**_stream(0.1), **_stream(0.9, worker=1)})
+        assert watch.observe(step, _stream(0.6, loads=2)) == []  # 0.3 s a load
+    assert watch.median() == 0.3
+    [warning] = watch.observe(9, {**_stream(0.3), **_stream(2.7, worker=1)})
     assert warning == (
-        "step 9: rollout worker 1 took 0.90 s to load a weight version, 9x the run's median "
-        "(0.10 s)"
+        "step 9: rollout worker 1 took 2.70 s to load a weight version, 9x the run's median "
+        "(0.30 s)"
     )
-    assert watch.observe(10, _stream(5.0, loads=0)) == []  # no load this step: nothing seen
+    assert watch.observe(10, _stream(50.0, loads=0)) == []  # no load this step: nothing seen
+
+
+def test_short_loads_never_warn_and_a_zero_median_never_divides():
+    """The tiny policy's loads take milliseconds (or no measurable time): 5x of that is
+    noise, not a slow sync."""
+    watch = SyncWatch()
+    for step in range(1, WARMUP + 1):
+        watch.observe(step, {"perf/weight_sync_s": 0.0})
+    assert watch.observe(WARMUP + 1, {"perf/weight_sync_s": 0.5}) == []
+    assert watch.observe(WARMUP + 2, {"perf/weight_sync_s": 30.0}) == [
+        f"step {WARMUP + 2}: the rollout workers took 30.00 s to load a weight version, the "
+        "run's median (0.00 s)"
+    ]
 
 
 def test_the_batch_modes_watch_the_steps_weight_sync():
     watch = SyncWatch()
     for step in range(1, WARMUP + 1):
-        watch.observe(step, {"perf/weight_sync_s": 0.05})
-    [warning] = watch.observe(WARMUP + 1, {"perf/weight_sync_s": 1.0})
-    assert warning.startswith(f"step {WARMUP + 1}: the rollout workers took 1.00 s")
+        watch.observe(step, {"perf/weight_sync_s": 0.25})
+    [warning] = watch.observe(WARMUP + 1, {"perf/weight_sync_s": 1.5})
+    assert warning.startswith(f"step {WARMUP + 1}: the rollout workers took 1.50 s")
 
 
 def test_the_trend_compares_the_first_tenth_with_the_last():

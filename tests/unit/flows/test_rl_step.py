@@ -14,6 +14,7 @@ from sluice.driver.health import LearningHealth
 from sluice.driver.modes import schedule
 from sluice.driver.session import Session
 from sluice.driver.step_log import StoreMetrics, Totals
+from sluice.driver.weight_sync import SyncWatch
 from sluice.flows.rl_job import rl_step
 from sluice.storage.layout import RunLayout
 
@@ -100,6 +101,7 @@ class FakeSession:
         self.store = FakeStore(self.calls)
         self.trainer = FakeTrainer(self.calls)
         self.totals, self.store_metrics = Totals(), StoreMetrics()
+        self.sync = SyncWatch()
         self.end_accuracy: float | None = None
         self.health = LearningHealth(
             cfg.eval.collapse_drop, cfg.eval.entropy_floor, cfg.eval.collapse_patience
@@ -198,6 +200,9 @@ def test_throughput_totals_add_up_over_steps() -> None:
         rl_step(s, tracker)  # type: ignore[arg-type]
     assert (s.totals.samples, s.totals.tokens) == (48, 480)
     assert s.totals.loop_s > 0
+    # each step's weight sync is watched: the run's median so far is logged with the step
+    assert len(s.sync.loads) == 3
+    assert tracker.logged[-1][1]["perf/weight_load_median_s"] == s.sync.median()
 
 
 def test_a_new_best_is_saved_and_a_collapse_is_said_in_the_step_line(caplog) -> None:
