@@ -23,6 +23,7 @@ worker that held it died), whatever its calls are doing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -43,13 +44,10 @@ SLOW_S = 0.05  # a plain call running this long no longer holds up the calls beh
 
 def _mapped_mib() -> int:
     """This process's address space now, in MiB (0 where /proc cannot say)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) // 1024
     return 0
 
 

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -66,6 +66,11 @@ class _Call:
     args: Mapping[str, Any]
     future: Future[Answer]
     deadline: float = 0.0
+
+
+def _fail(calls: Iterable[_Call], why: str) -> None:
+    for call in calls:
+        call.future.set_result(Answer(error=why))
 
 
 @dataclass(eq=False)  # one process is one process: held in sets by identity
@@ -160,8 +165,7 @@ class IsolatedPool:
             try:
                 child = self._place()
             except RuntimeError as error:
-                for call in calls:
-                    call.future.set_result(Answer(error=str(error)))
+                _fail(calls, str(error))
                 break
             if self._send(child, calls):
                 break
@@ -295,8 +299,7 @@ class IsolatedPool:
                 how += "stopped answering: killed"
             call.future.set_result(Answer(error=how))
         elif self._closed.is_set():
-            for call in calls.values():
-                call.future.set_result(Answer(error="the pool was closed"))
+            _fail(calls.values(), "the pool was closed")
         elif calls:
             held = list(calls.values())
             for half in (held[: len(held) // 2], held[len(held) // 2 :]):
@@ -308,8 +311,7 @@ class IsolatedPool:
             try:
                 child = self._start()
             except RuntimeError as error:
-                for call in calls:
-                    call.future.set_result(Answer(error=str(error)))
+                _fail(calls, str(error))
                 return
             child.retired = True
             if self._send(child, calls):
