@@ -1,6 +1,6 @@
 """The control plane under load: the real trajectory store, dispatcher and parameter relay,
-driven by hundreds of simulated rollout workers, beside what the simulator says 64, 256 and
-1024 accelerators need at 7B and 32B scale.
+driven by hundreds of real rollout workers on clock engines, beside what the simulator says
+64, 256 and 1024 accelerators need at 7B and 32B scale.
 
 Components, in one local Ray session (127.0.0.1), fresh controllers for every load level:
 
@@ -8,15 +8,18 @@ Components, in one local Ray session (127.0.0.1), fresh controllers for every lo
   local folder, flushed at every ack), ``engines.rollout.dispatcher.Dispatcher`` (admission,
   skew-aware dispatch over every worker's reported load, a ``dispatched`` ledger event per sample
   sent to the store) and a ``storage.params.ParameterService`` relay.
-- ``WorkerHost`` actors (``HOSTS``), each running its share of the simulated rollout workers
-  as threads. A simulated worker makes the calls ``engines/rollout/stream_loop.py: StreamLoop``
-  makes around its engine, the engine replaced by a clock: it takes groups from the dispatcher when
-  a slot is free, "generates" each for a log-normal time, puts finished groups as one block through
-  ``StoreClient`` within ``PUT_EVERY_S`` (rows of realistic size: 512 prompt tokens, response
-  lengths drawn from the simulator's 7B workload, about 4k tokens on average, 12 bytes a token),
-  reports done groups and its load to the dispatcher every ``report_every_s`` or as the dispatcher's
-  answers pace it, waits while admission holds it back (``Work.held_until``), and asks the relay for
-  newer weights every ``WEIGHT_CHECK_S``, pulling a new version when there is one.
+- ``WorkerHost`` actors (``HOSTS``), each running its share of the rollout workers as threads:
+  the real ``engines/rollout/worker.py: RolloutWorker`` and its stream loop
+  (``engines/rollout/stream_loop.py: StreamLoop``), scoring with an environment's verifier,
+  with the engine replaced by a clock (``ClockEngine``): a request generates for its drawn
+  response length (the simulator's 7B workload, about 4k tokens on average, 512 prompt
+  tokens, 12 bytes a token in a row) at a pace that gives the level's offered rate. So the
+  workers take groups from the dispatcher when a quarter of their slots is free, put finished
+  groups as one block within ``PUT_EVERY_S``, report done groups and their load as the
+  dispatcher paces them, wait while admission holds them back (``Work.held_until``), and ask
+  the relay for newer weights every ``WEIGHT_CHECK_S``, loading a new version between engine
+  steps, exactly as in a run; the benchmark only times their calls (``_TimedSource``,
+  ``_TimedStore``, ``_TimedParams``).
 - ``Trainer``, the trainer's stand-in (``flows/rl_job.py: rl_step``) on a thread of the
   driver: each step it reads the store's counters, leases a batch of whole groups, reads the
   rows, waits ``--step-s``, publishes the next weight version (4 MB), acknowledges the lease,
@@ -29,7 +32,7 @@ Components, in one local Ray session (127.0.0.1), fresh controllers for every lo
   what the control plane must serve at scale (``Demand``).
 
 A level's sustained rate is acknowledged samples per second; it is saturated when it falls
-short of the offered rate. On 2 cores the simulated workers, the trainer and Ray's own
+short of the offered rate. On 2 cores the rollout workers, the trainer and Ray's own
 processes share the machine with the controllers, so the report also projects each
 controller's load at scale: the simulator's demand times the CPU each unit of work cost here
 (a sample through the store, a held take, a report, a take at the cell's shape measured in
@@ -58,7 +61,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -76,33 +79,35 @@ from benchmarks.report import measured_commit, write_section
 from benchmarks.sim_scale import GROUP, GROUPS_PER_STEP, PROMPT_TOKENS, SIZES, WORKLOADS
 from benchmarks.sim_scale import scenario as scale_scenario
 from benchmarks.tables import markdown_table
+from sluice.engines.protocols import Completion, Delta
 from sluice.engines.rollout.dispatcher import (
     LOOKAHEAD_STEPS,
     REPORTS_PER_S,
     Dispatcher,
     GroupDispatcher,
 )
-from sluice.engines.rollout.messages import Assignment, GroupDone, StreamSettings
+from sluice.engines.rollout.messages import GroupDone, StreamSettings
 from sluice.engines.rollout.stream_loop import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
-from sluice.envs import Problem
+from sluice.engines.rollout.worker import RolloutWorker
+from sluice.envs import Problem, RewardResult
+from sluice.envs.scoring import VerifierScorer
 from sluice.sim.engine import simulate
 from sluice.sim.lengths import draw_lengths
 from sluice.sim.results import SimResult
 from sluice.sim.scenario import ClusterSpec
 from sluice.storage.batches import TRAIN_FIELDS
-from sluice.storage.block_builder import trajectory_block, version_lists
 from sluice.storage.ledger import Ledger, LedgerEvent, check_exactly_once, dispatch_accounting
-from sluice.storage.params import ParameterService
+from sluice.storage.params import NamedTensors, ParameterService, PendingPull
 from sluice.storage.trajectory_store import StoreClient, create_store, materialize
 
 ROOT = Path(__file__).parents[1]
 ENV = "control-plane"
-# Processes the simulated workers are spread over: two keep one host's GIL from being the
+# Processes the rollout workers are spread over: two keep one host's GIL from being the
 # limit (a worker needs a few ms of Python a group) and leave the cores to the controllers.
 HOSTS = 2
-# Groups a simulated worker runs at once. A 7B engine holds 16 groups and asks for 4 at a
-# time, a 32B one holds 5 and asks for 2 (REFILL_AT); 2 slots ask for one group a take, the
-# most control-plane calls per sample.
+# Groups' worth of samples a worker runs at once (its concurrency over the group). A 7B
+# engine holds 16 groups and asks for 4 at a time, a 32B one holds 5 and asks for 2
+# (REFILL_AT); 2 slots ask for one group a take, the most control-plane calls per sample.
 SLOTS = 2
 # The trainer leases what the offered rate makes in this long, so a short measurement window
 # holds several steps (the sim's recipe, 512 groups of 16, would be 2-16 s a step here); the
@@ -112,7 +117,7 @@ STEP_EVERY_S = 1.0
 # and pulling a large version is the data plane (benchmarks/params.py).
 WEIGHTS_MB = 4
 # The real worker asks its relay every StreamSettings.weight_check_s (0.1 s). With 512
-# simulated workers on 2 cores that alone is 5k relay calls/s, which would starve the store
+# workers on 2 cores that alone is 5k relay calls/s, which would starve the store
 # under test; the relay probe measures what a relay can answer, against the 0.1 s demand.
 WEIGHT_CHECK_S = 1.0
 # The real worker's timing, as the flow leaves it (driver/stream.py: stream_settings).
@@ -120,13 +125,19 @@ _REAL = StreamSettings(worker=0, samples_per_prompt=GROUP, max_new_tokens=1, tem
                        scale_by_std=False, concurrency=1)  # fmt: skip
 REAL_WEIGHT_CHECK_S = _REAL.weight_check_s
 REPORT_EVERY_S = _REAL.report_every_s
-GENERATION_SIGMA = 0.5  # log-normal spread of one group's generation time around its mean
-MAX_NAP_S = 0.05  # longest a simulated worker sleeps between looks at its clock
-STAGGER_S = 1.0  # the workers' first takes are spread over this long
+# A clock engine's longest step: a decode step of a large engine takes tens of ms; 0.1 s
+# keeps the loops of 512 simulated engines from taking the cores the controllers are
+# measured on, and a request due sooner ends the step when it is due.
+ENGINE_STEP_S = 0.1
+# Responses are cut at 16,384 tokens, 3.9 times the 7B workload's mean: a group lasts at
+# most about this many times a sample's mean.
+LONGEST_OVER_MEAN = 4
+ANSWER_RESOLUTION_S = 0.005  # a weight check's time to its answer is timed to this
+LENGTH_POOL = 4096  # response lengths a clock engine draws from (the 7B workload's)
+MAX_NEW_TOKENS = WORKLOADS["7B"].lengths.max_tokens
 # Longest the warm-up waits for the dispatcher to load the fleet; a level whose fleet is not
 # loaded by then is measured as it is.
 WARMUP_TIMEOUT_S = 20.0
-TEMPLATES = 16  # response-length templates a host draws once and relabels for every group
 BYTES_PER_TOKEN = 12  # of a response token in a row: id, behaviour log-prob, policy version
 LEASE_WAIT_S = 0.25  # the trainer looks at its stop flag this often while waiting for data
 STOP_TIMEOUT_S = 60.0
@@ -419,12 +430,12 @@ def _ours(frame: str, root: Path) -> str | None:
     return f"{name} ({path.removeprefix(prefix)})"
 
 
-# -- simulated rollout workers -----------------------------------------------------------------
+# -- rollout workers on clock engines -------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Load:
-    """What the simulated workers of one level do."""
+    """What the rollout workers of one level do."""
 
     workers: int
     offered: float  # samples/s they generate together when nothing holds them back
@@ -434,7 +445,8 @@ class Load:
 
     @property
     def generation_s(self) -> float:
-        """Mean seconds a group generates (Little's law: samples in flight over the rate)."""
+        """Mean seconds a sample generates (Little's law: samples in flight over the rate;
+        the worker keeps ``slots`` groups' worth of samples running)."""
         return self.workers * self.slots * self.group / self.offered
 
     @property
@@ -452,52 +464,126 @@ class Load:
     @property
     def max_staleness(self) -> int:
         """Admission wide enough never to hold a worker back, and a bound that neither a long
-        generation (a log-normal tail of about 4x the mean) nor the weight-check interval
-        reaches: what is measured is the controllers, not the bound."""
-        admitted = math.ceil(self.workers * self.slots / self.groups_per_step)
-        versions = math.ceil((4 * self.generation_s + self.weight_check_s) / STEP_EVERY_S)
+        generation nor the weight-check interval reaches: what is measured is the
+        controllers, not the bound. A group lasts as long as its longest sample, at most
+        LONGEST_OVER_MEAN times a sample's mean, so a worker holds up to that many times
+        ``slots`` groups part-done."""
+        in_flight = self.workers * self.slots * LONGEST_OVER_MEAN
+        admitted = math.ceil(in_flight / self.groups_per_step)
+        versions = math.ceil(
+            (LONGEST_OVER_MEAN * self.generation_s + self.weight_check_s) / STEP_EVERY_S
+        )
         return max(2, admitted, versions) + 1
 
 
-class _Blocks:
-    """One-group trajectory blocks of realistic size: templates drawn once (response lengths
-    from the simulator's 7B workload), relabelled for each group (ids, token versions)."""
+class ClockEngine:
+    """A ``StreamingRolloutEngine`` whose requests take clock time instead of a model's:
+    what the real rollout worker (``RolloutWorker.stream``, ``StreamLoop``) runs here, so
+    every call the benchmark makes on the controllers is the real worker's.
 
-    def __init__(self, group: int, seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        self.lengths = draw_lengths(WORKLOADS["7B"].lengths, TEMPLATES, group, rng).astype(int)
-        prompt = list(range(3, PROMPT_TOKENS + 3))
-        self.templates = [
-            trajectory_block(
-                sample_ids=[f"t{g}/{j}" for j in range(group)],
-                prompt_ids=["t"] * group,
-                group_ids=[f"t{g}"] * group,
-                env=ENV,
-                prompts=[prompt] * group,
-                responses=[(np.arange(n) % 30000 + 3).tolist() for n in lengths],
-                logprobs=[[-0.5] * n for n in lengths],
-                version_runs=[[(0, 0)]] * group,
-                rewards=[float(j % 2) for j in range(group)],
-                advantages=[1.0 if j % 2 else -1.0 for j in range(group)],
-                status="scored",
-            )
-            for g, lengths in enumerate(self.lengths)
-        ]
+    A request's response length is drawn from the simulator's 7B workload (one pool of
+    ``LENGTH_POOL`` lengths) and it generates for that length times ``per_token_s``: a
+    sample lasts ``load.generation_s`` on average, a group as long as its longest sample
+    (about 3.2 times that). ``step`` waits for the next request due, at most
+    ``ENGINE_STEP_S``, and returns the finished ones whole (the tokens of a response come
+    from one template list). The first ``warm`` requests are part-way through already, so
+    that samples finish at the steady rate as soon as the fleet is loaded; once ``hurry`` is
+    set (the level ends), everything running finishes at the next step.
+    """
 
-    def group(self, index: int, a: Assignment, first: int, last: int) -> pa.RecordBatch:
-        """Template ``index`` as group ``a``: tokens of version ``first``, from half-way of
-        version ``last`` (weights loaded mid-sample, with partial rollout)."""
-        template, lengths = self.templates[index], self.lengths[index]
-        n = template.num_rows
-        runs = [[(0, first)] if last == first else [(0, first), (k // 2, last)] for k in lengths]
-        fresh = {
-            "sample_id": pa.array([f"{a.group_id}/{j}" for j in range(n)], pa.string()),
-            "prompt_id": pa.array([a.problem.prompt_id] * n, pa.string()),
-            "group_id": pa.array([a.group_id] * n, pa.string()),
-            "token_versions": version_lists(runs, lengths),
-        }
-        columns = [fresh.get(name, template.column(name)) for name in template.schema.names]
-        return pa.RecordBatch.from_arrays(columns, schema=template.schema)
+    def __init__(self, load: Load, lengths: np.ndarray, seed: int, hurry: threading.Event) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.hurry = hurry
+        self.lengths = lengths
+        self.per_token_s = load.generation_s / float(lengths.mean())
+        self.tokens = (np.arange(int(self.lengths.max())) % 30000 + 3).tolist()
+        self.logprobs = [-0.5] * len(self.tokens)
+        self.prompt = list(range(3, PROMPT_TOKENS + 3))
+        self.warm = load.slots * load.group
+        self.due: list[tuple[float, str]] = []  # heap of (due, request)
+        self.running: dict[str, tuple[float, float, int]] = {}  # request: started, due, length
+        self._version = 0
+
+    def start(
+        self, request_id: str, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+        seed: int,
+    ) -> None:  # fmt: skip
+        length = min(int(self.lengths[self.rng.integers(len(self.lengths))]), max_new_tokens)
+        took = length * self.per_token_s
+        if self.warm:
+            took, self.warm = took * self.rng.uniform(), self.warm - 1
+        now = time.monotonic()
+        self.running[request_id] = (now, now + took, length)
+        heapq.heappush(self.due, (now + took, request_id))
+
+    def step(self) -> list[Delta]:
+        now = time.monotonic()
+        if not self.hurry.is_set():
+            first = self.due[0][0] if self.due else now + ENGINE_STEP_S
+            time.sleep(min(max(first - now, 0.0), ENGINE_STEP_S))
+            now = time.monotonic()
+        out = []
+        while self.due and (self.hurry.is_set() or self.due[0][0] <= now):
+            _, request = heapq.heappop(self.due)
+            if request in self.running:  # not aborted
+                length = self.running.pop(request)[2]
+                out.append(
+                    Delta(request, self.tokens[:length], self.logprobs[:length], True, "stop")
+                )
+        return out
+
+    def generated(self, request_id: str) -> int | None:
+        if request_id not in self.running:
+            return None
+        started, due, length = self.running[request_id]
+        share = (time.monotonic() - started) / max(due - started, 1e-9)
+        return min(length, int(length * share))
+
+    def abort(self, request_ids: list[str]) -> None:
+        for request in request_ids:
+            self.running.pop(request, None)  # its heap entry is skipped when due
+
+    def decode(self, token_ids: list[int]) -> str:
+        return "odd" if len(token_ids) % 2 else "even"  # what ``_Env`` rewards
+
+    def encode(self, text: str) -> list[int]:
+        return []
+
+    def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
+        return [self.prompt for _ in prompts]
+
+    def load_weights(self, weights: NamedTensors | list[bytes], version: int) -> None:
+        for _ in weights:  # an engine copies each tensor in here
+            pass
+        self._version = version
+
+    def version(self) -> int:
+        return self._version
+
+    def generate(
+        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
+    ) -> list[list[Completion]]:
+        raise NotImplementedError("the clock engine only streams (RolloutWorker.stream)")
+
+
+def length_pool() -> np.ndarray:
+    """``LENGTH_POOL`` response lengths of the simulator's 7B workload."""
+    rng = np.random.default_rng(0)
+    drawn = draw_lengths(WORKLOADS["7B"].lengths, LENGTH_POOL // GROUP, GROUP, rng)
+    return drawn.astype(int).ravel()
+
+
+class _Env:
+    """The benchmark's environment: a response of odd length is right (about half are, as
+    the workload's groups need both for an advantage)."""
+
+    name = ENV
+
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        raise NotImplementedError("the dispatcher's prompts come from _Prompts")
+
+    def reward(self, problem: Problem, completion: str) -> RewardResult:
+        return RewardResult(float(completion == "odd"), completion == "odd")
 
 
 # (wall time when the call started, seconds it took, a count: groups, samples or pulls)
@@ -508,160 +594,113 @@ Call = tuple[float, float, int]
 class _Calls:
     takes: list[Call] = field(default_factory=list)  # count: groups given
     puts: list[Call] = field(default_factory=list)  # count: samples
-    checks: list[Call] = field(default_factory=list)  # count: 1 if a version was pulled
+    checks: list[Call] = field(default_factory=list)  # count: 1
     reports: list[Call] = field(default_factory=list)  # count: groups reported
 
 
-class _SimWorker:
-    """One simulated rollout worker: ``StreamLoop``'s calls around its engine, the engine a
-    clock."""
+def _timed(ref: ray.ObjectRef, calls: list[Call], count: Callable[[Any], int]) -> ray.ObjectRef:
+    """``ref``, a call sent now; once answered, (its start, seconds to the answer,
+    ``count(answer)``) goes into ``calls``."""
+    started, clock = time.time(), time.perf_counter()
 
-    def __init__(
-        self,
-        worker: int,
-        load: Load,
-        blocks: _Blocks,
-        store: StoreClient,
-        dispatcher: Any,
-        params: ParameterService,
-    ) -> None:
-        self.worker, self.load, self.blocks = worker, load, blocks
-        self.store, self.dispatcher, self.params = store, dispatcher, params
-        self.rng = np.random.default_rng(worker)
-        self.calls = _Calls()
-        self.version = 0
-        self.running: list[tuple[float, int, Assignment, int]] = []  # (due, n, group, version)
-        self.started = 0
-        self.unsent: list[pa.RecordBatch] = []
-        self.unsent_done: list[GroupDone] = []
-        self.unsent_since = 0.0
-        self.reports: list[GroupDone] = []
-        self.last_report: ray.ObjectRef | None = None
-        self.report_every_s = REPORT_EVERY_S  # the dispatcher paces it
-        self.held_until: int | None = None  # admission holds it back until this version
-        self.stopping = False
-        self.refill_at = max(1, math.ceil(REFILL_AT * load.slots))
-        now = time.monotonic()
-        self.next_take = now + self.rng.uniform(0, STAGGER_S)
-        # The first groups are part-way through (the rest of a drawn time), so that groups
-        # finish at the steady rate as soon as the fleet is loaded.
-        self.first = load.slots
-        self.next_check = now + self.rng.uniform(0, load.weight_check_s)
-        self.next_report = now + REPORT_EVERY_S
+    def answered(future: Future[Any]) -> None:
+        took = time.perf_counter() - clock
+        calls.append((started, took, count(future.result()) if future.exception() is None else 0))
 
-    def run(self, stop: threading.Event) -> _Calls:
-        """Until ``stop``; then the groups still running finish at once and everything
-        finished goes into the store, so every group handed out reaches it."""
-        while not stop.is_set() and not self.stopping:
-            now = time.monotonic()
-            if now >= self.next_check:
-                self.check_weights()
-            room = self.load.slots - len(self.running)
-            if now >= self.next_take and room >= self.refill_at and self.may_ask():
-                self.refill(room)
-            self.finish(now)
-            due = now > self.unsent_since + PUT_EVERY_S or len(self.unsent) >= PUT_GROUPS
-            if self.unsent and due:
-                self.send()
-            if now >= self.next_report:
-                self.report()
-            self.nap()
-        self.finish(math.inf)
-        if self.unsent:
-            self.send()
-        return self.calls
+    ref.future().add_done_callback(answered)
+    return ref
 
-    def check_weights(self) -> None:
+
+class _TimedSource:
+    """The dispatcher's handle as a worker's ``GroupSource``, each take and report
+    recorded."""
+
+    class _Method:
+        def __init__(self, send: Any, record: Callable[..., Any]) -> None:
+            self.send, self.record = send, record
+
+        def remote(self, *args: Any) -> ray.ObjectRef:
+            return self.record(self.send.remote(*args), *args)
+
+    def __init__(self, dispatcher: Any, calls: _Calls) -> None:
+        def take(ref: ray.ObjectRef, *args: Any) -> ray.ObjectRef:
+            return _timed(ref, calls.takes, lambda work: len(work.assignments) if work else 0)
+
+        def report(ref: ray.ObjectRef, worker: int, done: list[GroupDone], *_: Any) -> Any:
+            calls.reports.append((time.time(), 0.0, len(done)))  # unanswered, as the worker's
+            return ref
+
+        self.take = self._Method(dispatcher.take, take)
+        self.report = self._Method(dispatcher.report, report)
+        self.hand_over = dispatcher.hand_over
+
+
+class _TimedStore(StoreClient):
+    """A worker's store client, each put timed (validating, encoding, the object-store put
+    and the store's answer)."""
+
+    def __init__(self, store: StoreClient, calls: list[Call]) -> None:
+        super().__init__(store.handle)  # no Parquet copy of the rows: that is the data plane
+        self.calls = calls
+
+    def put(self, batch: pa.RecordBatch, group_size: int | None = None) -> int:
         started, clock = time.time(), time.perf_counter()
-        found = self.params.pull(after=self.version)
-        if found is not None:
-            for _ in found:  # the engine copies each tensor in here
-                pass
-            self.version = found.version
-        self.calls.checks.append((started, time.perf_counter() - clock, int(found is not None)))
-        self.next_check = time.monotonic() + self.load.weight_check_s
+        number = super().put(batch, group_size)
+        self.calls.append((started, time.perf_counter() - clock, batch.num_rows))
+        return number
 
-    def refill(self, room: int) -> None:
-        started, clock = time.time(), time.perf_counter()
-        work = ray.get(self.dispatcher.take.remote(self.worker, room, self.version, None))
-        given = work.assignments if work is not None else []
-        self.calls.takes.append((started, time.perf_counter() - clock, len(given)))
-        self.stopping = work is None
-        self.held_until = None if work is None else work.held_until
-        now = time.monotonic()
-        for a in given:
-            sigma = GENERATION_SIGMA
-            took = self.load.generation_s * self.rng.lognormal(-(sigma**2) / 2, sigma)
-            if self.first:
-                took, self.first = took * self.rng.uniform(), self.first - 1
-            heapq.heappush(self.running, (now + took, self.started, a, self.version))
-            self.started += 1
 
-    def may_ask(self) -> bool:
-        """As the real worker: held back, ask again at the version admission waits for, or
-        when the answer to the last report says to."""
-        return self.held_until is None or self.version >= self.held_until or self.read_reply()
+class _Answered:
+    """Times calls to their answers without reading them, on a thread of its own that waits
+    on every call in flight (to ``ANSWER_RESOLUTION_S``). A relay's answer holds the
+    version's object refs: read a second time beside the worker's read, its borrow of them
+    can be dropped and the buckets freed under the worker."""
 
-    def read_reply(self) -> bool:
-        if self.last_report is None or not ray.wait([self.last_report], timeout=0)[0]:
-            return False
-        reply, self.last_report = ray.get(self.last_report), None
-        self.report_every_s = max(REPORT_EVERY_S, reply.report_every_s)
-        return bool(reply.ask)
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: dict[ray.ObjectRef, tuple[float, float, list[Call]]] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="answered", daemon=True)
+        self.thread.start()
 
-    def finish(self, until: float) -> None:
-        while self.running and self.running[0][0] <= until:
-            _, _, a, first = heapq.heappop(self.running)
-            if not self.unsent:
-                self.unsent_since = time.monotonic()
-            index = int(self.rng.integers(TEMPLATES))
-            self.unsent.append(self.blocks.group(index, a, first, self.version))
-            lengths = [int(k) for k in self.blocks.lengths[index]]
-            rewarded = len(lengths) // 2  # the templates reward every other sample
-            self.unsent_done.append(
-                GroupDone(
-                    a.group_id, a.problem.prompt_id, len(a.problem.prompt), lengths,
-                    float(rewarded), rewarded, 0, 0,
-                )
-            )  # fmt: skip
+    def add(self, ref: ray.ObjectRef, calls: list[Call]) -> None:
+        with self.lock:
+            self.pending[ref] = (time.time(), time.perf_counter(), calls)
 
-    def send(self) -> None:
-        """The finished groups into the store as one block; reported once the store has them."""
-        batch = pa.concat_batches(self.unsent)
-        started, clock = time.time(), time.perf_counter()
-        self.store.put(batch)
-        self.calls.puts.append((started, time.perf_counter() - clock, batch.num_rows))
-        self.reports += self.unsent_done
-        self.unsent, self.unsent_done = [], []
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
 
-    def report(self) -> None:
-        """Finished groups and counters to the dispatcher, unanswered as the real worker's,
-        but only once the dispatcher has taken the last one: the real worker sends them
-        regardless, and against a saturated dispatcher they would queue without bound."""
-        if self.read_reply():
-            self.held_until = None
-        self.next_report = time.monotonic() + self.report_every_s
-        if self.last_report is not None:
-            return
-        counters = {
-            "version": float(self.version),
-            "pid": float(os.getpid()),
-            "in_flight_tokens": sum(a.predicted * self.load.group for _, _, a, _ in self.running),
-            "free_groups": float(self.load.slots - len(self.running)),
-        }
-        self.last_report = self.dispatcher.report.remote(self.worker, self.reports, counters)
-        self.calls.reports.append((time.time(), 0.0, len(self.reports)))
-        self.reports = []
+    def _watch(self) -> None:
+        while not self.done.is_set():
+            with self.lock:
+                refs = list(self.pending)
+            if not refs:
+                self.done.wait(ANSWER_RESOLUTION_S)
+                continue
+            ready, _ = ray.wait(
+                refs, num_returns=len(refs), timeout=ANSWER_RESOLUTION_S, fetch_local=False
+            )
+            now = time.perf_counter()
+            with self.lock:
+                for ref in ready:
+                    started, clock, calls = self.pending.pop(ref)
+                    calls.append((started, now - clock, 1))
 
-    def nap(self) -> None:
-        due = [self.next_check, self.next_report]
-        if self.running:
-            due.append(self.running[0][0])
-        if self.unsent:
-            due.append(self.unsent_since + PUT_EVERY_S)
-        if self.load.slots - len(self.running) >= self.refill_at and self.held_until is None:
-            due.append(self.next_take)  # held: its next weight check or report wakes it
-        time.sleep(min(max(min(due) - time.monotonic(), 0.0), MAX_NAP_S))
+
+class _TimedParams(ParameterService):
+    """A worker's parameter-service handle, each "anything newer?" timed to its answer."""
+
+    def __init__(self, params: ParameterService, calls: list[Call], answered: _Answered) -> None:
+        super().__init__(
+            params.relays, params.node_ids, params.bucket_bytes, params.fetch_timeout, params.dtype
+        )
+        self.calls, self.answered = calls, answered
+
+    def ask(self, after: int) -> PendingPull:
+        asked = super().ask(after)
+        self.answered.add(asked.answer, self.calls)
+        return asked
 
 
 def _as_arrays(calls: Sequence[_Calls]) -> dict[str, np.ndarray]:
@@ -676,10 +715,12 @@ def _as_arrays(calls: Sequence[_Calls]) -> dict[str, np.ndarray]:
 
 @ray.remote(num_cpus=0, max_concurrency=2)  # type: ignore[call-overload]  # Ray's stubs lack it
 class WorkerHost:
-    """A process running simulated rollout workers as threads; ``stop`` ends a level."""
+    """A process running real rollout workers on clock engines, a thread each; ``hurry``
+    ends a level (after the dispatcher's stop)."""
 
-    def __init__(self, group: int, seed: int) -> None:
-        self.blocks = _Blocks(group, seed)
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.lengths = length_pool()
         self.halt = threading.Event()
 
     def pid(self) -> int:
@@ -693,11 +734,34 @@ class WorkerHost:
         dispatcher: Any,
         params: ParameterService,
     ) -> dict[str, np.ndarray]:
-        """Run ``workers`` until ``stop``: their calls. A worker's error is raised here."""
+        """Run ``workers``' streams until the dispatcher stops them: their calls. A
+        worker's error is raised here."""
         self.halt.clear()
-        sims = [_SimWorker(w, load, self.blocks, store, dispatcher, params) for w in workers]
-        with ThreadPoolExecutor(len(sims), thread_name_prefix="sim-worker") as pool:
-            return _as_arrays(list(pool.map(lambda sim: sim.run(self.halt), sims)))
+        env = _Env()
+        answered = _Answered()
+
+        def stream(worker: int) -> _Calls:
+            calls = _Calls()
+            rollout = RolloutWorker(
+                partial(ClockEngine, load, self.lengths, self.seed * 100_003 + worker, self.halt),
+                env,
+                partial(VerifierScorer, env),
+                _TimedStore(store, calls.puts),
+                _TimedParams(params, calls.checks, answered),
+            )
+            settings = StreamSettings(
+                worker=worker, samples_per_prompt=load.group, max_new_tokens=MAX_NEW_TOKENS,
+                temperature=1.0, scale_by_std=False, concurrency=load.slots * load.group,
+                weight_check_s=load.weight_check_s,
+            )  # fmt: skip
+            rollout.stream(_TimedSource(dispatcher, calls), settings)
+            return calls
+
+        try:
+            with ThreadPoolExecutor(len(workers), thread_name_prefix="rollout-worker") as pool:
+                return _as_arrays(list(pool.map(stream, workers)))
+        finally:
+            answered.stop()
 
     def probe(
         self, call: Callable[[int], object], callers: list[int], seconds: float
@@ -717,7 +781,8 @@ class WorkerHost:
             rows = [row for rows in pool.map(loop, callers) for row in rows]
         return np.asarray(rows, dtype=np.float64).reshape(-1, 2)
 
-    def stop(self) -> None:
+    def hurry(self) -> None:
+        """Every request running finishes at its engine's next step."""
         self.halt.set()
 
 
@@ -883,7 +948,7 @@ def run_level(
     step_s: float,
     profile: bool,
 ) -> LevelResult:
-    """Fresh controllers, the simulated workers and the trainer for a warm-up and
+    """Fresh controllers, the rollout workers and the trainer for a warm-up and
     ``window_s``; then a clean stop (the workers put every group they hold, the store drops
     what is not trained) and the ledger's check."""
     groups, k = load.groups_per_step, load.max_staleness
@@ -908,7 +973,9 @@ def run_level(
         for i, h in enumerate(hosts)
     ]
     loading = _wait_loaded(dispatcher, load.workers * load.slots)
-    time.sleep(2 * STEP_EVERY_S)  # and the trainer's first steps
+    # The first groups of the fleet all start at once, and a group lasts as long as its
+    # longest sample: groups finish at the steady rate once the longest has had its time.
+    time.sleep(max(2 * STEP_EVERY_S, LONGEST_OVER_MEAN * load.generation_s))
     before, t0 = _cpu_seconds({**pids, **others}), time.time()
     spies = _profile(pids, window_s, folder) if profile else {}
     time.sleep(window_s)
@@ -916,8 +983,9 @@ def run_level(
     profiles = {name: _read_profile(spy, path) for name, (spy, path) in spies.items()}
     stopping = time.monotonic()
     store.drain(True)  # the workers' last puts must not wait for room
+    ray.get(dispatcher.stop.remote())  # as the flow ends a stream: no more groups
     for h in hosts:
-        h.stop.remote()
+        h.hurry.remote()  # and what runs finishes now
     logs = ray.get(streams, timeout=STOP_TIMEOUT_S)
     steps = trainer.stop()
     ray.get(store_handle.close.remote("the benchmark level ended"), timeout=STOP_TIMEOUT_S)
@@ -1258,8 +1326,9 @@ def report(
         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {elapsed:.0f} s in all.",
         f"Command: `.venv/bin/{command}`.",
         "",
-        f"Simulated rollout workers in {HOSTS} processes, {SLOTS} groups of {GROUP} each at "
-        f"once, weight checks every {WEIGHT_CHECK_S:g} s (the real worker's "
+        f"Real rollout workers (their stream loop) on clock engines, in {HOSTS} processes, "
+        f"{SLOTS * GROUP} samples each at once (groups of {GROUP}; a group lasts as long as "
+        "its longest sample), weight checks every {WEIGHT_CHECK_S:g} s (the real worker's "
         f"{REAL_WEIGHT_CHECK_S:g} s is the relay probe's demand), reports every "
         f"{REPORT_EVERY_S:g} s or as the dispatcher paces them ({REPORTS_PER_S:g} a second "
         f"for the fleet); rows of {PROMPT_TOKENS} prompt tokens and the 7B workload's "
@@ -1368,7 +1437,7 @@ def main() -> None:
         log_to_driver=False,
     )
     try:
-        hosts = [WorkerHost.remote(GROUP, seed) for seed in range(HOSTS)]  # type: ignore[attr-defined]
+        hosts = [WorkerHost.remote(seed) for seed in range(HOSTS)]  # type: ignore[attr-defined]
         ray.get([h.pid.remote() for h in hosts])
         say(f"{HOSTS} worker hosts are up")
         results = []

@@ -1,10 +1,12 @@
 """benchmarks/control_plane.py: the demand it derives from the simulator, the headroom and
-cost arithmetic, the percentiles and profiles it summarises, the rows its simulated workers
-put, and one small real level (Ray) whose ledger comes out exactly once."""
+cost arithmetic, the percentiles and profiles it summarises, the clock engine its rollout
+workers run on, and one small real level (Ray, the real rollout workers' stream loop) whose
+ledger comes out exactly once."""
 
 from __future__ import annotations
 
 import math
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,16 +15,18 @@ import pytest
 from benchmarks.control_plane import (
     GROUP,
     HOSTS,
+    MAX_NEW_TOKENS,
     Ceiling,
+    ClockEngine,
     Costs,
     Demand,
     LevelResult,
     Load,
     WorkerHost,
-    _Blocks,
     demand_of,
     find_ceiling,
     headroom,
+    length_pool,
     parse_levels,
     percentile,
     projected,
@@ -33,9 +37,7 @@ from benchmarks.control_plane import (
     top_frames,
     verdict,
 )
-from sluice.engines.rollout.messages import Assignment
-from sluice.envs import Problem
-from sluice.storage.schema import validate_batch
+from sluice.engines.protocols import Delta
 
 # A 7B-like cell at 1024 accelerators: 418 engines of 256 requests on one accelerator each,
 # 640 generated samples/s (40 groups of 16), 512 trained.
@@ -224,23 +226,36 @@ def test_levels_parse_and_bad_ones_name_the_format():
 
 def test_a_level_sizes_its_steps_generation_and_bound_from_the_offered_rate():
     load = Load(workers=512, offered=4096.0, group=16, slots=2, weight_check_s=1.0)
-    assert load.generation_s == 4.0  # 512 x 2 groups x 16 samples in flight at 4096/s
+    assert load.generation_s == 4.0  # a sample: 512 x 2 groups x 16 samples in flight at 4096/s
     assert load.groups_per_step == 256  # 4096 samples a second / 16
-    # Admission: 1024 groups in flight / 256 a step = 4; staleness: (4 x 4 s + 1 s) / 1 s = 17.
+    # Admission: up to 4 x 1024 groups part-done / 256 a step = 16; staleness: a group of
+    # (4 x 4 s) and a weight check (1 s) span 17 steps of 1 s.
     assert load.max_staleness == 18
 
 
-def test_a_simulated_group_is_a_valid_block_of_the_7b_workloads_size():
-    blocks = _Blocks(group=16, seed=0)
-    problem = Problem("p7", "control-plane", "x", "", "train")
-    batch = blocks.group(3, Assignment(problem, "p7@g9", 0, 100.0), first=2, last=5)
-    validate_batch(batch)
-    assert batch.column("sample_id").to_pylist() == [f"p7@g9/{j}" for j in range(16)]
-    assert set(batch.column("group_id").to_pylist()) == {"p7@g9"}
-    length = int(blocks.lengths[3][0])
-    versions = batch.column("token_versions")[0].as_py()
-    assert versions == [2] * (length // 2) + [5] * (length - length // 2)
-    assert 1_000 < float(np.mean(blocks.lengths)) < 10_000  # long-tail responses, ~4k mean
+def test_a_clock_engine_finishes_requests_at_their_drawn_lengths_and_hurries_at_the_end():
+    load = Load(workers=1, offered=16_000.0, slots=1)  # samples of 1 ms: due at once
+    hurry = threading.Event()
+    engine = ClockEngine(load, length_pool(), seed=0, hurry=hurry)
+    for j in range(GROUP):
+        engine.start(f"g/{j}", engine.prompt_ids(["x"])[0], MAX_NEW_TOKENS, 1.0, j)
+    done: list[Delta] = []
+    while len(done) < GROUP:
+        done += engine.step()
+    assert sorted(d.request_id for d in done) == sorted(f"g/{j}" for j in range(GROUP))
+    lengths = [len(d.token_ids) for d in done]
+    assert all(d.finished and len(d.logprobs) == len(d.token_ids) for d in done)
+    assert set(lengths) <= set(engine.lengths.tolist())  # the 7B workload's lengths
+    assert 1_000 < float(np.mean(engine.lengths)) < 10_000  # long-tail responses, ~4k mean
+
+    slow = ClockEngine(Load(workers=64, offered=1.0, slots=1), length_pool(), 1, hurry)
+    slow.warm = 0  # samples of 1,024 s on average
+    slow.start("late/0", [1], MAX_NEW_TOKENS, 1.0, 0)
+    slow.start("late/1", [1], MAX_NEW_TOKENS, 1.0, 1)
+    slow.abort(["late/1"])
+    assert slow.generated("late/0") == 0 and slow.generated("late/1") is None
+    hurry.set()  # the level ends: what runs finishes at the next step, the aborted one not
+    assert [d.request_id for d in slow.step()] == ["late/0"]
 
 
 def test_a_take_at_a_small_shape_costs_the_real_dispatcher_something():
@@ -250,7 +265,7 @@ def test_a_take_at_a_small_shape_costs_the_real_dispatcher_something():
 def test_a_small_level_runs_the_real_controllers_and_the_ledger_is_exactly_once(
     ray_local, tmp_path
 ):
-    hosts = [WorkerHost.remote(GROUP, seed) for seed in range(HOSTS)]
+    hosts = [WorkerHost.remote(seed) for seed in range(HOSTS)]
     try:
         result = run_level(
             Load(workers=8, offered=160.0), hosts, tmp_path / "level", window_s=2.0,
