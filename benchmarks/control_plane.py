@@ -444,10 +444,15 @@ class Load:
     weight_check_s: float = WEIGHT_CHECK_S
 
     @property
+    def running(self) -> float:
+        """Samples a worker runs on average: it has room for ``slots`` groups' worth and
+        takes whole groups, so it runs between one group fewer and that many."""
+        return (self.slots - 0.5) * self.group
+
+    @property
     def generation_s(self) -> float:
-        """Mean seconds a sample generates (Little's law: samples in flight over the rate;
-        the worker keeps ``slots`` groups' worth of samples running)."""
-        return self.workers * self.slots * self.group / self.offered
+        """Mean seconds a sample generates (Little's law: samples running over the rate)."""
+        return self.workers * self.running / self.offered
 
     @property
     def groups_per_step(self) -> int:
@@ -1327,8 +1332,9 @@ def report(
         f"Command: `.venv/bin/{command}`.",
         "",
         f"Real rollout workers (their stream loop) on clock engines, in {HOSTS} processes, "
-        f"{SLOTS * GROUP} samples each at once (groups of {GROUP}; a group lasts as long as "
-        "its longest sample), weight checks every {WEIGHT_CHECK_S:g} s (the real worker's "
+        f"room for {SLOTS * GROUP} samples each, taken in whole groups of {GROUP} (so "
+        f"{Load(1, 1.0).running:.0f} running on average; a group lasts as long as its longest "
+        "sample), weight checks every {WEIGHT_CHECK_S:g} s (the real worker's "
         f"{REAL_WEIGHT_CHECK_S:g} s is the relay probe's demand), reports every "
         f"{REPORT_EVERY_S:g} s or as the dispatcher paces them ({REPORTS_PER_S:g} a second "
         f"for the fleet); rows of {PROMPT_TOKENS} prompt tokens and the 7B workload's "

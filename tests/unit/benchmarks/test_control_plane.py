@@ -226,15 +226,16 @@ def test_levels_parse_and_bad_ones_name_the_format():
 
 def test_a_level_sizes_its_steps_generation_and_bound_from_the_offered_rate():
     load = Load(workers=512, offered=4096.0, group=16, slots=2, weight_check_s=1.0)
-    assert load.generation_s == 4.0  # a sample: 512 x 2 groups x 16 samples in flight at 4096/s
+    assert load.running == 24  # room for 32 samples, filled a group of 16 at a time
+    assert load.generation_s == 3.0  # a sample: 512 x 24 samples running at 4096/s
     assert load.groups_per_step == 256  # 4096 samples a second / 16
     # Admission: up to 4 x 1024 groups part-done / 256 a step = 16; staleness: a group of
-    # (4 x 4 s) and a weight check (1 s) span 17 steps of 1 s.
-    assert load.max_staleness == 18
+    # (4 x 3 s) and a weight check (1 s) span 13 steps of 1 s.
+    assert load.max_staleness == 17
 
 
 def test_a_clock_engine_finishes_requests_at_their_drawn_lengths_and_hurries_at_the_end():
-    load = Load(workers=1, offered=16_000.0, slots=1)  # samples of 1 ms: due at once
+    load = Load(workers=1, offered=8_000.0, slots=1)  # samples of 1 ms: due at once
     hurry = threading.Event()
     engine = ClockEngine(load, length_pool(), seed=0, hurry=hurry)
     for j in range(GROUP):
@@ -248,7 +249,7 @@ def test_a_clock_engine_finishes_requests_at_their_drawn_lengths_and_hurries_at_
     assert set(lengths) <= set(engine.lengths.tolist())  # the 7B workload's lengths
     assert 1_000 < float(np.mean(engine.lengths)) < 10_000  # long-tail responses, ~4k mean
 
-    slow = ClockEngine(Load(workers=64, offered=1.0, slots=1), length_pool(), 1, hurry)
+    slow = ClockEngine(Load(workers=128, offered=1.0, slots=1), length_pool(), 1, hurry)
     slow.warm = 0  # samples of 1,024 s on average
     slow.start("late/0", [1], MAX_NEW_TOKENS, 1.0, 0)
     slow.start("late/1", [1], MAX_NEW_TOKENS, 1.0, 1)
