@@ -1334,7 +1334,7 @@ def report(
         f"Real rollout workers (their stream loop) on clock engines, in {HOSTS} processes, "
         f"room for {SLOTS * GROUP} samples each, taken in whole groups of {GROUP} (so "
         f"{Load(1, 1.0).running:.0f} running on average; a group lasts as long as its longest "
-        "sample), weight checks every {WEIGHT_CHECK_S:g} s (the real worker's "
+        f"sample), weight checks every {WEIGHT_CHECK_S:g} s (the real worker's "
         f"{REAL_WEIGHT_CHECK_S:g} s is the relay probe's demand), reports every "
         f"{REPORT_EVERY_S:g} s or as the dispatcher paces them ({REPORTS_PER_S:g} a second "
         f"for the fleet); rows of {PROMPT_TOKENS} prompt tokens and the 7B workload's "
