@@ -21,10 +21,12 @@ from ray.exceptions import RayActorError
 from sluice.config.tree import RunConfig
 from sluice.driver.restarts import Restarts, Waiter
 from sluice.driver.rollout_metrics import RewardFailures, RolloutResult, rollout_metrics
-from sluice.engines.rollout.messages import BatchShard, RolloutStats
+from sluice.driver.weight_sync import ServedWeights
+from sluice.engines.rollout.messages import BatchShard, RolloutStats, Served
 from sluice.engines.rollout.worker import RolloutWorkerClient
 from sluice.envs import Problem
 from sluice.envs.prompts import PromptSource
+from sluice.storage.params import digest_number
 
 log = logging.getLogger("sluice")
 
@@ -126,10 +128,12 @@ class BatchRollouts:
         workers: list[RolloutWorkerClient],
         prompts: PromptSource,
         wait: Waiter,
+        served: ServedWeights,
         tag: str = "",
         lag: int = 0,
     ) -> None:
         self.cfg, self.r = cfg, cfg.rollout
+        self.served = served  # what each worker serves, against what was published
         self.workers, self.prompts, self.wait, self.tag = workers, prompts, wait, tag
         self.lag = lag  # versions a batch's weights trail the step before it (one_step: 1)
         self.pending: PendingRollout | None = None
@@ -195,7 +199,13 @@ class BatchRollouts:
         def pull(w: int, retry: int = 0) -> Any:
             return self.workers[w].sync_weights(step, timeout)
 
-        self._each([pull(w) for w in range(len(self.workers))], pull, "weights")
+        loaded: list[Served] = self._each(
+            [pull(w) for w in range(len(self.workers))], pull, "weights"
+        )
+        for w, served in enumerate(loaded):
+            number = digest_number(served.digest)
+            for warning in self.served.check(w, served.version, number, step):
+                log.warning(warning)
 
     def drain(self, step: int, dropped_groups: int = 0) -> dict[str, float]:
         if self.result is None:

@@ -47,7 +47,7 @@ from sluice.driver.modes import Rollouts, schedule
 from sluice.driver.step_log import StoreMetrics, Totals
 from sluice.driver.stream import StreamRollouts
 from sluice.driver.tracking import MetricLogger
-from sluice.driver.weight_sync import SyncWatch
+from sluice.driver.weight_sync import ServedWeights, SyncWatch
 from sluice.engines.cluster.placement import wait_placed
 from sluice.engines.cluster.ray_cluster import child_env, gpus_each, on_driver_node, pool_dtype
 from sluice.engines.rollout.dispatcher import launch_dispatcher
@@ -59,7 +59,7 @@ from sluice.envs.prompts import training_prompts
 from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
 from sluice.storage.layout import RunLayout
 from sluice.storage.ledger import Ledger
-from sluice.storage.params import ParameterService
+from sluice.storage.params import ParameterService, digest_number
 from sluice.storage.trajectory_index import LeaseGrant
 from sluice.storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
 
@@ -279,10 +279,14 @@ class Session:
             for ref in self.ready(list(loading), 1, "weights"):
                 worker = loading.pop(ref)
                 try:
-                    ray.get(ref)
+                    served = ray.get(ref)
                 except RayActorError as error:  # ActorUnavailableError is one
                     self.rollouts.died_loading(worker, self.step, error)
                     del loaded[ref]
+                    continue
+                index, number = self.workers.index(worker), digest_number(served.digest)
+                for warning in self.served.check(index, served.version, number, self.step):
+                    log.warning(warning)
         return list(loaded.values())
 
     def lease(self) -> LeaseGrant:
@@ -477,6 +481,7 @@ class Session:
         self.actors = [handle, *self.trainer.handles, *(w.handle for w in self.workers)]
         self.groups = [self.trainer.group] if self.trainer.group is not None else []
         self.actors += params.relays
+        self.served = ServedWeights(params.published_digest, cfg.weights.pull_timeout_s)
         train_seed = cfg.seed if cfg.env.train_seed is None else cfg.env.train_seed
         prompts, self.heldout = fitting(
             cfg,
@@ -487,10 +492,10 @@ class Session:
         if streaming:
             dispatcher = launch_dispatcher(cfg, self.store, prompts, self.env.name)
             self.actors.append(dispatcher.handle)
-            self.stream = StreamRollouts(cfg, self.workers, dispatcher, self.wait, tag)
+            self.stream = StreamRollouts(cfg, self.workers, dispatcher, self.wait, self.served, tag)
         else:
             lag = self.schedule.max_staleness
-            self.batch = BatchRollouts(cfg, self.workers, prompts, self.wait, tag, lag)
+            self.batch = BatchRollouts(cfg, self.workers, prompts, self.wait, self.served, tag, lag)
 
 
 def _ask(cpus: float, gpus: float, resources: dict[str, float]) -> dict[str, float]:

@@ -27,6 +27,7 @@ from sluice.driver.rollout_metrics import (
     episode_metrics,
     reward_function_metrics,
 )
+from sluice.driver.weight_sync import ServedWeights
 from sluice.engines.rollout.dispatcher import DispatcherClient
 from sluice.engines.rollout.messages import StreamSettings
 from sluice.engines.rollout.worker import RolloutWorkerClient
@@ -43,9 +44,11 @@ class StreamRollouts:
         workers: list[RolloutWorkerClient],
         dispatcher: DispatcherClient,
         wait: Waiter,
+        served: ServedWeights,
         tag: str = "",
     ) -> None:
         self.cfg, self.workers, self.dispatcher, self.wait = cfg, workers, dispatcher, wait
+        self.served = served  # what each worker serves, against what was published
         self.settings = [stream_settings(cfg, i) for i in range(len(workers))]
         self.tag = tag  # group ids of a resumed run (the dispatcher applies it)
         self.refs: list[Any] = []  # one stream per worker while streaming (None: restarting)
@@ -162,6 +165,8 @@ class StreamRollouts:
             if busy + idle > 0:
                 metrics[f"rollout/worker{w}/idle_fraction"] = idle / (busy + idle)
             metrics[f"rollout/worker{w}/version_lag"] = step - c["version"]
+            for warning in self.served.check(w, int(c["version"]), c["weights_digest"], step):
+                log.warning(warning)
             metrics[f"rollout/worker{w}/weight_pull_s"] = delta["pull_s"]
             metrics[f"rollout/worker{w}/weight_loads"] = delta["weight_loads"]
             for name, value in delta.items():

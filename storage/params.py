@@ -45,6 +45,16 @@ engine loads them; nothing joins or copies the version in the worker's process.
 rollout workers by whoever creates it; the staging buffers and the threads stay in the
 process that publishes.
 
+Each version carries digests (xxh3-128, about 18 GB/s on one core here): one per bucket,
+computed by the publisher as it hands the bucket over, and one for the whole version over
+its number and the buckets' digests, which relay 0 keeps for ``HISTORY`` versions
+(:meth:`ParameterService.published_digest`). A puller checks every bucket it received against
+the publisher's digest before it yields a tensor (:class:`Weights`), so bytes cut, changed or
+mixed up on the way are a :class:`ParameterError` before the engine loads any of them, and
+``Weights.loaded`` is the version's digest only once the engine has read every tensor: the
+digest a rollout worker reports as the one it serves, which the driver compares with the
+published one (``driver/weight_sync.py``).
+
 Every wait on Ray has a timeout, and Ray's timeout, dead-actor and lost-object errors come
 back as :class:`ParameterError` naming the version, the relay and the timeout. A failed
 snapshot or hand-over is raised once: from the trainer's next ``publish`` or ``flush``,
@@ -72,6 +82,7 @@ from typing import Any
 
 import ray
 import torch
+import xxhash
 from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -99,6 +110,8 @@ SNAPSHOT_TIMEOUT_S = 60.0
 PUT_SLACK_S = 60.0
 # How long create() waits for the relay actors to start.
 START_TIMEOUT_S = 120.0
+# Whole-version digests relay 0 keeps, for the driver to compare served ones with.
+HISTORY = 4096
 # Offers run in their own threads so that a slow fetch never delays `latest`; two let a
 # newer version be fetched while an older, slow one is still arriving.
 _RELAY_OPTIONS: dict[str, Any] = {"num_cpus": 0, "concurrency_groups": {"fetch": 2}}
@@ -270,6 +283,26 @@ def bucket_tensors(header: bytes, data: Any) -> Iterator[tuple[str, torch.Tensor
         yield name, flat[start:end].view(_TORCH_DTYPES[entry["dtype"]]).view(entry["shape"])
 
 
+def bucket_digest(header: bytes, data: Any) -> str:
+    """The digest of one bucket as it travels: its safetensors header and its bytes. A
+    check for bytes lost, cut or mixed up on the way, not against an adversary."""
+    digest = xxhash.xxh3_128(header)
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def version_digest(version: int, buckets: Iterable[str]) -> str:
+    """A version's digest: over its number and its buckets' digests, in order (the same
+    bytes published as another version do not pass for it)."""
+    return xxhash.xxh3_128(f"{version}:{','.join(buckets)}".encode()).hexdigest()
+
+
+def digest_number(digest: str) -> float:
+    """A digest's first 52 bits as a float, exactly: how a rollout worker's stream counters
+    (all floats) carry the digest it serves; 0.0 for none."""
+    return float(int(digest[:13], 16)) if digest else 0.0
+
+
 class Weights:
     """One pulled version, read lazily: iterate for ``(name, tensor)`` in name order.
 
@@ -279,27 +312,70 @@ class Weights:
     nor copies it into this process: the consumer's copy is the only one. A bucket stays
     mapped while a tensor of it is referenced; the version stays in the object store while
     this object (or the relay) holds it: drop it once loaded.
+
+    Before the first tensor, every bucket is checked against ``digests``, the publisher's
+    (a ParameterError names the first that differs); ``loaded`` is the version's digest
+    once every tensor has been read, None before (a load skipped or cut short).
     """
 
-    def __init__(self, version: int, refs: list[ray.ObjectRef], relay: int, timeout: float) -> None:
+    def __init__(
+        self,
+        version: int,
+        refs: list[ray.ObjectRef],
+        relay: int,
+        timeout: float,
+        digests: list[str],
+    ) -> None:
+        if len(digests) != len(refs):
+            raise ParameterError(
+                f"version {version} from relay {relay} has {len(refs)} buckets but "
+                f"{len(digests)} digests"
+            )
         self.version = version
         self.refs = refs
         self.relay = relay
         self.timeout = timeout
+        self.digests = digests
+        self.loaded: str | None = None
+        self._checked = False
+
+    def _bucket(self, index: int) -> Parts:
+        try:
+            return _get(self.refs[index], self.timeout)
+        except (GetTimeoutError, RayActorError, ObjectLostError) as err:
+            raise _ray_failure(
+                err, f"bucket {index} of version {self.version}", self.relay, self.timeout
+            ) from err
+
+    def check(self) -> None:
+        """Every bucket against the publisher's digest; a ParameterError names the first
+        bucket that differs. Each is mapped from the object store and hashed, not copied."""
+        if self._checked:
+            return
+        for index, published in enumerate(self.digests):
+            header, data = self._bucket(index)
+            received = bucket_digest(header, data)
+            del header, data
+            if received != published:
+                raise ParameterError(
+                    f"bucket {index} of version {self.version} from relay {self.relay} is not "
+                    f"what the trainer published (digest {received}, published {published}): "
+                    "its bytes were cut or changed on the way. Nothing of it was loaded"
+                )
+        self._checked = True
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for index, ref in enumerate(self.refs):
-            try:
-                header, data = _get(ref, self.timeout)
-            except (GetTimeoutError, RayActorError, ObjectLostError) as err:
-                raise _ray_failure(
-                    err, f"bucket {index} of version {self.version}", self.relay, self.timeout
-                ) from err
+        self.check()
+        for index in range(len(self.refs)):
+            header, data = self._bucket(index)
             yield from bucket_tensors(header, data)
             del header, data  # unmapped before the next bucket is fetched
+        self.loaded = version_digest(self.version, self.digests)
 
     def blobs(self) -> list[bytes]:
-        """Every bucket as a safetensors file in memory: a copy, for tools and tests."""
+        """Every bucket as a safetensors file in memory, checked: a copy, for tools and
+        tests."""
+        self.check()
         return [b"".join(parts) for parts in _get(self.refs, self.timeout)]
 
 
@@ -356,6 +432,8 @@ class _Relay:
         self._lock = threading.Lock()
         self._version = EMPTY
         self._refs: list[ray.ObjectRef] = []
+        self._digests: list[str] = []  # the publisher's, one per bucket of the held version
+        self._history: dict[int, str] = {}  # version: its digest, the newest HISTORY
         # The version being taken from the publisher, and the buckets of it copied so far.
         self._staging = EMPTY
         self._staged: dict[int, ray.ObjectRef] = {}
@@ -384,11 +462,17 @@ class _Relay:
         return True
 
     @ray.method(concurrency_group="fetch")
-    def commit(self, version: int, count: int) -> bool:
-        """Serve ``version``, whose ``count`` buckets ``take`` has copied; forward it."""
+    def commit(self, version: int, count: int, digests: list[str]) -> bool:
+        """Serve ``version``, whose ``count`` buckets ``take`` has copied, with the
+        publisher's ``digests`` of them; forward it."""
         with self._lock:
             if version <= self._version:
                 return False
+            if len(digests) != count:
+                raise ParameterError(
+                    f"relay {self._index} cannot commit version {version}: {count} buckets "
+                    f"but {len(digests)} digests"
+                )
             if self._staging != version or sorted(self._staged) != list(range(count)):
                 raise ParameterError(
                     f"relay {self._index} cannot commit version {version}: it has buckets "
@@ -396,10 +480,10 @@ class _Relay:
                 )
             owned = [self._staged[i] for i in range(count)]
             self._staging, self._staged = EMPTY, {}
-        return self._install(version, owned)
+        return self._install(version, owned, digests)
 
     @ray.method(concurrency_group="fetch")
-    def offer(self, version: int, refs: list[ray.ObjectRef]) -> bool:
+    def offer(self, version: int, refs: list[ray.ObjectRef], digests: list[str]) -> bool:
         """Take ``version`` from the upstream relay if it is newer than the one held; True if
         it was taken.
 
@@ -428,18 +512,21 @@ class _Relay:
                 ) from err
             owned.append(ray.put(parts))
             del parts
-        return self._install(version, owned)
+        return self._install(version, owned, digests)
 
-    def _install(self, version: int, owned: list[ray.ObjectRef]) -> bool:
+    def _install(self, version: int, owned: list[ray.ObjectRef], digests: list[str]) -> bool:
         """Serve ``owned`` as ``version`` (dropping the version held), forward it."""
         with self._lock:
             if version <= self._version:
                 return False  # a newer version finished first
-            self._version, self._refs = version, owned
-        self._forward(version, owned)
+            self._version, self._refs, self._digests = version, owned, digests
+            self._history[version] = version_digest(version, digests)
+            while len(self._history) > HISTORY:
+                del self._history[min(self._history)]
+        self._forward(version, owned, digests)
         return True
 
-    def _forward(self, version: int, owned: list[ray.ObjectRef]) -> None:
+    def _forward(self, version: int, owned: list[ray.ObjectRef], digests: list[str]) -> None:
         """Offer ``version`` to each downstream relay without waiting for it; a relay whose
         last offer failed because it died (its node was lost) is offered nothing more."""
         with self._lock:  # two versions can be installed at once (the fetch group)
@@ -455,14 +542,21 @@ class _Relay:
                         logger.warning("relay %d: a downstream relay failed: %s", self._index, err)
                 alive.append(relay)
             self._downstream = alive
-            self._offers = [relay.offer.remote(version, owned) for relay in alive]
+            self._offers = [relay.offer.remote(version, owned, digests) for relay in alive]
 
-    def latest(self, after: int) -> tuple[int, list[ray.ObjectRef]] | None:
-        """The held version and its bucket refs, or None if it is not newer than ``after``."""
+    def latest(self, after: int) -> tuple[int, list[ray.ObjectRef], list[str]] | None:
+        """The held version, its bucket refs and their digests, or None if it is not newer
+        than ``after``."""
         with self._lock:
             if self._version <= after:
                 return None
-            return self._version, list(self._refs)
+            return self._version, list(self._refs), list(self._digests)
+
+    def digest(self, version: int) -> str | None:
+        """The digest of ``version`` as published, if this relay took it (and it is one of
+        the newest ``HISTORY``)."""
+        with self._lock:
+            return self._history.get(version)
 
     def version(self) -> int:
         with self._lock:
@@ -705,6 +799,7 @@ class ParameterService:
 
         relay = self.relays[0]
         pending: ray.ObjectRef | None = None
+        digests: list[str] = []
         groups = _cut(list(layout), size, self.bucket_bytes)
         for index, names in enumerate(groups):
             # Widest dtypes first within a bucket: every tensor aligned to its element size.
@@ -731,7 +826,9 @@ class ParameterService:
                     views[name].copy_(tensor)
                     seen.add(name)
                     del got, tensor  # let it go before the next is gathered
-            ref = ray.put([_header(entries), buffer.numpy()])  # a copy: the buffer is free
+            header = _header(entries)
+            digests.append(bucket_digest(header, buffer.numpy()))
+            ref = ray.put([header, buffer.numpy()])  # a copy: the buffer is free
             del views, buffer
             if pending is not None and not self._relay_answer(version, pending):
                 return  # relay 0 already holds a version as new
@@ -742,7 +839,7 @@ class ParameterService:
             raise wrong(extra[0], "the end")
         if pending is not None and not self._relay_answer(version, pending):
             return
-        self._relay_answer(version, relay.commit.remote(version, len(groups)))
+        self._relay_answer(version, relay.commit.remote(version, len(groups), digests))
 
     def wait_snapshot(self, timeout: float = SNAPSHOT_TIMEOUT_S) -> float:
         """Wait until the newest published version has been copied; returns seconds waited.
@@ -827,7 +924,9 @@ class ParameterService:
         copied.result()  # re-raises the snapshot's ParameterError
         relay = self.relays[0]
         pending: ray.ObjectRef | None = None
+        digests = []
         for index, parts in enumerate(buckets):
+            digests.append(bucket_digest(*parts))
             try:
                 ref = ray.put(parts)
             except RayError as err:
@@ -842,7 +941,7 @@ class ParameterService:
             del ref
         if pending is not None and not self._relay_answer(version, pending):
             return
-        self._relay_answer(version, relay.commit.remote(version, len(buckets)))
+        self._relay_answer(version, relay.commit.remote(version, len(buckets), digests))
 
     def _relay_answer(self, version: int, answer: ray.ObjectRef) -> bool:
         try:
@@ -864,6 +963,17 @@ class ParameterService:
         except (GetTimeoutError, RayActorError) as err:
             raise _ray_failure(err, "asking for the latest version", 0, timeout) from err
         return version
+
+    def published_digest(self, version: int, timeout: float = 10.0) -> str | None:
+        """The digest of ``version`` as the trainer published it (relay 0's record), or
+        None if relay 0 never took it or has forgotten it (older than ``HISTORY``)."""
+        try:
+            digest: str | None = _get(self.relays[0].digest.remote(version), timeout)
+        except (GetTimeoutError, RayActorError) as err:
+            raise _ray_failure(
+                err, f"asking for the digest of version {version}", 0, timeout
+            ) from err
+        return digest
 
     def _nearest(self) -> int:
         """A relay on this node if there is one, else relay 0."""
@@ -895,10 +1005,10 @@ class ParameterService:
         deadline = time.monotonic() + timeout
         what = f"parameter pull of a version newer than {asked.after}"
         try:
-            found: tuple[int, list[ray.ObjectRef]] | None = _get(asked.answer, timeout)
+            found: tuple[int, list[ray.ObjectRef], list[str]] | None = _get(asked.answer, timeout)
             if found is None:
                 return None
-            version, refs = found
+            version, refs, digests = found
             what = f"parameter pull of version {version}"
             left = max(deadline - time.monotonic(), 0.0)
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=left) if refs else ([], [])
@@ -906,7 +1016,7 @@ class ParameterService:
                 raise GetTimeoutError(f"{len(refs) - len(ready)} of {len(refs)} buckets missing")
         except (GetTimeoutError, RayActorError, ObjectLostError) as err:
             raise _ray_failure(err, what, asked.relay, timeout) from err
-        return Weights(version, refs, asked.relay, timeout)
+        return Weights(version, refs, asked.relay, timeout, digests)
 
     def shutdown(self) -> None:
         """Kill the relays; their versions are freed with them, and pending hand-overs fail."""

@@ -57,6 +57,16 @@ class GroupDone:
 
 
 @dataclass(frozen=True)
+class Served:
+    """The weight version a rollout worker's engine holds and the digest of what it loaded
+    of it (``storage.params.Weights.loaded``; "" for none pulled: the starting policy, or a
+    load the engine skipped or cut short)."""
+
+    version: int
+    digest: str
+
+
+@dataclass(frozen=True)
 class BatchShard:
     """How a batch-mode ``rollout`` call generates its share of a batch."""
 

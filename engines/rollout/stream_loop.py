@@ -39,7 +39,7 @@ from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.scoring import RecordedScorer, Scorer
 from sluice.rl.dispatch import InFlight
 from sluice.storage.block_builder import VersionRuns
-from sluice.storage.params import ParameterService, PendingPull, Weights
+from sluice.storage.params import ParameterService, PendingPull, Weights, digest_number
 from sluice.storage.trajectory_store import StoreClient
 
 # How often a worker that needs a version asks the relay again.
@@ -78,9 +78,12 @@ class StreamHost(Protocol):
     env: Environment
     scorer: Scorer
     scoring: ThreadPoolExecutor | None
+    served_digest: str
 
     @property
     def store(self) -> StoreClient: ...
+
+    def load(self, weights: Weights) -> None: ...
 
     @property
     def params(self) -> ParameterService: ...
@@ -117,6 +120,7 @@ class StreamLoop(SampleRunner):
         )
         self.source, self.s = source, settings
         self.scoring = worker.scoring
+        self.host = worker  # loads the weights and keeps what it serves
         # Finished groups whose scores are being computed on ``scoring``.
         self.being_scored: list[tuple[str, PartialGroup, Future[RowsAndStats]]] = []
         self.reports: list[GroupDone] = []  # groups the store took, to report
@@ -207,7 +211,7 @@ class StreamLoop(SampleRunner):
     def load_newer(self) -> None:
         assert self.newer is not None
         version = self.newer.version
-        self.engine.load_weights(self.newer, version)
+        self.host.load(self.newer)
         self.newer = None  # the version may go from the object store once the relay drops it
         self.counters["weight_loads"] += 1
         for request, sample in self.running.items():  # tokens from here on: `version`
@@ -389,6 +393,7 @@ class StreamLoop(SampleRunner):
         counters = {
             **self.counters,
             "version": float(self.engine.version()),
+            "weights_digest": digest_number(self.host.served_digest),  # the driver checks it
             "pid": float(os.getpid()),  # the flow notices a restarted worker by it
             "in_flight_tokens": float(in_flight),
             "free_groups": float(

@@ -25,7 +25,7 @@ from typing import Any
 
 from sluice.config.tree import LoraConfig
 from sluice.engines.protocols import Completion, Delta
-from sluice.storage.params import NamedTensors, safetensors_tensors
+from sluice.storage.params import NamedTensors, ParameterError, safetensors_tensors
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,9 @@ class VLLMRolloutEngine:
         self._lora, self._model_dir = lora, model_dir
         self._adapter: Any = None  # vllm.lora.request.LoRARequest, once one is loaded
         if lora is not None:
-            from sluice.engines.train.lora import vllm_max_rank
+            from sluice.engines.train.lora import vllm_max_rank, weight_shapes
+
+            self._base_shapes = weight_shapes(Path(model_dir))  # what an adapter must fit
 
             args.update(enable_lora=True, max_lora_rank=vllm_max_rank(lora.rank), max_loras=1)
             # Under the run's vLLM cache when the launch set one (an actor that is killed
@@ -375,13 +377,19 @@ class VLLMRolloutEngine:
     def _load_adapter(self, weights: NamedTensors) -> None:
         """Write the adapter's tensors to this engine's folder and have vLLM reload its
         adapter from there in place (``load_inplace``): running requests keep the adapter's
-        id, and their next step computes with the new tensors."""
+        id, and their next step computes with the new tensors. An adapter whose tensors do
+        not fit the modules they name is refused first (``adapter_misfit``): vLLM would skip
+        them silently."""
         from vllm.lora.request import LoRARequest
 
-        from sluice.engines.train.lora import write_adapter
+        from sluice.engines.train.lora import adapter_misfit, write_adapter
 
         assert self._lora is not None
-        write_adapter(self._adapter_dir, dict(weights), self._lora, self._model_dir)
+        tensors = dict(weights)
+        misfit = adapter_misfit(tensors, self._base_shapes, self._lora)
+        if misfit is not None:
+            raise ParameterError(f"the pushed adapter does not fit the model: {misfit}")
+        write_adapter(self._adapter_dir, tensors, self._lora, self._model_dir)
         where = str(self._adapter_dir)
         self._llm.llm_engine.add_lora(
             LoRARequest(ADAPTER_NAME, ADAPTER_ID, where, load_inplace=True)

@@ -44,6 +44,7 @@ from sluice.engines.rollout.messages import (
     PartialGroup,
     PartialSample,
     RolloutStats,
+    Served,
     StreamSettings,
 )
 from sluice.engines.rollout.sample_runner import Play
@@ -55,7 +56,7 @@ from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
 from sluice.envs.scoring import Scorer, VerifierScorer
 from sluice.rl.batching import Sample
 from sluice.storage.faults import fault_point
-from sluice.storage.params import ParameterError, ParameterService
+from sluice.storage.params import ParameterError, ParameterService, Weights
 from sluice.storage.trajectory_store import StoreClient
 from sluice.storage.urls import Credentials
 
@@ -119,6 +120,8 @@ class RolloutWorker:
             if tokenizer is None:
                 raise TypeError(f"{type(self.engine).__name__} has no tokenizer for the agent")
             self.agents = AgentEpisodes(agent, tokenizer, self.engine)
+        # The digest of what the engine loaded of its version ("": none pulled yet).
+        self.served_digest = ""
         # Running totals kept on the worker, so they survive a pause of the stream.
         self.stream_counters = {"busy_s": 0.0, "idle_s": 0.0, "pull_s": 0.0, "weight_loads": 0.0}
 
@@ -242,8 +245,16 @@ class RolloutWorker:
         self.store.put(block_of([rows]))
         return stats
 
-    def sync_weights(self, at_least: int = 0, timeout_s: float = 60.0) -> int:
-        """Load the newest published version; returns the version now loaded.
+    def load(self, weights: Weights) -> None:
+        """Load a pulled version into the engine; the digest of what the engine read of it
+        (all of it, checked bucket by bucket against the trainer's, or less) becomes the
+        one this worker reports it serves."""
+        self.engine.load_weights(weights, weights.version)
+        self.served_digest = weights.loaded or ""
+
+    def sync_weights(self, at_least: int = 0, timeout_s: float = 60.0) -> Served:
+        """Load the newest published version; returns the version now loaded and the
+        digest of what the engine loaded (the driver compares it with the published one).
 
         With ``at_least``, wait (up to ``timeout_s``) until the relay holds that version: a
         publish returns before the relay has taken the version, so a pull right behind it
@@ -254,10 +265,10 @@ class RolloutWorker:
             left = deadline - time.monotonic()
             found = self.params.pull(after=self.engine.version(), timeout=max(left, 0.001))
             if found is not None:
-                self.engine.load_weights(found, found.version)
+                self.load(found)
                 found = None  # the version may go from the object store once the relay drops it
             if self.engine.version() >= at_least:
-                return self.engine.version()
+                return Served(self.engine.version(), self.served_digest)
             if left <= 0:
                 raise ParameterError(
                     f"weight version {at_least} did not reach the parameter relay within "
@@ -315,7 +326,7 @@ class RolloutWorkerClient:
     ) -> ObjectRef[list[list[RewardResult]]]:
         return self.handle.verdicts.remote(problems, n, max_new_tokens, temperature, seed)
 
-    def sync_weights(self, at_least: int, timeout_s: float) -> ObjectRef[int]:
+    def sync_weights(self, at_least: int, timeout_s: float) -> ObjectRef[Served]:
         return self.handle.sync_weights.remote(at_least, timeout_s)
 
     def stream(self, source: GroupSource, settings: StreamSettings) -> ObjectRef[dict[str, float]]:

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors import safe_open
 
 from sluice.config.tree import VLLM_LORA_RANKS, LoraConfig
 from sluice.storage.torch_state import tensors_to_bytes
@@ -107,6 +110,58 @@ def load_adapter_state(model: PeftModel, tensors: dict[str, torch.Tensor]) -> No
             f"tensors that differ include {differ}"
         )
     set_peft_model_state_dict(model, tensors)
+
+
+_ADAPTER_NAME = re.compile(r"base_model\.model\.(.+)\.lora_([AB])\.weight")
+
+
+def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of every weight in a model folder's safetensors files, read from their
+    headers (nothing is loaded)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():  # noqa: SIM118  # safe_open is not a mapping
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def adapter_misfit(
+    tensors: Mapping[str, torch.Tensor], base: Mapping[str, tuple[int, ...]], lora: LoraConfig
+) -> str | None:
+    """Why the adapter ``tensors`` (peft's names) would not reach the modules they name in a
+    base model of these weight shapes (``weight_shapes``), or None when every tensor fits.
+
+    vLLM applies an adapter's tensors by module name and passes over a name the model lacks
+    without a word, so an adapter pushed to the wrong module would leave the engine serving
+    the base model while the trainer trains the adapter (verl-project/verl#7495). Caught
+    here: a name not of peft's form, a module outside ``lora.target_modules``, one the base
+    lacks, and a shape that does not fit the module at ``lora.rank``. A tensor moved to
+    another module of the very same shape is not."""
+    for name in sorted(tensors):
+        match = _ADAPTER_NAME.fullmatch(name)
+        if match is None:
+            return f"adapter tensor {name!r} is not named base_model.model.<module>.lora_A/B.weight"
+        module, part = match.groups()
+        if module.rsplit(".", 1)[-1] not in lora.target_modules:
+            return (
+                f"adapter tensor {name!r} adapts {module}, which is not one of "
+                f"train.lora.target_modules ({', '.join(lora.target_modules)})"
+            )
+        weight = base.get(f"{module}.weight")
+        if weight is None or len(weight) != 2:
+            return (
+                f"adapter tensor {name!r} adapts {module}, which the base model has no linear "
+                "weight for"
+            )
+        out_features, in_features = weight
+        want = (lora.rank, in_features) if part == "A" else (out_features, lora.rank)
+        if tuple(tensors[name].shape) != want:
+            return (
+                f"adapter tensor {name!r} has shape {tuple(tensors[name].shape)}, but {module} "
+                f"({out_features}x{in_features}) takes {want} at rank {lora.rank}"
+            )
+    return None
 
 
 def adapter_config_json(lora: LoraConfig, base: str) -> bytes:

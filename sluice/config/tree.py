@@ -807,7 +807,12 @@ class WeightsConfig(_Section):
         64, ge=1, description="Weights travel in safetensors buckets of at most this size."
     )
     pull_timeout_s: float = Field(
-        120.0, gt=0.0, description="A rollout worker's weight pull fails after this long."
+        120.0,
+        gt=0.0,
+        description=(
+            "A rollout worker's weight pull fails after this long; a worker that has served "
+            "one version this long while a newer one is published is named in a warning."
+        ),
     )
 
 

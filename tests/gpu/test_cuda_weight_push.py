@@ -94,7 +94,7 @@ def test_bf16_weight_push_on_cuda(ray_local, tiny_policy, tensor_parallel):
         assert moved > 3 * BF16_MEAN_GAP, f"three steps moved the log-probs by only {moved:.3f}"
 
         params.publish(trainer.version(), trainer.state())
-        assert ray.get(worker.sync_weights(trainer.version(), 60.0)) == trainer.version()
+        assert ray.get(worker.sync_weights(trainer.version(), 60.0)).version == trainer.version()
         groups = ray.get(worker.generate(PROMPTS, 2, 8, 1.0, 1))
         after = _samples(prompt_ids, groups, [0.0] * 4)
         mean, top = _gaps([s.behaviour_logprobs for s in after], trainer.logprobs(after))

@@ -15,7 +15,7 @@ from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
 from sluice.engines.train.lora import ADAPTER_FILE, load_adapter_state, read_adapter
 from sluice.engines.train.trainer import PolicyTrainer
 from sluice.rl.batching import Sample
-from sluice.storage.params import ParameterService
+from sluice.storage.params import ParameterError, ParameterService
 from tests.support.trainers import make_trainer, step
 
 pytestmark = pytest.mark.integration
@@ -179,3 +179,21 @@ def test_a_saved_adapter_folder_serves_as_the_trainer_left_it(
     )
     groups = engine.generate(PROMPTS, 2, 8, 1.0, seed=1)
     assert _gap(_samples(engine, groups, [0.0] * len(PROMPTS)), trainer) < TOLERANCE
+
+
+def test_an_adapter_pushed_to_the_wrong_module_is_refused_before_vllm_sees_it(tiny_policy, engine):
+    """vLLM applies adapter tensors by module name and passes over names its model lacks:
+    an adapter renamed onto a layer the model does not have would leave it serving the
+    base model while the trainer trains the adapter."""
+    state = _trainer(tiny_policy).state()
+    layers = {int(k.split(".layers.")[1].split(".")[0]) for k in state}
+    wrong = max(layers) + 1
+    moved = {k.replace(".layers.0.", f".layers.{wrong}."): v for k, v in state.items()}
+    with pytest.raises(
+        ParameterError,
+        match=rf"adapts model\.layers\.{wrong}\.\S+, which the base model has no linear weight",
+    ):
+        engine.load_weights(iter(moved.items()), 1)
+    assert engine.version() == 0
+    engine.load_weights(iter(state.items()), 1)  # the right names load
+    assert engine.version() == 1

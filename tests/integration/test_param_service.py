@@ -13,12 +13,20 @@ import pytest
 import ray
 import torch
 
+from sluice.driver.weight_sync import ServedWeights, WeightsMismatch
+from sluice.engines.rollout.worker import RolloutWorker
+from sluice.envs import make_env
+from sluice.envs.scoring import VerifierScorer
 from sluice.storage.params import (
+    _RELAY_OPTIONS,
     MAX_IN_FLIGHT,
     ParameterError,
     ParameterService,
     Weights,
+    _Relay,
+    digest_number,
     from_buckets,
+    version_digest,
 )
 
 pytestmark = pytest.mark.integration
@@ -216,7 +224,7 @@ def test_a_chained_relay_serves_the_version_on_its_own(ray_local):
         )
         # Relay 1 re-put the buckets itself: it serves them with relay 0 gone.
         ray.kill(chained.relays[0])
-        version, refs = ray.get(relay_1.latest.remote(4), timeout=30)
+        version, refs, _ = ray.get(relay_1.latest.remote(4), timeout=30)
         assert version == 5
         blobs = [b"".join(parts) for parts in ray.get(refs, timeout=30)]
         _assert_same(from_buckets(blobs), _state(5))
@@ -307,19 +315,83 @@ def test_a_pull_yields_views_of_the_object_store_bucket_by_bucket_in_name_order(
     assert buckets == sorted(buckets) and set(buckets) == set(range(len(arrays)))
 
 
-def test_a_pull_reads_a_bucket_only_when_the_loader_reaches_it(service):
+def test_every_bucket_is_checked_before_the_loader_gets_a_tensor(service):
     service.publish(1, _state(1))
     service.flush(timeout=30)
     weights = service.pull(0, timeout=10)
     assert weights is not None
-    first = sorted(name for name, _ in Weights(1, weights.refs[:1], 0, 10.0))
-    # The second bucket never arrives: the first one's tensors come out before that shows.
-    stalled = Weights(1, [weights.refs[0], _never.remote(60)], 0, 0.5)
+    # The second bucket never arrives: the check stops there, before any tensor is read.
+    stalled = Weights(1, [weights.refs[0], _never.remote(60)], 0, 0.5, weights.digests[:2])
     read = []
     with pytest.raises(ParameterError, match="bucket 1 of version 1 from relay 0 timed out"):
         for name, _ in stalled:
             read.append(name)
-    assert read == first
+    assert read == [] and stalled.loaded is None
+
+
+def test_a_version_carries_digests_and_a_full_read_is_its_published_digest(service):
+    service.publish(1, _state(1))
+    service.flush(timeout=30)
+    weights = service.pull(0, timeout=10)
+    assert weights is not None
+    published = service.published_digest(1)
+    assert published == version_digest(1, weights.digests)
+    assert len(weights.digests) == len(weights.refs) > 1
+    partial = service.pull(0, timeout=10)
+    assert partial is not None
+    next(iter(partial))  # an engine that stops after one tensor: no digest to serve
+    assert partial.loaded is None
+    _assert_same(_loaded(weights), _state(1))
+    assert weights.loaded == published
+    assert service.published_digest(2) is None  # never published
+
+
+class _Corrupting(_Relay):
+    """Relay 0 with a fault: its copy of bucket 1 of each version has one byte flipped."""
+
+    def take(self, version: int, index: int, parts: list[Any]) -> bool:
+        header, data = parts
+        if index == 1:
+            data = data.copy()
+            data[len(data) // 2] ^= 0xFF
+        return super().take(version, index, [header, data])
+
+
+_CorruptingRelay = ray.remote(**_RELAY_OPTIONS)(_Corrupting)
+
+
+def test_a_relay_that_corrupts_a_bucket_is_caught_before_anything_is_loaded(fake_service):
+    service = fake_service(_CorruptingRelay.remote(0, [], 30.0), fetch_timeout=30)
+    service.publish(1, _state(1))
+    service.flush(timeout=30)
+    weights = service.pull(0, timeout=10)
+    assert weights is not None
+    read = []
+    with pytest.raises(
+        ParameterError,
+        match=r"bucket 1 of version 1 from relay 0 is not what the trainer published "
+        r"\(digest \w+, published \w+\): its bytes were cut or changed on the way",
+    ):
+        for name, _ in weights:
+            read.append(name)
+    assert read == [] and weights.loaded is None
+
+
+def test_the_same_bytes_under_a_newer_number_do_not_pass_for_it(service):
+    """A relay that serves a stale version's objects under the new version's number: each
+    bucket matches its digest, but what the worker loaded is not the version it reports."""
+    service.publish(1, _state(1))
+    service.flush(timeout=30)
+    stale = service.pull(0, timeout=10)
+    service.publish(2, _state(2))
+    service.flush(timeout=30)
+    assert stale is not None
+    relabelled = Weights(2, stale.refs, 0, 10.0, stale.digests)
+    _loaded(relabelled)
+    assert relabelled.loaded is not None
+    checker = ServedWeights(service.published_digest, stale_after_s=60.0)
+    with pytest.raises(WeightsMismatch, match="rollout worker 3 reports version 2, but what"):
+        checker.check(3, 2, digest_number(relabelled.loaded), newest=2)
 
 
 def test_floating_point_tensors_travel_in_the_wire_dtype(ray_local, worker):
@@ -387,7 +459,7 @@ class _RecordingRelay:
         self._staged.setdefault(version, {})[index] = b"".join(parts)
         return True
 
-    def commit(self, version: int, count: int) -> bool:
+    def commit(self, version: int, count: int, digests: list[str]) -> bool:
         staged = self._staged.pop(version)
         assert sorted(staged) == list(range(count))
         self._taken[version] = [staged[i] for i in range(count)]
@@ -595,7 +667,7 @@ class _FakeRelay:
             time.sleep(600)
         raise RuntimeError(f"cannot fetch version {version}")
 
-    def commit(self, version: int, count: int) -> bool:
+    def commit(self, version: int, count: int, digests: list[str]) -> bool:
         raise AssertionError("no bucket was taken")
 
     def latest(self, after: int) -> None:
@@ -722,3 +794,38 @@ def test_a_gathered_version_that_does_not_fit_its_layout_is_refused(service, ten
     assert service.latest_version() == -1  # relay 0 committed nothing
     service.publish_from(1, layout, iter(state.items()))
     assert service.latest_version() == 1
+
+
+class _Engine:
+    """A rollout engine's weight side: ``skips`` takes a version's number without reading
+    its tensors (a load that never reached the model)."""
+
+    def __init__(self, skips: bool) -> None:
+        self.skips, self._version = skips, 0
+
+    def version(self) -> int:
+        return self._version
+
+    def load_weights(self, weights: Weights, version: int) -> None:
+        if not self.skips:
+            _loaded(weights)
+        self._version = version
+
+
+@pytest.mark.parametrize("skips", [False, True], ids=["loads", "skips-the-load"])
+def test_a_worker_that_skips_a_load_is_caught_by_the_driver(service, skips):
+    env = make_env("addition")
+    worker = RolloutWorker(lambda: _Engine(skips), env, lambda: VerifierScorer(env), None, service)
+    service.publish(1, _state(1))
+    service.flush(timeout=30)
+    served = worker.sync_weights(1, timeout_s=10)
+    assert served.version == 1
+    checker = ServedWeights(service.published_digest, stale_after_s=60.0)
+    if not skips:
+        assert served.digest == service.published_digest(1)
+        assert checker.check(0, 1, digest_number(served.digest), newest=1) == []
+        return
+    with pytest.raises(
+        WeightsMismatch, match=r"rollout worker 0 reports version 1, .*did not read the whole"
+    ):
+        checker.check(0, served.version, digest_number(served.digest), newest=1)

@@ -15,6 +15,7 @@ import pytest
 
 from sluice.config.tree import build_config
 from sluice.driver.stream import StreamRollouts
+from sluice.driver.weight_sync import ServedWeights
 from sluice.engines.rollout.dispatcher import DispatcherClient
 from sluice.engines.rollout.worker import RolloutWorkerClient
 
@@ -58,7 +59,10 @@ def test_a_worker_dying_while_the_streams_stop_is_counted_once(ray_local) -> Non
         return ray.get(ref)
 
     cfg = build_config({"mode": "async", "rollout": {"max_restarts": 1}})
-    rollouts = StreamRollouts(cfg, [RolloutWorkerClient(worker)], DispatcherClient(queue), wait)
+    unchecked = ServedWeights(lambda version: None, stale_after_s=60.0)
+    rollouts = StreamRollouts(
+        cfg, [RolloutWorkerClient(worker)], DispatcherClient(queue), wait, unchecked
+    )
 
     try:
         rollouts.start()

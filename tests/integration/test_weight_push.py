@@ -98,7 +98,7 @@ def _push_and_compare(ray, policy, prompts, dtype, tolerance):
         step(trainer, before)
 
     params.publish(trainer.version(), trainer.state())
-    assert ray.get(worker.sync_weights(trainer.version(), 60.0)) == trainer.version()
+    assert ray.get(worker.sync_weights(trainer.version(), 60.0)).version == trainer.version()
     groups = ray.get(worker.generate(prompts, 2, 8, 1.0, 1))
     after = _samples(prompt_ids, groups, [0.0] * len(prompts))
     gap = _max_gap([s.behaviour_logprobs for s in after], trainer.logprobs(after))

@@ -20,9 +20,13 @@ from sluice.config.tree import RunConfig, build_config
 from sluice.driver.batch import BatchRollouts
 from sluice.driver.modes import batch_step, schedule, stream_step
 from sluice.driver.stream import StreamRollouts
-from sluice.engines.rollout.messages import BatchShard, RolloutStats
+from sluice.driver.weight_sync import ServedWeights
+from sluice.engines.rollout.messages import BatchShard, RolloutStats, Served
 from sluice.envs import make_env
 from sluice.envs.prompts import PromptStream
+
+# No version has a published digest here: served weights are not compared.
+UNCHECKED = ServedWeights(lambda version: None, stale_after_s=60.0)
 
 
 def _cfg(mode: str, **rollout: Any) -> RunConfig:
@@ -47,9 +51,9 @@ class FakeWorker:
         n = len(problems) * shard.n
         return RolloutStats(n, len(problems), 10 * n, 0.5 * n, n // 2, 0, 0, 0)
 
-    def sync_weights(self, at_least: int, timeout_s: float) -> int:
+    def sync_weights(self, at_least: int, timeout_s: float) -> Served:
         self.log.append(("sync_weights", self.index, at_least))
-        return at_least
+        return Served(at_least, "")
 
 
 def _batch(mode: str) -> tuple[BatchRollouts, list[tuple[Any, ...]]]:
@@ -57,7 +61,7 @@ def _batch(mode: str) -> tuple[BatchRollouts, list[tuple[Any, ...]]]:
     workers = [FakeWorker(i, log) for i in range(2)]
     prompts = PromptStream(make_env("addition"), 64, seed=0)
     lag = schedule(cfg).max_staleness
-    rollouts = BatchRollouts(cfg, workers, prompts, lambda ref, what: ref, lag=lag)  # type: ignore[arg-type]
+    rollouts = BatchRollouts(cfg, workers, prompts, lambda ref, what: ref, UNCHECKED, lag=lag)  # type: ignore[arg-type]
     return rollouts, log
 
 
@@ -190,6 +194,7 @@ class FakeDispatcher:
 
         totals = RolloutTotals(groups=1, samples=2, tokens=20, reward_sum=1.0, correct=1)
         counters = {
+            "weights_digest": 0.0,
             "busy_s": 3.0,
             "idle_s": 1.0,
             "pull_s": 0.1,
@@ -210,6 +215,7 @@ def _stream() -> tuple[StreamRollouts, FakeDispatcher]:
         [object(), object()],
         dispatcher,  # type: ignore[list-item,arg-type]
         lambda ref, what: ref,
+        UNCHECKED,
         tag="a1.",
     )
     return rollouts, dispatcher

@@ -1,9 +1,14 @@
 """The run's weight loads watched (``driver/weight_sync.py``): a load far slower than the
-run's median warns, naming the worker and the step, and the summary's trend line."""
+run's median warns, naming the worker and the step, and the summary's trend line; what a
+worker serves is compared with what was published, and one that keeps an old version
+too long is named."""
 
 from __future__ import annotations
 
-from sluice.driver.weight_sync import WARMUP, SyncWatch
+import pytest
+
+from sluice.driver.weight_sync import WARMUP, ServedWeights, SyncWatch, WeightsMismatch
+from sluice.storage.params import digest_number, version_digest
 
 
 def _stream(pull_s: float, loads: float = 1.0, worker: int = 0) -> dict[str, float]:
@@ -57,3 +62,53 @@ def test_the_trend_compares_the_first_tenth_with_the_last():
         "weight loads: 20, median 1.05 s; first tenth 0.15 s, last tenth 1.95 s; slowest "
         "2.00 s (step 20)"
     )
+
+
+PUBLISHED = {v: version_digest(v, [f"bucket-of-{v}"]) for v in range(1, 4)}
+
+
+def _served(asked: list[int] | None = None) -> ServedWeights:
+    def published(version: int) -> str | None:
+        if asked is not None:
+            asked.append(version)
+        return PUBLISHED.get(version)
+
+    return ServedWeights(published, stale_after_s=120.0)
+
+
+def test_a_worker_serving_the_published_bytes_passes_and_each_version_is_asked_once():
+    asked: list[int] = []
+    served = _served(asked)
+    for worker in range(3):
+        assert served.check(worker, 2, digest_number(PUBLISHED[2]), newest=2, now=0.0) == []
+    assert asked == [2]
+    assert served.check(0, 0, 0.0, newest=2, now=1.0) == []  # the starting policy: no digest
+    assert served.check(0, 9, 0.0, newest=9, now=1.0) == []  # relay 0 has no record of it
+    assert asked == [2, 9]
+
+
+def test_a_worker_that_skipped_a_load_or_serves_other_bytes_fails_naming_it():
+    served = _served()
+    with pytest.raises(WeightsMismatch) as skipped:
+        served.check(4, 3, 0.0, newest=3)  # the engine did not read the version
+    assert str(skipped.value).startswith(
+        "rollout worker 4 reports version 3, but what its engine loaded is not version 3 as "
+        "the trainer published it (digest none: it did not read the whole version, published "
+    )
+    with pytest.raises(WeightsMismatch, match=r"rollout worker 1 reports version 3.*\(digest "):
+        served.check(1, 3, digest_number(PUBLISHED[2]), newest=3)  # version 2's bytes
+
+
+def test_a_worker_on_an_old_version_past_the_bound_is_named_once():
+    served = _served()
+    digest = digest_number(PUBLISHED[1])
+    assert served.check(0, 1, digest, newest=1, now=0.0) == []
+    assert served.check(0, 1, digest, newest=3, now=100.0) == []  # behind, within the bound
+    [warning] = served.check(0, 1, digest, newest=3, now=130.0)
+    assert warning == (
+        "rollout worker 0 has served version 1 for 130 s while the trainer is at version 3: "
+        "longer than weights.pull_timeout_s (120 s); is its weight pull stuck?"
+    )
+    assert served.check(0, 1, digest, newest=3, now=200.0) == []  # once
+    assert served.check(0, 2, digest_number(PUBLISHED[2]), newest=3, now=210.0) == []
+    assert served.check(0, 2, digest_number(PUBLISHED[2]), newest=3, now=300.0) == []

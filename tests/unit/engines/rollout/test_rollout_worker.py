@@ -115,9 +115,11 @@ def _worker(**fields):
     defaults = dict(
         engine=SimpleNamespace(version=lambda: 0), env=None, scorer=None, scoring=None,
         store=_Store(), params=None, stream_counters={}, episodes=None,
-        limits=EpisodeLimits(), agents=None,
+        limits=EpisodeLimits(), agents=None, served_digest="",
     )  # fmt: skip
-    return SimpleNamespace(**{**defaults, **fields})
+    worker = SimpleNamespace(**{**defaults, **fields})
+    worker.load = lambda weights: worker.engine.load_weights(weights, weights.version)
+    return worker
 
 
 class _Source:
@@ -184,7 +186,7 @@ class _Engine:
 
 class _Relay:
     def pull(self, after: int, timeout: float):
-        return SimpleNamespace(version=3) if after < 3 else None
+        return SimpleNamespace(version=3, loaded="d" * 32) if after < 3 else None
 
 
 class _Puts:
@@ -204,7 +206,7 @@ def test_a_restarted_worker_loads_the_batchs_version_before_it_generates():
     worker = RolloutWorker(lambda: engine, env, lambda: VerifierScorer(env), puts, _Relay())
     shard = BatchShard(2, 4, 1.0, 0, "t", False, version=3, pull_timeout_s=5.0)
     worker.rollout(env.problems("train", 1, seed=0), shard)
-    assert engine.loaded == [3]
+    assert engine.loaded == [3] and worker.served_digest == "d" * 32
     assert puts.blocks[0].column("token_versions").to_pylist() == [[3], [3]]
     worker.rollout(env.problems("train", 1, seed=1), shard)
     assert engine.loaded == [3]  # nothing to load the second time

@@ -13,7 +13,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from sluice.config.tree import LoraConfig
-from sluice.engines.train.lora import ADAPTER_CONFIG, ADAPTER_FILE
+from sluice.engines.train.lora import ADAPTER_CONFIG, ADAPTER_FILE, adapter_misfit, weight_shapes
 from sluice.engines.train.trainer import PolicyTrainer
 from sluice.rl.batching import Sample
 from sluice.storage.checkpoints import CheckpointStore
@@ -118,3 +118,49 @@ def test_the_saved_policy_is_an_adapter_peft_loads_and_merges(tiny_policy, tmp_p
         torch.testing.assert_close(merged(input_ids=ids).logits, want, atol=1e-5, rtol=1e-5)
         plain = AutoModelForCausalLM.from_pretrained(str(tiny_policy)).eval()
         assert not torch.allclose(plain(input_ids=ids).logits, want, atol=1e-4)
+
+
+BASE = {
+    "model.layers.0.self_attn.q_proj.weight": (64, 32),
+    "model.layers.0.self_attn.k_proj.weight": (16, 32),
+    "model.norm.weight": (32,),
+}
+FIT = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "k_proj"])
+
+
+def _lora(module: str, a: tuple[int, int], b: tuple[int, int]) -> dict[str, torch.Tensor]:
+    prefix = f"base_model.model.{module}"
+    return {f"{prefix}.lora_A.weight": torch.zeros(a), f"{prefix}.lora_B.weight": torch.zeros(b)}
+
+
+def test_an_adapter_that_fits_its_modules_passes():
+    tensors = {
+        **_lora("model.layers.0.self_attn.q_proj", (4, 32), (64, 4)),
+        **_lora("model.layers.0.self_attn.k_proj", (4, 32), (16, 4)),
+    }
+    assert adapter_misfit(tensors, BASE, FIT) is None
+
+
+@pytest.mark.parametrize(
+    ("tensors", "why"),
+    [
+        (_lora("model.layers.7.self_attn.q_proj", (4, 32), (64, 4)),
+         "adapts model.layers.7.self_attn.q_proj, which the base model has no linear weight"),
+        (_lora("model.norm", (4, 32), (64, 4)), "model.norm, which is not one of train.lora"),
+        (_lora("model.layers.0.self_attn.k_proj", (4, 32), (64, 4)),  # q_proj's, moved
+         "has shape (64, 4), but model.layers.0.self_attn.k_proj (16x32) takes (16, 4)"),
+        ({"model.layers.0.self_attn.q_proj.lora_A": torch.zeros(4, 32)},
+         "is not named base_model.model.<module>.lora_A/B.weight"),
+    ],
+    ids=["missing-layer", "not-a-target", "wrong-shape", "not-peft-names"],
+)  # fmt: skip
+def test_an_adapter_pushed_to_the_wrong_module_says_which_tensor_and_why(tensors, why):
+    misfit = adapter_misfit(tensors, BASE, FIT)
+    assert misfit is not None and why in misfit
+
+
+def test_weight_shapes_come_from_the_folders_safetensors_headers(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"a.weight": torch.zeros(3, 5), "b": torch.zeros(2)}, tmp_path / "model.safetensors")
+    assert weight_shapes(tmp_path) == {"a.weight": (3, 5), "b": (2,)}
