@@ -1412,7 +1412,7 @@ def main() -> None:
         default=None,
         help=f"workers:offered samples/s ... (default {FULL_LEVELS!r})",
     )
-    parser.add_argument("--window", type=float, default=6.0, help="measured seconds a level")
+    parser.add_argument("--window", type=float, default=15.0, help="measured seconds a level")
     parser.add_argument("--step-s", type=float, default=0.0, help="trainer step time (0: none)")
     parser.add_argument("--probe-callers", type=int, default=64)
     parser.add_argument("--probe-s", type=float, default=2.5, help="seconds a call-rate probe")
