@@ -41,8 +41,8 @@ process, a relay check), a node's relay answering the engines on its node
 (the dispatcher, for the store to take the previous take's ledger events), which CPU time
 leaves out: the projected load is a lower bound.
 
-    .venv/bin/python -m benchmarks.control_plane            # about 105 s
-    .venv/bin/python -m benchmarks.control_plane --quick    # about 50 s, smoke use
+    .venv/bin/python -m benchmarks.control_plane            # about 155 s
+    .venv/bin/python -m benchmarks.control_plane --quick    # about 55 s, smoke use
     .venv/bin/python -m benchmarks.control_plane --write    # also into BENCHMARKS.md
 """
 
