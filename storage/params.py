@@ -644,6 +644,11 @@ class ParameterService:
     def _reset_publisher(self) -> None:
         """Publisher-side state: stays in the process that publishes (see __getstate__)."""
         self._published = EMPTY
+        # The newest version's bytes on the wire, and the seconds each hand-over to relay
+        # 0 took (its snapshot copied to relay 0's commit) that ``handed_over`` has not
+        # given out yet.
+        self.version_bytes = 0
+        self._handed: list[float] = []
         self._slots = [_Slot() for _ in range(MAX_IN_FLIGHT)]
         # The slot of the newest version while wait_snapshot has not seen its snapshot done.
         self._copying: _Slot | None = None
@@ -729,6 +734,7 @@ class ParameterService:
             self._snapshot_thread = ThreadPoolExecutor(1, thread_name_prefix="param-snapshot")
             self._handover_thread = ThreadPoolExecutor(1, thread_name_prefix="param-handover")
         slot.version = version
+        self.version_bytes = sum(b.numel() for b in slot.snapshot.buffers)
         slot.copied = self._snapshot_thread.submit(_copy, version, slot.snapshot, dict(state))
         slot.handover = self._handover_thread.submit(
             self._hand_over, version, slot.copied, slot.snapshot.parts()
@@ -760,6 +766,9 @@ class ParameterService:
         start = time.perf_counter()
         self._check_newer(version)
         self.flush()  # relay 0 takes the versions in order
+        self.version_bytes = sum(
+            t.numel() * _on_wire(t, self.dtype).itemsize for t in layout.values()
+        )
         coming = iter(tensors)
         try:
             self._stream(version, layout, coming)
@@ -922,6 +931,7 @@ class ParameterService:
         the puts are done; its slot stays busy until relay 0 has committed the version.
         """
         copied.result()  # re-raises the snapshot's ParameterError
+        started = time.monotonic()
         relay = self.relays[0]
         pending: ray.ObjectRef | None = None
         digests = []
@@ -941,7 +951,15 @@ class ParameterService:
             del ref
         if pending is not None and not self._relay_answer(version, pending):
             return
-        self._relay_answer(version, relay.commit.remote(version, len(buckets), digests))
+        if self._relay_answer(version, relay.commit.remote(version, len(buckets), digests)):
+            self._handed.append(time.monotonic() - started)
+
+    def handed_over(self) -> list[float]:
+        """The seconds each hand-over to relay 0 took (from its snapshot being copied to
+        relay 0's commit) that finished since the last call, oldest first: the relay's share
+        of a version's trip, which the trainer logs beside the publish."""
+        done, self._handed = self._handed, []
+        return done
 
     def _relay_answer(self, version: int, answer: ray.ObjectRef) -> bool:
         try:

@@ -39,6 +39,7 @@ from ray import ObjectRef
 from sluice.rl.staleness import StaleBy
 from sluice.storage import fsio
 from sluice.storage.block_builder import decode_block, encode_block
+from sluice.storage.faults import fault_point
 from sluice.storage.ledger import Ledger, LedgerEvent, latest_events
 from sluice.storage.schema import SchemaError, check_version, validate_batch
 from sluice.storage.trajectory_index import (
@@ -222,6 +223,7 @@ class TrajectoryStore:
         dies afterwards takes nothing with it. Reading the producer's object is zero-copy;
         the re-put is one memory copy, in this actor, never in the driver.
         """
+        fault_point("store.put")  # tests: the store dying as it takes a block
         if len(metas) > self._capacity:
             raise ValueError(
                 f"a block of {len(metas)} samples can never fit a store of capacity "

@@ -59,6 +59,7 @@ from sluice.engines.rollout.messages import (
 from sluice.envs import Problem
 from sluice.envs.prompts import PromptSource
 from sluice.rl.dispatch import GroupRequest, InFlight, LengthPredictor, WorkerLoad, plan, stragglers
+from sluice.storage.faults import fault_point
 from sluice.storage.ledger import LedgerEvent
 
 
@@ -147,6 +148,7 @@ class GroupDispatcher:
         ``stragglers``: the worker's running samples when only a few are left (repack
         plans with them); none while its batch is full.
         """
+        fault_point("dispatcher.take")  # tests: the dispatcher dying as it hands out groups
         handoffs = self._handoffs.pop(worker, [])
         if self._stopped:  # groups already handed over are finished, not lost
             return Work([], handoffs) if handoffs else None

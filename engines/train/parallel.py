@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from sluice.config.tree import TrainConfig
+from sluice.storage.faults import fault_point
 from sluice.storage.safetensors_stream import Streamed
 
 
@@ -153,6 +154,7 @@ def clip_and_step(
         grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         if math.isfinite(grad_norm):
             before_update()
+            fault_point("trainer.optimizer_step")  # tests: the trainer dying mid step
             optimizer.step()
             schedule.step()
     finally:

@@ -121,6 +121,9 @@ class Trainer:
             **{f"staleness_count/{k}": float(n) for k, n in Counter(staleness).items()},
             "step_s": t1 - t0,
             "publish_s": publish_s,
+            "publish_bytes": float(self.params.version_bytes),
+            # The relay's share: hand-overs to relay 0 that finished since the last step.
+            **({"handover_s": max(handed)} if (handed := self.params.handed_over()) else {}),
         }
 
     def restore(self, files: Mapping[str, bytes], meta: dict[str, Any]) -> int:

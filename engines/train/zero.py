@@ -42,6 +42,7 @@ from sluice.engines.train.zero_state import (
     scatter_adamw_state,
     weights_layout,
 )
+from sluice.storage.faults import fault_point
 from sluice.storage.safetensors_stream import Streamed
 from sluice.storage.torch_state import (
     OPTIMIZER_JSON,
@@ -199,6 +200,7 @@ class Zero:
     def apply(self, before_update: Callable[[], object]) -> tuple[float, float]:
         lr = float(self._engine.get_lr()[0])
         before_update()
+        fault_point("trainer.optimizer_step")  # tests: the trainer dying mid step
         self._engine.step()  # DeepSpeed skips a step with a non-finite norm
         return float(self._engine.get_global_grad_norm()), lr
 

@@ -1,7 +1,12 @@
 """Chaos: rollout workers and the trainer killed at moments drawn from a seed, start-up
-included, and the whole job killed and resumed once; afterwards the ledger must prove that
-every dispatched sample was trained exactly once or dropped with a reason, and that the
-trained versions have no gap.
+included, and the whole job killed and resumed once; and two deaths drawn from five
+moments a kill from outside cannot aim at, armed as fault points (``storage/faults.py``)
+that end the process at a call drawn from the seed: a rollout worker half way through
+loading a weight version, the trainer between its backward pass and its optimiser step,
+relay 0 half way through taking a version, the trajectory store taking a put, the
+dispatcher handing out groups. Afterwards the ledger must prove that every dispatched
+sample was trained exactly once or dropped with a reason, and that the trained versions
+have no gap.
 
 Marked slow (``make test-slow``): one seed is a few minutes. ``SLUICE_CHAOS_SEEDS=7,8``
 picks the seeds; a failing test's id names its seed, and the plan it drew is printed, so
@@ -26,6 +31,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SEEDS = [int(s) for s in os.environ.get("SLUICE_CHAOS_SEEDS", "1,2,3,4,5").split(",")]
 STEPS, WORKERS = 30, 2
+# Fault points and the calls each lets pass before it fires, drawn from these ranges so it
+# fires mid-run: about one weight load per worker a step, one optimiser step and one
+# version a step, and several puts and takes a step.
+MOMENTS = {
+    "worker.weight_load": (5, 40),
+    "trainer.optimizer_step": (3, 25),
+    "relay.handover": (3, 25),
+    "store.put": (10, 150),
+    "dispatcher.take": (10, 100),
+}
 
 
 def plan(seed: int) -> list[tuple[int, str]]:
@@ -36,6 +51,14 @@ def plan(seed: int) -> list[tuple[int, str]]:
     kinds = ["job", *(rng.choice(["trainer", "worker 0", "worker 1"]) for _ in range(3))]
     events += zip(steps, kinds, strict=True)
     return sorted(events)
+
+
+def faults(seed: int) -> str:
+    """Two fault points, each armed to end its process once, after calls drawn from the
+    seed (``SLUICE_FAULTS``)."""
+    rng = random.Random(seed * 7919)
+    chosen = rng.sample(sorted(MOMENTS), 2)
+    return ",".join(f"{point}=1@{rng.randint(*MOMENTS[point])}" for point in chosen)
 
 
 def _pids(out: str) -> tuple[dict[int, int], int]:
@@ -80,8 +103,10 @@ def _kill(pid: int) -> None:
 
 @pytest.mark.parametrize("seed", SEEDS, ids=[f"seed-{s}" for s in SEEDS])
 def test_the_ledger_holds_whatever_dies_when(tmp_path: Path, shared_cache: Path, seed: int):
-    events = plan(seed)
-    print(f"chaos seed {seed}: {events}")
+    events, armed = plan(seed), faults(seed)
+    print(f"chaos seed {seed}: {events}; {armed}")
+    (tmp_path / "faults").mkdir()
+    env = {"SLUICE_FAULTS": armed, "SLUICE_FAULTS_DIR": str(tmp_path / "faults")}
     settings = [
         "mode=async",
         f"train.steps={STEPS}",
@@ -92,7 +117,7 @@ def test_the_ledger_holds_whatever_dies_when(tmp_path: Path, shared_cache: Path,
         "eval.every=100",
     ]
     log = tmp_path / "job.log"
-    job = Job(smoke_args(tmp_path, shared_cache, *settings), log)
+    job = Job(smoke_args(tmp_path, shared_cache, *settings), log, env)
     try:
         for step, what in events:
             if step == 0:
@@ -102,7 +127,7 @@ def test_the_ledger_holds_whatever_dies_when(tmp_path: Path, shared_cache: Path,
             if what == "job":
                 job.kill_everything()
                 job.stop()
-                job = Job(["resume", "smoke", "--root", str(tmp_path / "runs")], log)
+                job = Job(["resume", "smoke", "--root", str(tmp_path / "runs")], log, env)
             elif what == "trainer":
                 _kill(_pids(job.output())[1])
             else:
@@ -112,3 +137,5 @@ def test_the_ledger_holds_whatever_dies_when(tmp_path: Path, shared_cache: Path,
         job.stop()
     assert f"step   {STEPS}/{STEPS}" in job.output(), f"seed {seed}"
     assert_ledger_whole(tmp_path / "runs" / "smoke", STEPS)
+    fired = sorted(p.name for p in (tmp_path / "faults").iterdir() if ".call." not in p.name)
+    print(f"chaos seed {seed}: fired {fired}")

@@ -329,6 +329,24 @@ def test_every_bucket_is_checked_before_the_loader_gets_a_tensor(service):
     assert read == [] and stalled.loaded is None
 
 
+def test_a_publish_gives_its_bytes_and_each_hand_over_its_seconds_once(service):
+    state = _state(1)
+    service.publish(1, state)
+    service.flush(timeout=30)
+    weights = service.pull(0, timeout=10)
+    assert weights is not None
+    on_wire = sum(t.numel() * t.element_size() for t in state.values())
+    assert (
+        service.version_bytes
+        == on_wire
+        == sum(len(b) for b in weights.blobs())
+        - sum(len(parts[0]) for parts in ray.get(weights.refs, timeout=10))
+    )
+    [seconds] = service.handed_over()
+    assert 0.0 < seconds < 30.0
+    assert service.handed_over() == []  # given out once
+
+
 def test_a_version_carries_digests_and_a_full_read_is_its_published_digest(service):
     service.publish(1, _state(1))
     service.flush(timeout=30)

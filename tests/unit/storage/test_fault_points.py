@@ -39,3 +39,32 @@ def test_a_bad_entry_is_named(monkeypatch) -> None:
     monkeypatch.setenv(faults.ENV, "nope=1")
     with pytest.raises(ValueError, match="bad entry 'nope=1'"):
         faults.armed()
+
+
+def test_a_point_lets_its_first_calls_pass_then_fires(monkeypatch) -> None:
+    monkeypatch.setenv(faults.ENV, "checkpoint.write=1@3")
+    monkeypatch.delenv(faults.DIR_ENV, raising=False)
+    monkeypatch.setattr(faults, "_fired", {})
+    monkeypatch.setattr(faults, "_calls", {})
+    for _ in range(3):
+        faults.fault_point("checkpoint.write")
+    with pytest.raises(faults.InjectedFault):
+        faults.fault_point("checkpoint.write")
+    faults.fault_point("checkpoint.write")  # fired once: done
+
+
+def test_with_a_folder_the_calls_that_pass_are_counted_over_every_process(tmp_path: Path) -> None:
+    code = (
+        "from sluice.storage.faults import fault_point, InjectedFault\n"
+        "for _ in range(2):\n"
+        "    try:\n        fault_point('checkpoint.write')\n"
+        "    except InjectedFault:\n        print('fired')\n"
+        "    else:\n        print('passed')\n"
+    )
+    env = {faults.ENV: "checkpoint.write=1@3", faults.DIR_ENV: str(tmp_path), "PATH": "/usr/bin"}
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        for _ in range(3)
+    ]
+    calls = [line for r in runs for line in r.stdout.split()]
+    assert calls == ["passed"] * 3 + ["fired"] + ["passed"] * 2, runs[0].stderr
