@@ -88,6 +88,8 @@ from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayE
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from safetensors.torch import load as load_safetensors
 
+from sluice.storage.faults import fault_point
+
 logger = logging.getLogger(__name__)
 
 # The version a relay reports before it has taken any.
@@ -370,6 +372,7 @@ class Weights:
             header, data = self._bucket(index)
             yield from bucket_tensors(header, data)
             del header, data  # unmapped before the next bucket is fetched
+            fault_point("worker.weight_load")  # tests: a worker dying half way through
         self.loaded = version_digest(self.version, self.digests)
 
     def blobs(self) -> list[bytes]:
@@ -455,6 +458,7 @@ class _Relay:
             if self._staging != version:  # a new version: an unfinished older one is dropped
                 self._staging, self._staged = version, {}
         owned = ray.put(parts)
+        fault_point("relay.handover")  # tests: relay 0 dying half way through a version
         with self._lock:
             if self._staging != version:
                 return False
