@@ -21,18 +21,27 @@ def test_a_point_fires_the_times_it_is_armed_per_process(monkeypatch) -> None:
     faults.fault_point("checkpoint.write")  # the third call passes
 
 
-def test_with_a_folder_the_count_is_shared_by_every_process(tmp_path: Path) -> None:
+def _processes(spec: str, folder: Path, calls: int) -> list[str]:
+    """Three processes in turn, each calling the armed point ``calls`` times: "fired" or
+    "passed" for each call, in order."""
     code = (
         "from sluice.storage.faults import fault_point, InjectedFault\n"
-        "try:\n    fault_point('checkpoint.write')\nexcept InjectedFault:\n    print('fired')\n"
-        "else:\n    print('passed')\n"
+        f"for _ in range({calls}):\n"
+        "    try:\n        fault_point('checkpoint.write')\n"
+        "    except InjectedFault:\n        print('fired')\n"
+        "    else:\n        print('passed')\n"
     )
-    env = {faults.ENV: "checkpoint.write=2", faults.DIR_ENV: str(tmp_path), "PATH": "/usr/bin"}
-    runs = [
-        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-        for _ in range(3)
-    ]
-    assert [r.stdout.strip() for r in runs] == ["fired", "fired", "passed"], runs[0].stderr
+    env = {faults.ENV: spec, faults.DIR_ENV: str(folder), "PATH": "/usr/bin"}
+    out = []
+    for _ in range(3):
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        out += run.stdout.split()
+    return out
+
+
+def test_with_a_folder_the_count_is_shared_by_every_process(tmp_path: Path) -> None:
+    assert _processes("checkpoint.write=2", tmp_path, calls=1) == ["fired", "fired", "passed"]
 
 
 def test_a_bad_entry_is_named(monkeypatch) -> None:
@@ -54,17 +63,5 @@ def test_a_point_lets_its_first_calls_pass_then_fires(monkeypatch) -> None:
 
 
 def test_with_a_folder_the_calls_that_pass_are_counted_over_every_process(tmp_path: Path) -> None:
-    code = (
-        "from sluice.storage.faults import fault_point, InjectedFault\n"
-        "for _ in range(2):\n"
-        "    try:\n        fault_point('checkpoint.write')\n"
-        "    except InjectedFault:\n        print('fired')\n"
-        "    else:\n        print('passed')\n"
-    )
-    env = {faults.ENV: "checkpoint.write=1@3", faults.DIR_ENV: str(tmp_path), "PATH": "/usr/bin"}
-    runs = [
-        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-        for _ in range(3)
-    ]
-    calls = [line for r in runs for line in r.stdout.split()]
-    assert calls == ["passed"] * 3 + ["fired"] + ["passed"] * 2, runs[0].stderr
+    calls = _processes("checkpoint.write=1@3", tmp_path, calls=2)
+    assert calls == ["passed"] * 3 + ["fired"] + ["passed"] * 2
