@@ -558,8 +558,9 @@ class ClockEngine:
         return [self.prompt for _ in prompts]
 
     def load_weights(self, weights: NamedTensors | list[bytes], version: int) -> None:
-        for _ in weights:  # an engine copies each tensor in here
-            pass
+        # Each tensor read as an engine reads it (bucket by bucket out of the object store);
+        # the copy into a model is the data plane's (benchmarks/weights.py).
+        self.tensors_read = sum(1 for _ in weights)
         self._version = version
 
     def version(self) -> int:
@@ -568,7 +569,20 @@ class ClockEngine:
     def generate(
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int
     ) -> list[list[Completion]]:
-        raise NotImplementedError("the clock engine only streams (RolloutWorker.stream)")
+        """``n`` samples of each prompt, started together and stepped until all are done."""
+        for i in range(len(prompts)):
+            for j in range(n):
+                self.start(f"generate-{i}/{j}", self.prompt, max_new_tokens, temperature, seed)
+        done: dict[str, Delta] = {}
+        while len(done) < len(prompts) * n:
+            done.update((d.request_id, d) for d in self.step())
+        return [
+            [
+                Completion(d.token_ids, d.logprobs, self.decode(d.token_ids), True)
+                for d in (done[f"generate-{i}/{j}"] for j in range(n))
+            ]
+            for i in range(len(prompts))
+        ]
 
 
 def length_pool() -> np.ndarray:
@@ -585,7 +599,7 @@ class _Env:
     name = ENV
 
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
-        raise NotImplementedError("the dispatcher's prompts come from _Prompts")
+        return _Prompts().take(n)  # distinct synthetic prompts, as the dispatcher's
 
     def reward(self, problem: Problem, completion: str) -> RewardResult:
         return RewardResult(float(completion == "odd"), completion == "odd")

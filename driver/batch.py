@@ -26,7 +26,6 @@ from sluice.engines.rollout.messages import BatchShard, RolloutStats, Served
 from sluice.engines.rollout.worker import RolloutWorkerClient
 from sluice.envs import Problem
 from sluice.envs.prompts import PromptSource
-from sluice.storage.params import digest_number
 
 log = logging.getLogger("sluice")
 
@@ -203,8 +202,7 @@ class BatchRollouts:
             [pull(w) for w in range(len(self.workers))], pull, "weights"
         )
         for w, served in enumerate(loaded):
-            number = digest_number(served.digest)
-            for warning in self.served.check(w, served.version, number, step):
+            for warning in self.served.loaded(w, served, step):
                 log.warning(warning)
 
     def drain(self, step: int, dropped_groups: int = 0) -> dict[str, float]:

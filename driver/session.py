@@ -59,7 +59,7 @@ from sluice.envs.prompts import training_prompts
 from sluice.storage.checkpoints import Checkpoint, CheckpointError, CheckpointStore
 from sluice.storage.layout import RunLayout
 from sluice.storage.ledger import Ledger
-from sluice.storage.params import ParameterService, digest_number
+from sluice.storage.params import ParameterService
 from sluice.storage.trajectory_index import LeaseGrant
 from sluice.storage.trajectory_store import PROGRESS_EVERY_S, StoreClient, create_store
 
@@ -284,8 +284,7 @@ class Session:
                     self.rollouts.died_loading(worker, self.step, error)
                     del loaded[ref]
                     continue
-                index, number = self.workers.index(worker), digest_number(served.digest)
-                for warning in self.served.check(index, served.version, number, self.step):
+                for warning in self.served.loaded(self.workers.index(worker), served, self.step):
                     log.warning(warning)
         return list(loaded.values())
 

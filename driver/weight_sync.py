@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from sluice.engines.rollout.messages import Served
 from sluice.storage.params import digest_number
 
 SLOW_FACTOR = 5.0  # a load this many times the run's median so far is worth a warning
@@ -103,6 +104,10 @@ class ServedWeights:
     known: dict[int, str] = field(default_factory=dict)  # version: its published digest
     serving: dict[int, tuple[int, float]] = field(default_factory=dict)  # worker: version, since
     warned: set[tuple[int, int]] = field(default_factory=set)
+
+    def loaded(self, worker: int, served: Served, newest: int) -> list[str]:
+        """``check`` of what a worker's ``sync_weights`` answered (the batch modes)."""
+        return self.check(worker, served.version, digest_number(served.digest), newest)
 
     def check(
         self, worker: int, version: int, digest: float, newest: int, now: float | None = None

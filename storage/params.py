@@ -525,8 +525,8 @@ class _Relay:
                 return False  # a newer version finished first
             self._version, self._refs, self._digests = version, owned, digests
             self._history[version] = version_digest(version, digests)
-            while len(self._history) > HISTORY:
-                del self._history[min(self._history)]
+            if len(self._history) > HISTORY:  # versions come in order: the first is oldest
+                del self._history[next(iter(self._history))]
         self._forward(version, owned, digests)
         return True
 

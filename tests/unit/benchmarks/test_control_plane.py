@@ -247,6 +247,9 @@ def test_a_clock_engine_finishes_requests_at_their_drawn_lengths_and_hurries_at_
     lengths = [len(d.token_ids) for d in done]
     assert all(d.finished and len(d.logprobs) == len(d.token_ids) for d in done)
     assert set(lengths) <= set(engine.lengths.tolist())  # the 7B workload's lengths
+    groups = engine.generate(["a", "b"], 3, MAX_NEW_TOKENS, 1.0, seed=0)
+    assert [len(g) for g in groups] == [3, 3]
+    assert all(c.text == ("odd" if len(c.token_ids) % 2 else "even") for g in groups for c in g)
     assert 1_000 < float(np.mean(engine.lengths)) < 10_000  # long-tail responses, ~4k mean
 
     slow = ClockEngine(Load(workers=128, offered=1.0, slots=1), length_pool(), 1, hurry)
