@@ -25,7 +25,13 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import (
+    ActorUnavailableError,
+    GetTimeoutError,
+    ObjectLostError,
+    RayActorError,
+    RayTaskError,
+)
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from sluice.config.tree import ConfigError, LoraConfig, RunConfig
@@ -73,6 +79,8 @@ ACTOR_EXIT_TIMEOUT_S = 30.0
 MISMATCH_FLOAT32, MISMATCH_BF16 = 1e-3, 0.05
 # How often a wait looks for dead rollout workers (progress lines come every PROGRESS_EVERY_S).
 CHECK_EVERY_S = 1.0
+# Times one step leases its batch again after its rows were lost with a restarted store.
+RELEASES = 3
 
 
 class Session:
@@ -103,6 +111,7 @@ class Session:
         self.store_metrics = StoreMetrics()
         self.actors: list[Any] = []
         self.groups: list[PlacementGroup] = []
+        self.store_incarnation = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -238,12 +247,37 @@ class Session:
     def train(self, step: int) -> tuple[dict[str, float], float]:
         """Lease a batch, train on it and acknowledge it: the trainer's metrics, and when the
         lease was granted. The trainer publishes version ``step`` to the parameter service
-        before it answers, so a trained sample always has one behind it."""
-        lease = self.lease()  # B samples in whole groups, none staler than max_staleness
-        leased = time.monotonic()
-        trained: dict[str, float] = self.wait(self.trainer.train(lease), "the trainer")
+        before it answers, so a trained sample always has one behind it.
+
+        A batch whose rows were lost before the trainer read them (the trajectory store
+        restarted in place: the rows lived in its dead process's objects) is leased again
+        from the restarted store, which re-offers them; the trainer had changed nothing."""
+        for attempt in range(1, RELEASES + 2):
+            lease = self.lease()  # B samples in whole groups, none staler than max_staleness
+            leased = time.monotonic()
+            try:
+                trained: dict[str, float] = self.wait(self.trainer.train(lease), "the trainer")
+            except (RayTaskError, ObjectLostError) as error:
+                if attempt > RELEASES or not _rows_lost(error):
+                    raise
+                log.warning(
+                    "step %d: the batch's rows were lost before the trainer read them (%s); "
+                    "leasing it again from the restarted trajectory store",
+                    step,
+                    type(getattr(error, "cause", error)).__name__,
+                )
+                continue
+            break
         self.store.ack(lease, step)  # the ledger: these samples were trained at version `step`
+        self._store_restarted()
         return trained, leased
+
+    def _store_restarted(self) -> None:
+        """Log a restart in place of the trajectory store since the last step."""
+        incarnation, restored = ray.get(self.store.handle.restart.remote())
+        if restored and incarnation != self.store_incarnation:
+            log.warning("%s (store.max_restarts=%d)", restored, self.cfg.store.max_restarts)
+        self.store_incarnation = incarnation
 
     def wait(self, refs: Any, what: str) -> Any:
         """``ray.get(refs)``; meanwhile restarts dead rollout workers, and logs progress."""
@@ -436,6 +470,7 @@ class Session:
             restore=restore,
             scheduling_strategy=here,
             stale_by=cfg.stale_by,
+            max_restarts=cfg.store.max_restarts,
         )
         self.store = StoreClient(
             handle,
@@ -495,6 +530,13 @@ class Session:
         else:
             lag = self.schedule.max_staleness
             self.batch = BatchRollouts(cfg, self.workers, prompts, self.wait, self.served, tag, lag)
+
+
+def _rows_lost(error: Exception) -> bool:
+    """Whether the trainer failed because a leased block's object was gone."""
+    return isinstance(error, ObjectLostError) or isinstance(
+        getattr(error, "cause", None), ObjectLostError
+    )
 
 
 def _ask(cpus: float, gpus: float, resources: dict[str, float]) -> dict[str, float]:

@@ -73,6 +73,7 @@ class StoreMetrics:
     def update(self, stats: dict[str, int]) -> dict[str, float]:
         out = {f"store/{k}": float(stats[k]) for k in ("held", "ready", "leased")}
         for k in ("dropped", "expired_leases"):
-            out[f"store/{k}"] = float(stats[k] - self.last.get(k, 0))
+            before = self.last.get(k, 0)  # a store restarted in place counts from zero
+            out[f"store/{k}"] = float(stats[k] - before if stats[k] >= before else stats[k])
         self.last = stats
         return out

@@ -289,6 +289,27 @@ class TrajectoryIndex:
         self._finish(ids, "trained", version=version, staleness=staleness)
         return len(ids)
 
+    def has_lease(self, lease_id: str) -> bool:
+        return lease_id in self._leases
+
+    def ack_samples(self, sample_ids: list[str], version: int, current_version: int) -> int:
+        """A consumer trained on ``sample_ids`` under a lease this index never granted (the
+        store restarted in place while it trained, and re-offered them): they count as
+        trained at ``version``. Samples not in the ready pool (trained before the restart,
+        or leased again) are passed over; returns how many were ready."""
+        held = [
+            s
+            for s in sample_ids
+            if s in self._entries and self._entries[s].meta.group_id in self._ready
+        ]
+        staleness = {
+            s: current_version - self._version(self._entries[s].meta.group_id) for s in held
+        }
+        for s in held:
+            self._ready.pop(self._entries[s].meta.group_id, None)
+        self._finish(held, "trained", version=version, staleness=staleness)
+        return len(held)
+
     def expire(self) -> int:
         """Return the groups of leases past their deadline to the front of the ready pool."""
         now = self._clock()

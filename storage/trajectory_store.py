@@ -19,6 +19,16 @@ knows but whose rows are gone is dropped with that reason, never silently lost. 
 ledger does not know (written just before a crash) are re-offered too, unless the run
 resumes from a checkpoint (``restore="checkpoint"``, after ``Ledger.roll_back``): then they
 came from prompts the resumed run draws again, and are dropped with that reason.
+
+Restart in place: the session creates the store with ``store.max_restarts``, and Ray
+restarts a store whose process died, retrying the calls that were on their way to it. The
+new process restores as above, except that the samples the ledger knows and the files lack
+are awaited, not dropped: the rollout workers are alive, still generating them or holding
+their rows in a write buffer. Each put's answer names the store's incarnation; a producer
+that sees a new one sends the rows the old one had taken and storage lacks again
+(``StoreClient``). What is still awaited when the run ends is dropped with the reason. A
+batch the trainer was reading when the store died is leased again (its rows lived in the
+dead process's objects); one it had read and trained is acknowledged by its sample ids.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,10 +142,17 @@ class TrajectoryStore:
         self._lease_s = lease_s
         self._changed: asyncio.Condition | None = None
         self._ticker: asyncio.Task[None] | None = None
-        if restore:
+        # Which process of the store this is: a put's answer, newer after each restart.
+        self.incarnation = time.time_ns()
+        # Restarted in place: samples the ledger knows whose rows it awaits from the
+        # producers ({sample id: prompt id}).
+        self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._awaiting: dict[str, str] = {}
+        self.restored = ""  # what a restart in place rebuilt, for the driver to log
+        if restore or self._restarted:
             if not url:
                 raise ValueError("restoring a trajectory store needs its storage url")
-            self._restore(url, adopt_unknown=restore != "checkpoint")
+            self._restore(url, adopt_unknown=self._restarted or restore != "checkpoint")
 
     # -- restart ---------------------------------------------------------------------------
 
@@ -176,6 +194,15 @@ class TrajectoryStore:
             events.column("prompt_id").to_pylist(),
         )
         prompt_of = dict(zip(ids, prompts, strict=True))
+        if self._restarted:
+            self._awaiting = {s: prompt_of[s] for s in lost}
+            self._gone = {s for s, event in latest.items() if event in TERMINAL}
+            self.restored = (
+                f"the trajectory store restarted in place: {len(found)} samples re-offered "
+                f"from storage, {len(lost)} awaited from the rollout workers"
+            )
+            log.warning(self.restored)
+            return
         self._ledger.append(
             [
                 LedgerEvent(
@@ -215,8 +242,9 @@ class TrajectoryStore:
 
     async def put(
         self, blocks: list[Any], metas: list[SampleMeta], group_size: int | None, wait_s: float
-    ) -> bool:
-        """Register one block; waits up to ``wait_s`` for room, False if still full.
+    ) -> int:
+        """Register one block; waits up to ``wait_s`` for room. Answers the store's
+        ``incarnation`` once it has the block, 0 if it is still full.
 
         ``blocks[0]`` is the producer's object; the store re-puts it so that it owns the
         copy it hands out (Ray 2.56 removed ``ray.put(_owner=...)``), and a producer that
@@ -239,15 +267,36 @@ class TrajectoryStore:
                     timeout=wait_s,
                 )
             except TimeoutError:
-                return False
+                return 0
             block = await blocks[0]
             late = [m.sample_id for m in metas if m.sample_id in self._gone]
             if late:
                 self._refuse_late(metas, late)
-                return True  # taken, as far as the producer goes: nothing to send again
+                return self.incarnation  # taken, as far as the producer goes
             self._index.add(ray.put(block), metas, group_size)
+            self._arrived(m.sample_id for m in metas)
             changed.notify_all()
-        return True
+        return self.incarnation
+
+    def _arrived(self, sample_ids: Iterable[str]) -> None:
+        """Samples awaited since a restart that came (rows) or ended (dropped)."""
+        if self._awaiting:
+            for sample_id in sample_ids:
+                self._awaiting.pop(sample_id, None)
+
+    async def missing(self, sample_ids: list[str]) -> list[str]:
+        """Of ``sample_ids``, those whose rows this store never had and that did not end: a
+        producer sends them again after a restart (``StoreClient``)."""
+        seen = self._index.has_seen
+        return [s for s in sample_ids if not seen(s) and s not in self._gone]
+
+    async def current(self) -> int:
+        """The store's incarnation (see ``put``)."""
+        return self.incarnation
+
+    async def restart(self) -> tuple[int, str]:
+        """The store's incarnation, and what its restart in place rebuilt ("" if none)."""
+        return self.incarnation, self.restored
 
     def _refuse_late(self, metas: list[SampleMeta], late: list[str]) -> None:
         """Rows of samples already recorded dropped (their worker was declared dead while
@@ -278,6 +327,7 @@ class TrajectoryStore:
         seen = self._index.has_seen
         events = [e for e in events if e.event != "dropped" or not seen(e.sample_id)]
         self._gone.update(e.sample_id for e in events if e.event == "dropped")
+        self._arrived(e.sample_id for e in events if e.event == "dropped")
         if self._ledger is not None:
             self._ledger.append(events)
 
@@ -313,17 +363,41 @@ class TrajectoryStore:
             changed.notify_all()  # stale groups may have been dropped: room for producers
         return grant
 
-    async def ack(self, lease_id: str, version: int) -> int:
-        """Mark a lease trained at ``version``; the ledger is flushed before this returns."""
-        trained = self._index.ack(lease_id, version)
+    async def ack(
+        self,
+        lease_id: str,
+        version: int,
+        sample_ids: list[str] | None = None,
+        current_version: int = 0,
+    ) -> int:
+        """Mark a lease trained at ``version``; the ledger is flushed before this returns.
+
+        A store restarted in place does not know the leases of the process before it, and
+        re-offered their samples: those are acknowledged by ``sample_ids`` (the lease's,
+        granted at ``current_version``)."""
+        if self._restarted and sample_ids is not None and not self._index.has_lease(lease_id):
+            trained = self._index.ack_samples(sample_ids, version, current_version)
+        else:
+            trained = self._index.ack(lease_id, version)
         if self._ledger is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._ledger.flush)
         await self._notify()  # room for waiting producers
         return trained
 
     async def close(self, reason: str) -> int:
-        """Drop what is left with ``reason`` (recorded in the ledger, which is flushed)."""
+        """Drop what is left with ``reason`` (recorded in the ledger, which is flushed), and
+        what a restart awaited and never came."""
         dropped = self._index.drop_all(reason)
+        if self._awaiting and self._ledger is not None:
+            why = (
+                "its rows were lost: the trajectory store restarted before they reached "
+                "storage, and no rollout worker sent them again"
+            )
+            self._ledger.append(
+                [LedgerEvent(s, p, "dropped", reason=why) for s, p in self._awaiting.items()]
+            )
+            dropped += len(self._awaiting)
+            self._awaiting = {}
         await self.flush()
         await self._notify()
         return dropped
@@ -406,6 +480,7 @@ def create_store(
     restore: bool | str = False,
     scheduling_strategy: Any = None,
     stale_by: StaleBy = "last_token",
+    max_restarts: int = 0,
 ) -> Any:
     """Start the controller actor (no CPU slot: it only does bookkeeping).
 
@@ -413,11 +488,16 @@ def create_store(
     from a checkpoint, its ledger rolled back to the checkpoint's watermark).
     ``scheduling_strategy``: where Ray places it (the flow pins it to its own node).
     ``stale_by``: which token's version the staleness bound counts (``rl/staleness.py``).
+    ``max_restarts``: times Ray restarts it in place after its process dies (with ``url``;
+    see the module docstring), retrying the calls on their way to it.
 
     It gets this process's storage credentials, since it writes the ledger under ``url``.
     """
+    restarts = max_restarts if url else 0  # nothing to restore from without storage
     return TrajectoryStore.options(  # type: ignore[attr-defined]
-        scheduling_strategy=scheduling_strategy
+        scheduling_strategy=scheduling_strategy,
+        max_restarts=restarts,
+        max_task_retries=-1 if restarts else 0,
     ).remote(url, capacity, lease_s, restore, Credentials.here(), stale_by)
 
 
@@ -433,7 +513,8 @@ class Lease:
 
 
 class _Put:
-    """A block on its way into the store: the controller's answer is ``pending``."""
+    """A block on its way into the store: the controller's answer is ``pending``, and once
+    settled ``taken_by`` is the incarnation of the store that took it."""
 
     def __init__(
         self,
@@ -445,6 +526,7 @@ class _Put:
     ) -> None:
         self.batch, self.ref, self.metas, self.group_size = batch, ref, metas, group_size
         self.pending = submit(self)
+        self.taken_by = 0
 
 
 class StoreClient:
@@ -452,7 +534,8 @@ class StoreClient:
 
     A producer's rows are written to ``<url>/trajectories/`` once the store has taken them,
     in one Parquet file per ``persist_rows`` rows (0: one file per put). Rows still in a
-    producer's buffer when everything crashes are recorded as lost by a restored store.
+    producer's buffer when everything crashes are recorded as lost by a restored store;
+    when the store alone restarted, the producer sends them to the new one (``_resend``).
     """
 
     def __init__(
@@ -462,7 +545,8 @@ class StoreClient:
         self.url = url
         self.persist_rows = persist_rows
         self.pipeline = pipeline
-        self._unwritten: list[pa.RecordBatch] = []
+        self._unwritten: list[_Put] = []  # settled, not in storage yet
+        self._incarnation = 0  # the newest store incarnation that took a put
         self._in_flight: list[_Put] = []
         self._recording: ray.ObjectRef | None = None  # ledger events sent, not yet taken
         self.puts = 0  # puts made; put number n is in the store once ``settled >= n``
@@ -514,8 +598,18 @@ class StoreClient:
 
     def _settle(self, put: _Put) -> None:
         """Wait until the store took ``put`` (logging while it is full), then persist it."""
+        self._taken(put)
+        self.settled += 1
+        if self.url:
+            self._unwritten.append(put)
+            self._resend(put.taken_by)
+            if sum(p.batch.num_rows for p in self._unwritten) >= self.persist_rows:
+                self._write()
+
+    def _taken(self, put: _Put) -> None:
+        """Wait until the store took ``put``, logging while it is full."""
         started = time.monotonic()
-        while not ray.get(put.pending):
+        while not (taken_by := int(ray.get(put.pending))):
             stats = ray.get(self.handle.stats.remote())
             log.info(
                 "trajectory store full (%d/%d samples held) for %.0f s; waiting for the "
@@ -525,16 +619,42 @@ class StoreClient:
                 time.monotonic() - started,
             )
             put.pending = self._submit(put)
-        self.settled += 1
-        if self.url:
-            self._unwritten.append(put.batch)
-            if sum(b.num_rows for b in self._unwritten) >= self.persist_rows:
-                self._write()
+        put.taken_by = taken_by
+        put.ref = None  # the store has its own copy: the producer's can go
+
+    def _resend(self, incarnation: int) -> None:
+        """The store restarted in place (``incarnation`` is newer than the one that took
+        some unwritten rows): it lost them with its old process, so send them again, less
+        what it had already written off or got back otherwise (``TrajectoryStore.missing``)."""
+        if incarnation > self._incarnation:
+            old, self._incarnation = self._incarnation, incarnation
+            if old:  # not the first answer this producer got
+                log.warning("the trajectory store restarted; sending its unwritten rows again")
+        while stale := [p for p in self._unwritten if p.taken_by < self._incarnation]:
+            ids = [m.sample_id for p in stale for m in p.metas]
+            wanted = set(ray.get(self.handle.missing.remote(ids)))
+            for put in stale:
+                keep = [i for i, m in enumerate(put.metas) if m.sample_id in wanted]
+                put.taken_by = self._incarnation
+                if not keep:
+                    continue
+                batch = put.batch.take(pa.array(keep, pa.int64()))
+                again = _Put(
+                    batch,
+                    ray.put(encode_block(batch)),
+                    [put.metas[i] for i in keep],
+                    put.group_size,
+                    self._submit,
+                )
+                self._taken(again)
+                self._incarnation = max(self._incarnation, again.taken_by)
 
     def flush(self) -> None:
         """Wait for every put in flight, then write the buffered rows to storage."""
         while self._in_flight:
             self._settle(self._in_flight.pop(0))
+        if self._unwritten:  # a store restarted since the last put lacks these rows
+            self._resend(int(ray.get(self.handle.current.remote())))
         self._write()
 
     def _write(self) -> None:
@@ -543,7 +663,7 @@ class StoreClient:
             return
         fs, root = open_url(self.url)
         sink = pa.BufferOutputStream()
-        pq.write_table(pa.Table.from_batches(self._unwritten), sink)
+        pq.write_table(pa.Table.from_batches([p.batch for p in self._unwritten]), sink)
         name = f"{time.time_ns():020d}-{fsio.random_suffix()}.parquet"
         fsio.write_bytes(
             fs, fsio.join(root, TRAJECTORIES, name), sink.getvalue().to_pybytes(), atomic=True
@@ -610,7 +730,10 @@ class StoreClient:
 
     def ack(self, lease: Lease | LeaseGrant, version: int) -> int:
         """Mark a lease trained at ``version``; the ledger is flushed before this returns."""
-        return int(ray.get(self.handle.ack.remote(lease.lease_id, version)))
+        ask = self.handle.ack.remote(
+            lease.lease_id, version, lease.sample_ids, lease.current_version
+        )
+        return int(ray.get(ask))
 
     def stats(self) -> dict[str, int]:
         return dict(ray.get(self.handle.stats.remote()))

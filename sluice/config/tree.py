@@ -773,6 +773,14 @@ class StoreConfig(_Section):
         description="A leased batch not acknowledged within this many seconds goes back to "
         "the ready pool (its consumer is presumed dead).",
     )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Times Ray restarts the trajectory store in place after its process "
+        "dies; the new one is rebuilt from the ledger and the trajectory files, and the "
+        "rollout workers send it the rows it lacks. Past this, the segment fails and is "
+        "retried from the last checkpoint.",
+    )
 
 
 class CheckpointConfig(_Section):

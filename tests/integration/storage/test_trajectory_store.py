@@ -230,6 +230,68 @@ def test_restart_rebuilds_from_the_ledger(ray_local, store_url):
     ray.kill(second.handle)
 
 
+def _restart(handle) -> None:
+    """End the store's process the way a crash would; Ray starts it again."""
+    before = ray.get(handle.current.remote())
+    ray.kill(handle, no_restart=False)
+    deadline = time.monotonic() + 60
+    while ray.get(handle.current.remote()) == before:  # the kill is asynchronous
+        assert time.monotonic() < deadline, "the store did not restart within 60 s"
+        time.sleep(0.1)
+
+
+def test_a_store_that_dies_restarts_in_place_and_loses_nothing(ray_local, tmp_path):
+    """Killed twice: once with rows only in the producer's write buffer and a batch the
+    trainer has read but not acknowledged, once with rows in flight and the ledger events
+    of a dispatched group not flushed. The producer sends what the new store lacks; the
+    read batch is acknowledged by its sample ids; the ledger ends exactly once."""
+    url = f"file://{tmp_path}"
+    handle = create_store(url, capacity=64, max_restarts=2)
+    producer = StoreClient(handle, url, persist_rows=100)  # rows stay in its buffer
+    writer = StoreClient(handle, url)  # a file per put
+    producer.put(block("a"))
+    producer.put(block("b"))
+    writer.put(block("c"))
+    read = producer.lease(GROUP, 0, 5)  # the trainer read "a"'s rows
+    ray.get(handle.flush.remote())  # the ledger knows a, b, c
+    _restart(handle)
+
+    producer.put(block("d"))  # waits for the new store; its answer says it is new
+    assert producer.ack(read, 1) == GROUP  # a lease the new store never granted
+    assert producer.stats()["ready"] == 3 * GROUP  # b (sent again), c (its file), d
+
+    producer.record([LedgerEvent(f"e/{j}", "prompt-e", "dispatched") for j in range(GROUP)])
+    producer.put(block("e"))
+    _restart(handle)
+    producer.flush()  # asks the store which incarnation it is, sends d and e again
+    rest = producer.lease(4 * GROUP, 1, 5)
+    assert sorted({s.split("/")[0] for s in rest.sample_ids}) == list("bcde")
+    producer.ack(rest, 2)
+    ray.get(handle.close.remote("the run ended"))
+    events = Ledger(url).read()
+    assert check_exactly_once(events, finished=True) == []
+    latest = latest_events(events)
+    assert sorted(latest) == sorted(f"{g}/{j}" for g in "abcde" for j in range(GROUP))
+    assert set(latest.values()) == {"trained"}
+    ray.kill(handle)
+
+
+def test_a_restarted_store_drops_what_no_producer_sends_again(ray_local, tmp_path):
+    """Rows whose producer died with them in its write buffer end dropped, named."""
+    url = f"file://{tmp_path}"
+    handle = create_store(url, capacity=64, max_restarts=1)
+    lost = StoreClient(handle, url, persist_rows=100)
+    lost.put(block("a"))
+    ray.get(handle.flush.remote())
+    del lost  # its producer is gone, and its buffer with it
+    _restart(handle)
+    assert ray.get(handle.close.remote("the run ended")) == GROUP
+    dropped = [e for e in Ledger(url).read().to_pylist() if e["event"] == "dropped"]
+    assert {e["sample_id"] for e in dropped} == {f"a/{j}" for j in range(GROUP)}
+    assert "no rollout worker sent them again" in dropped[0]["reason"]
+    ray.kill(handle)
+
+
 def test_restart_records_rows_it_cannot_find(ray_local, tmp_path):
     url = f"file://{tmp_path}"
     first = StoreClient(create_store(url, capacity=64), url)

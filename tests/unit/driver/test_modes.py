@@ -19,6 +19,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from sluice.config.tree import RunConfig, build_config
 from sluice.driver.batch import BatchRollouts
 from sluice.driver.modes import batch_step, schedule, stream_step
+from sluice.driver.step_log import StoreMetrics
 from sluice.driver.stream import StreamRollouts
 from sluice.driver.weight_sync import ServedWeights
 from sluice.engines.rollout.messages import BatchShard, RolloutStats, Served
@@ -279,3 +280,11 @@ def test_a_stream_that_raised_counts_as_its_workers_failure(ray_local) -> None:
     assert dispatcher.requeued == [1]
     assert rollouts.restarts.counts == [0, 1]
     assert rollouts.restarting == {1}
+
+
+def test_store_counters_of_a_store_restarted_in_place_count_from_zero():
+    metrics = StoreMetrics()
+    gauges = {"held": 0, "ready": 0, "leased": 0, "expired_leases": 0}
+    assert metrics.update({**gauges, "dropped": 10})["store/dropped"] == 10
+    assert metrics.update({**gauges, "dropped": 14})["store/dropped"] == 4
+    assert metrics.update({**gauges, "dropped": 3})["store/dropped"] == 3  # restarted

@@ -173,3 +173,21 @@ def test_drop_all_accounts_for_every_sample_left(parts):
         f"{g}/{j}" for g in "abc" for j in range(4)
     }
     assert index.stats()["held"] == 0 and index.stats()["blocks"] == 0
+
+
+def test_samples_trained_under_a_lease_of_a_dead_store_are_acknowledged_by_id(parts):
+    """A store restarted in place re-offers what the old one had leased; the trainer's
+    acknowledgement names the samples, and only ready ones count (trained ones are gone)."""
+    index, sink, _ = parts
+    index.add("block", group("a", version=1) + group("b"), record=False)
+    trained = index.ack_samples(
+        [f"a/{j}" for j in range(4)] + ["gone/0"], version=3, current_version=2
+    )
+    assert trained == 4 and not index.has_lease("never-granted")
+    assert {(e.sample_id, e.version, e.staleness) for e in sink.of("trained")} == {
+        (f"a/{j}", 3, 1) for j in range(4)
+    }
+    assert index.stats()["ready"] == 4  # b is still offered
+    grant = index.take(4, current_version=2, max_staleness=4, lease_s=60)
+    assert index.ack_samples(grant.sample_ids, 3, 2) == 0  # leased: the lease acks them
+    assert index.has_lease(grant.lease_id)
