@@ -111,7 +111,7 @@ class Session:
         self.store_metrics = StoreMetrics()
         self.actors: list[Any] = []
         self.groups: list[PlacementGroup] = []
-        self.store_incarnation = 0
+        self.incarnations = {"store": 0, "relay": 0}  # see ``control_plane``
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -269,15 +269,26 @@ class Session:
                 continue
             break
         self.store.ack(lease, step)  # the ledger: these samples were trained at version `step`
-        self._store_restarted()
+        self.control_plane()
         return trained, leased
 
-    def _store_restarted(self) -> None:
-        """Log a restart in place of the trajectory store since the last step."""
+    def control_plane(self) -> None:
+        """Look for restarts in place of the trajectory store and relay 0: log them, and
+        have the trainer publish its version again for a relay 0 that lost it."""
         incarnation, restored = ray.get(self.store.handle.restart.remote())
-        if restored and incarnation != self.store_incarnation:
+        if restored and incarnation != self.incarnations["store"]:
             log.warning("%s (store.max_restarts=%d)", restored, self.cfg.store.max_restarts)
-        self.store_incarnation = incarnation
+        self.incarnations["store"] = incarnation
+        incarnation = self.params.relay_incarnation()
+        if self.incarnations["relay"] and incarnation != self.incarnations["relay"]:
+            version = self.wait(self.trainer.republish(), "the trainer to publish again")
+            log.warning(
+                "relay 0 restarted in place; the trainer published version %d again "
+                "(weights.max_restarts=%d)",
+                version,
+                self.cfg.weights.max_restarts,
+            )
+        self.incarnations["relay"] = incarnation
 
     def wait(self, refs: Any, what: str) -> Any:
         """``ray.get(refs)``; meanwhile restarts dead rollout workers, and logs progress."""
@@ -306,6 +317,7 @@ class Session:
         The rollouts hear of a death as it happens, not after the others loaded (those may
         wait on the trainer): Ray restarts the worker, and the new process pulls the newest
         weights before it generates."""
+        self.control_plane()  # relay 0 holds the version to load
         timeout = self.cfg.weights.pull_timeout_s
         loading = {w.sync_weights(self.step, timeout): w for w in workers}
         loaded = dict(loading)
@@ -480,8 +492,9 @@ class Session:
             persist_rows=self.batch_size if streaming else 0,
             pipeline=2 if streaming else 0,
         )
-        params = ParameterService.create(
+        self.params = params = ParameterService.create(
             relays=cfg.weights.relays,
+            max_restarts=cfg.weights.max_restarts,
             bucket_bytes=cfg.weights.bucket_mib << 20,
             first_at=here,
             # weights travel in the dtype vLLM runs in

@@ -152,6 +152,11 @@ NamedTensors = Iterable[tuple[str, torch.Tensor]]
 Parts = list[Any]
 
 
+class RelayRestarted(RuntimeError):
+    """Relay 0 was asked to commit a version it has only part of: it restarted in place
+    during the hand-over and lost the buckets it had copied before."""
+
+
 class ParameterError(RuntimeError):
     """A publish or pull failed; the message names the version, the relay and the timeout."""
 
@@ -440,6 +445,8 @@ class _Relay:
         # The version being taken from the publisher, and the buckets of it copied so far.
         self._staging = EMPTY
         self._staged: dict[int, ray.ObjectRef] = {}
+        # Which process of the relay this is: newer after each restart in place.
+        self._incarnation = time.time_ns()
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -478,7 +485,7 @@ class _Relay:
                     f"but {len(digests)} digests"
                 )
             if self._staging != version or sorted(self._staged) != list(range(count)):
-                raise ParameterError(
+                raise RelayRestarted(
                     f"relay {self._index} cannot commit version {version}: it has buckets "
                     f"{sorted(self._staged)} of version {self._staging}, not 0..{count - 1}"
                 )
@@ -565,6 +572,9 @@ class _Relay:
     def version(self) -> int:
         with self._lock:
             return self._version
+
+    def incarnation(self) -> int:
+        return self._incarnation
 
 
 # Typed Any: Ray's stubs know neither `concurrency_groups` nor `.options(...)` on actors.
@@ -679,6 +689,7 @@ class ParameterService:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         first_at: Any = None,
         dtype: torch.dtype | str | None = None,
+        max_restarts: int = 0,
     ) -> ParameterService:
         """Start ``relays`` relay actors (0 CPUs each): relay 0, and the others spread over
         the nodes and fed by it; ``"per_node"``: one on every node alive now.
@@ -688,6 +699,11 @@ class ParameterService:
         ``dtype``: the rollout engines' dtype (a name of ``WIRE_DTYPES`` or a torch dtype):
         floating-point tensors travel in it, cast while they are copied into the staging
         buffers. None sends every tensor in its own dtype.
+        ``max_restarts``: times Ray restarts relay 0 in place after its process dies,
+        retrying the calls on their way to it. A restarted relay 0 holds no version until
+        the trainer publishes again (``reopen``); a hand-over it cut short is given up with a
+        warning. The other relays are not restarted (their node may be gone): relay 0
+        stops feeding a dead one.
         """
         wire = wire_dtype(dtype)
         places = _relay_places(relays, first_at)
@@ -697,7 +713,12 @@ class ParameterService:
             Relay.options(scheduling_strategy=place).remote(index, [], FETCH_TIMEOUT_S)
             for index, place in enumerate(places[1:], start=1)
         ]
-        handles = [Relay.options(scheduling_strategy=places[0]).remote(0, others, FETCH_TIMEOUT_S)]
+        first = Relay.options(
+            scheduling_strategy=places[0],
+            max_restarts=max_restarts,
+            max_task_retries=-1 if max_restarts else 0,
+        )
+        handles = [first.remote(0, others, FETCH_TIMEOUT_S)]
         handles += others
         try:
             node_ids: list[str] = _get([h.node_id.remote() for h in handles], START_TIMEOUT_S)
@@ -852,7 +873,34 @@ class ParameterService:
             raise wrong(extra[0], "the end")
         if pending is not None and not self._relay_answer(version, pending):
             return
-        self._relay_answer(version, relay.commit.remote(version, len(groups), digests))
+        self._commit(version, len(groups), digests)
+
+    def _commit(self, version: int, count: int, digests: list[str]) -> bool:
+        """Ask relay 0 to serve ``version``; True if it does. Relay 0 restarted in place
+        during the hand-over lacks the buckets it took before: the version is given up
+        (the driver has the trainer publish it again; else the next version comes)."""
+        try:
+            answer: ray.ObjectRef = self.relays[0].commit.remote(version, count, digests)
+            return self._relay_answer(version, answer)
+        except ParameterError as err:
+            if not isinstance(getattr(err.__cause__, "cause", None), RelayRestarted):
+                raise
+            logger.warning("relay 0 restarted during the hand-over of version %d", version)
+            return False
+
+    def reopen(self) -> None:
+        """Let the version published last be published again (after ``flush``): relay 0
+        restarted in place and lost it."""
+        self.flush()
+        self._published = EMPTY
+
+    def relay_incarnation(self, timeout: float = 10.0) -> int:
+        """Relay 0's incarnation: it changes when Ray restarts relay 0 in place."""
+        try:
+            incarnation: int = _get(self.relays[0].incarnation.remote(), timeout)
+        except (GetTimeoutError, RayActorError) as err:
+            raise _ray_failure(err, "asking for its incarnation", 0, timeout) from err
+        return incarnation
 
     def wait_snapshot(self, timeout: float = SNAPSHOT_TIMEOUT_S) -> float:
         """Wait until the newest published version has been copied; returns seconds waited.
@@ -955,7 +1003,7 @@ class ParameterService:
             del ref
         if pending is not None and not self._relay_answer(version, pending):
             return
-        if self._relay_answer(version, relay.commit.remote(version, len(buckets), digests)):
+        if self._commit(version, len(buckets), digests):
             self._handed.append(time.monotonic() - started)
 
     def handed_over(self) -> list[float]:

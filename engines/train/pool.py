@@ -150,6 +150,17 @@ class Trainer:
             return 0.0
         return self.params.publish_from(engine.version(), engine.layout(), engine.gathered())
 
+    def republish(self) -> int:
+        """Publish the engine's version again, and wait until relay 0 holds it (every rank:
+        a sharded engine gathers): relay 0 restarted in place and lost it. Relay 0 ignores
+        it if it holds it after all. Returns the version."""
+        if self.params is not None:
+            self.params.reopen()
+        self._publish()
+        if self.params is not None:
+            self.params.flush()
+        return self.engine.version()
+
     def save_checkpoint(self, url: str, keep_last: int, step: int, meta: dict[str, Any]) -> str:
         """Write an atomic checkpoint of the pool's state (gathered by every rank, written
         by rank 0); returns its URL (rank 0) or ""."""
@@ -264,6 +275,9 @@ class TrainerPool:
 
     def save(self, folder: str) -> ObjectRef[None]:
         return self._all(lambda h: h.save.remote(folder))
+
+    def republish(self) -> ObjectRef[int]:
+        return self._all(lambda h: h.republish.remote())
 
     def pids(self) -> list[int]:
         return ray.get([h.pid.remote() for h in self.handles])

@@ -814,6 +814,13 @@ class WeightsConfig(_Section):
     bucket_mib: int = Field(
         64, ge=1, description="Weights travel in safetensors buckets of at most this size."
     )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Times Ray restarts relay 0 in place after its process dies; the "
+        "trainer then publishes its version again. Past this, the segment fails and is "
+        "retried from the last checkpoint.",
+    )
     pull_timeout_s: float = Field(
         120.0,
         gt=0.0,

@@ -39,3 +39,8 @@ def _run(tmp_path: Path, cache: Path, faults: str) -> str:
 def test_the_trajectory_store_restarts_in_place(tmp_path, shared_cache):
     out = _run(tmp_path, shared_cache, "store.put=2@3")
     assert "trajectory store restarted in place" in out
+
+
+def test_relay_0_restarts_in_place(tmp_path, shared_cache):
+    out = _run(tmp_path, shared_cache, "relay.handover=2@3")
+    assert "relay 0 restarted in place; the trainer published version" in out

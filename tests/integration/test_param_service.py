@@ -19,9 +19,11 @@ from sluice.envs import make_env
 from sluice.envs.scoring import VerifierScorer
 from sluice.storage.params import (
     _RELAY_OPTIONS,
+    EMPTY,
     MAX_IN_FLIGHT,
     ParameterError,
     ParameterService,
+    RelayRestarted,
     Weights,
     _Relay,
     digest_number,
@@ -191,6 +193,32 @@ def test_a_version_outlives_the_trainer_that_published_it(service, worker):
     version, state = ray.get(worker.pull.remote(service, -1, 10.0), timeout=30)
     assert version == 1
     _assert_same(state, _state(1))
+
+
+def test_relay_0_restarted_in_place_holds_nothing_until_the_trainer_publishes_again(ray_local):
+    service = ParameterService.create(relays=1, bucket_bytes=MB, max_restarts=1)
+    state = _state(3)
+    service.publish(1, state)
+    service.flush(timeout=30)
+    before = service.relay_incarnation()
+    ray.kill(service.relays[0], no_restart=False)  # its process ends; Ray starts another
+    _wait_until(lambda: service.relay_incarnation() != before, "relay 0 restarting")
+    assert service.latest_version() == EMPTY and service.published_digest(1) is None
+    # A version it had only part of when it restarted cannot be committed: the publisher
+    # gives it up (``ParameterService._commit``) and waits for the next.
+    ray.get(service.relays[0].take.remote(2, 1, [b"", b""]))
+    with pytest.raises(RelayRestarted, match=r"has buckets \[1\] of version 2, not 0..1"):
+        ray.get(service.relays[0].commit.remote(2, 2, ["a", "b"]))
+    with pytest.raises(ParameterError, match="not newer"):
+        service.publish(1, state)
+    service.reopen()  # what the trainer does when the driver sees the restart
+    service.publish(1, state)
+    service.flush(timeout=30)
+    weights = service.pull(EMPTY, timeout=10)
+    assert weights is not None and weights.version == 1
+    _assert_same(_loaded(weights), state)
+    assert service.published_digest(1) is not None
+    service.shutdown()
 
 
 def _plasma_bytes() -> int:

@@ -8,11 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from ray.exceptions import OwnerDiedError, RayTaskError
 
 from sluice.config.tree import RunConfig, build_config
 from sluice.driver.health import LearningHealth
 from sluice.driver.modes import schedule
-from sluice.driver.session import Session
+from sluice.driver.session import RELEASES, Session
 from sluice.driver.step_log import StoreMetrics, Totals
 from sluice.driver.weight_sync import SyncWatch
 from sluice.flows.rl_job import rl_step
@@ -78,11 +79,15 @@ class FakeStore:
 
 
 class FakeTrainer:
-    def __init__(self, calls: Calls) -> None:
+    def __init__(self, calls: Calls, lost: int = 0) -> None:
         self.calls = calls
+        self.lost = lost  # leases whose rows are gone when it reads them
 
     def train(self, lease: str) -> dict[str, float]:
         self.calls("train", lease)  # the real trainer publishes before it answers
+        if self.lost:
+            self.lost -= 1
+            raise RayTaskError("train", "", OwnerDiedError("0" * 56, "", ""))
         return dict(TRAINED)
 
 
@@ -118,6 +123,9 @@ class FakeSession:
         self.calls("lease", self.step)
         return f"lease-{self.step + 1}"
 
+    def control_plane(self) -> None:
+        self.calls("control_plane", None)
+
     def evaluate(self) -> dict[str, float]:
         self.calls("evaluate", self.step)
         return {"eval/accuracy": 0.5, "eval/pass_at_4": 0.75}
@@ -140,6 +148,7 @@ TRAINED_AT_4 = [
     ("lease", 3),  # leased against the trainer's version before the step
     ("train", "lease-4"),
     ("ack", ("lease-4", 4)),  # acknowledged as trained at the published version
+    ("control_plane", None),  # restarts of the store or relay 0 since the last step
 ]
 
 
@@ -163,6 +172,20 @@ def test_a_step_leases_trains_then_acknowledges_at_the_new_version(
     assert metrics["train/loss"] == 0.5 and metrics["rollout/reward"] == 0.25
     assert metrics["perf/samples_per_s"] == pytest.approx(16.0 / metrics["perf/step_s"])
     assert "eval/accuracy" not in metrics
+
+
+def test_a_batch_whose_rows_died_with_the_store_is_leased_again() -> None:
+    """The store restarted in place while the trainer was about to read the batch: its
+    rows lived in the dead process's objects. The trainer changed nothing; the step leases
+    again (the restarted store re-offers them), and a batch lost every time fails the step."""
+    s = FakeSession(_cfg(), step=3)
+    s.trainer = FakeTrainer(s.calls, lost=2)
+    trained, _ = s.train(4)  # type: ignore[attr-defined]
+    assert trained == TRAINED
+    assert s.calls.names.count("lease") == 3 and s.calls.names.count("ack") == 1
+    s.trainer = FakeTrainer(s.calls, lost=RELEASES + 1)
+    with pytest.raises(RayTaskError):
+        s.train(5)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
