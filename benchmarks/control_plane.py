@@ -98,7 +98,12 @@ from sluice.sim.scenario import ClusterSpec
 from sluice.storage.batches import TRAIN_FIELDS
 from sluice.storage.ledger import Ledger, LedgerEvent, check_exactly_once, dispatch_accounting
 from sluice.storage.params import NamedTensors, ParameterService, PendingPull
-from sluice.storage.trajectory_store import StoreClient, create_store, materialize
+from sluice.storage.trajectory_store import (
+    DispatchRecovery,
+    StoreClient,
+    create_store,
+    materialize,
+)
 
 ROOT = Path(__file__).parents[1]
 ENV = "control-plane"
@@ -350,6 +355,12 @@ class _NoLedger:
 
     def settle_records(self) -> None:
         """Nothing is ever in flight."""
+
+    def journal(self, state: dict[str, Any]) -> None:
+        """Dropped, like the events."""
+
+    def recovery(self) -> DispatchRecovery | None:
+        return None
 
 
 def take_cost(

@@ -57,6 +57,7 @@ class StreamRollouts:
         self.restarting: set[int] = set()  # died; its stream resumes once Ray has it back
         self.failures = RewardFailures()
         self.requeued = 0  # groups (episodes) a dead worker held, since the last drain
+        self.dispatcher_at = 0  # the dispatcher's process at the last drain
 
     def start(self) -> None:
         self.dispatcher.resume()
@@ -135,6 +136,10 @@ class StreamRollouts:
         if dropped_groups:
             self.dispatcher.credit(dropped_groups)
         state = self.dispatcher.drain()
+        if state["incarnation"] != self.dispatcher_at and state["restored"]:
+            restarts = self.cfg.rollout.dispatcher_restarts
+            log.warning("%s (rollout.dispatcher_restarts=%d)", state["restored"], restarts)
+        self.dispatcher_at = state["incarnation"]
         t = state["totals"]
         metrics: dict[str, float] = {}
         if t.samples:
@@ -189,6 +194,12 @@ class StreamRollouts:
             except (RayActorError, RayTaskError) as error:  # no more work is given out
                 self._lost(i, error, "no new work was being handed out")
         self.refs = []
+        if lost := self.dispatcher.settle():  # see GroupDispatcher.settle
+            log.warning(
+                "%d groups in flight when the dispatcher restarted were held by no rollout "
+                "worker (theirs died meanwhile); recorded dropped",
+                lost,
+            )
 
     def placed(self, waiting: set[int]) -> None:
         """Workers no node has room for yet join like restarted ones once Ray places them."""

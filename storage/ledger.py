@@ -120,6 +120,11 @@ class Ledger:
         with self._lock:
             self._buffer.extend(events)
 
+    def buffered(self) -> list[LedgerEvent]:
+        """The events appended and not yet flushed, in order."""
+        with self._lock:
+            return list(self._buffer)
+
     def flush(self) -> int:
         """Write the buffered events as one Parquet file; returns the number of rows written."""
         with self._lock:

@@ -117,6 +117,18 @@ def _metas(batch: pa.RecordBatch) -> list[SampleMeta]:
     ]
 
 
+@dataclass(frozen=True)
+class DispatchRecovery:
+    """What a dispatcher restarted in place rebuilds from, kept by the trajectory store:
+    its last journal (``GroupDispatcher.journal``), the groups it dispatched after that
+    journal (group id: prompt id, in order), and every group dispatched whose samples were
+    neither generated nor ended (in flight on a rollout worker, or lost with one)."""
+
+    state: dict[str, Any]
+    since: dict[str, str]
+    open: dict[str, str]
+
+
 @ray.remote(num_cpus=0)
 class TrajectoryStore:
     """The controller actor; see the module docstring. All methods run on one event loop."""
@@ -149,6 +161,10 @@ class TrajectoryStore:
         self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self._awaiting: dict[str, str] = {}
         self.restored = ""  # what a restart in place rebuilt, for the driver to log
+        # The dispatcher's last journal and the groups it dispatched since (group id:
+        # prompt id): what it rebuilds from if Ray restarts it (``recovery``).
+        self._journal: dict[str, Any] | None = None
+        self._since: dict[str, str] = {}
         if restore or self._restarted:
             if not url:
                 raise ValueError("restoring a trajectory store needs its storage url")
@@ -324,12 +340,44 @@ class TrajectoryStore:
         sample whose rows reached the store is left out: the store ends that sample (a
         worker can die after its put and before it reported the group done). Rows that
         come after their samples' ``dropped`` are refused (``put``)."""
+        for e in events:
+            if e.event == "dispatched":
+                self._since.setdefault(e.sample_id.rpartition("/")[0], e.prompt_id)
         seen = self._index.has_seen
         events = [e for e in events if e.event != "dropped" or not seen(e.sample_id)]
         self._gone.update(e.sample_id for e in events if e.event == "dropped")
         self._arrived(e.sample_id for e in events if e.event == "dropped")
         if self._ledger is not None:
             self._ledger.append(events)
+
+    async def journal(self, state: dict[str, Any]) -> None:
+        """Keep the dispatcher's state (``GroupDispatcher.journal``); sent in order with its
+        ``record`` calls, so the groups recorded after it are the ones handed out since."""
+        self._journal, self._since = state, {}
+
+    async def recovery(self) -> DispatchRecovery | None:
+        """What a dispatcher restarted in place rebuilds from (``GroupDispatcher.recover``):
+        its last journal, the groups dispatched since, and the groups dispatched whose
+        samples were neither generated nor ended (read from the ledger and its buffer)."""
+        if self._journal is None:
+            return None
+        open_groups: dict[str, str] = {}
+        if self._ledger is not None:
+            events = self._ledger.read()
+            latest = latest_events(events)
+            prompts = dict(
+                zip(
+                    events.column("sample_id").to_pylist(),
+                    events.column("prompt_id").to_pylist(),
+                    strict=True,
+                )
+            )
+            for e in self._ledger.buffered():
+                latest[e.sample_id], prompts[e.sample_id] = e.event, e.prompt_id
+            for sample_id, event in latest.items():
+                if event == "dispatched" and not self._index.has_seen(sample_id):
+                    open_groups.setdefault(sample_id.rpartition("/")[0], prompts[sample_id])
+        return DispatchRecovery(self._journal, dict(self._since), open_groups)
 
     # -- consumers -------------------------------------------------------------------------
 
@@ -760,6 +808,17 @@ class StoreClient:
         if self._recording is not None:
             sent, self._recording = self._recording, None
             ray.get(sent)
+
+    def journal(self, state: dict[str, Any]) -> None:
+        """Send the dispatcher's state, in order with ``record``'s events, without waiting."""
+        self.settle_records()
+        self._recording = self.handle.journal.remote(state)
+
+    def recovery(self) -> DispatchRecovery | None:
+        """What a restarted dispatcher rebuilds from (``TrajectoryStore.recovery``)."""
+        self.settle_records()
+        found: DispatchRecovery | None = ray.get(self.handle.recovery.remote())
+        return found
 
 
 def materialize(grant: LeaseGrant, fields: list[str] | None = None) -> pa.Table:

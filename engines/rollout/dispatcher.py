@@ -37,6 +37,17 @@ in ``engines/rollout/messages.py``.
   that moment (``dispatched``, sent to the trajectory store, which keeps the ledger); a
   dead worker's groups are recorded ``dropped`` with the reason before their prompts go
   back to the queue, so every dispatched sample ends trained or dropped.
+- Restart in place: whenever its prompt stream, queue or counters change other than by
+  handing out groups (it draws prompts, requeues, is credited, stops or resumes, moves
+  groups), it sends its state to the trajectory store with its ledger events, in order
+  (``journal``). Ray restarts a dispatcher whose process died (``rollout.
+  dispatcher_restarts``) and retries the calls on their way to it; the new process
+  takes the last journal, counts the groups handed out after it and takes their prompts
+  out of its queue (``recover``), so no prompt is handed out twice and no group id
+  reused. Each answer names the process (``incarnation``); a worker that sees a new one
+  tells it which groups it holds (``reclaim``). Groups in flight that no worker claims
+  by the end of the next ``stop`` belonged to a worker that died meanwhile: they are
+  recorded dropped and their admission places given back (``settle``).
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ from sluice.envs.prompts import PromptSource
 from sluice.rl.dispatch import GroupRequest, InFlight, LengthPredictor, WorkerLoad, plan, stragglers
 from sluice.storage.faults import fault_point
 from sluice.storage.ledger import LedgerEvent
+from sluice.storage.trajectory_store import DispatchRecovery
 
 
 class LedgerSink(Protocol):
@@ -71,6 +83,12 @@ class LedgerSink(Protocol):
 
     def settle_records(self) -> None:
         """Wait until the sink has every event recorded so far."""
+
+    def journal(self, state: dict[str, Any]) -> None:
+        """Keep the dispatcher's state, in order with its events (``GroupDispatcher.journal``)."""
+
+    def recovery(self) -> DispatchRecovery | None:
+        """What a restarted dispatcher rebuilds from; None before any journal."""
 
 
 # Groups kept ready for ordering: enough for a couple of steps, so "longest first" has
@@ -123,6 +141,12 @@ class GroupDispatcher:
         # worker -> (its version, its running samples) as of its last take, while draining
         self._stragglers: dict[int, tuple[int, list[InFlight]]] = {}
         self._handoffs: dict[int, list[Handoff]] = {}  # worker -> groups repacked onto it
+        # Which process this is (each answer says), how many restarts came before it, and
+        # the groups in flight it has not yet heard of from a worker (group id: prompt id).
+        self.incarnation = time.time_ns()
+        self._restarts = 0
+        self._unclaimed: dict[str, str] = {}
+        self.restored = ""  # what a restart in place rebuilt, for the flow to log
 
     def _request(self, index: int, problem: Problem) -> GroupRequest:
         prompt_len = len(problem.prompt)
@@ -150,17 +174,20 @@ class GroupDispatcher:
         """
         fault_point("dispatcher.take")  # tests: the dispatcher dying as it hands out groups
         handoffs = self._handoffs.pop(worker, [])
+        if handoffs:
+            self.journal()
         if self._stopped:  # groups already handed over are finished, not lost
-            return Work([], handoffs) if handoffs else None
+            return Work([], handoffs, incarnation=self.incarnation) if handoffs else None
         out = self._fresh(worker, want, worker_version)
         if stragglers and not out and not handoffs:
             self._stragglers[worker] = (worker_version, stragglers)
         else:
             self._stragglers.pop(worker, None)
         if out or handoffs:
-            return Work(out, handoffs)
+            return Work(out, handoffs, incarnation=self.incarnation)
         give_to = self._repack_target(worker, worker_version)
-        return Work([], [], give_to, held_until=None if give_to is not None else self._open_at())
+        held_until = None if give_to is not None else self._open_at()
+        return Work([], [], give_to, held_until, self.incarnation)
 
     def _fresh(self, worker: int, want: int, worker_version: int) -> list[Assignment]:
         allowed = (worker_version + self._k + 1) * self._per_step - self.admitted
@@ -175,8 +202,11 @@ class GroupDispatcher:
         # The plan fills every worker's reported room before the asker's (last, losing
         # ties), and only the asker's share is handed out: the pool must cover all of it.
         room = sum(load.capacity for load in loads)
+        drawn = len(self._pool) < max(room, LOOKAHEAD_STEPS * self._per_step)
         while len(self._pool) < max(room, LOOKAHEAD_STEPS * self._per_step):
             self._pool.extend(self._prompts.take(self._per_step))
+        if drawn:
+            self.journal()  # the groups handed out from here on are "since" it
         requests = [self._request(i, p) for i, p in enumerate(self._pool)]
         chosen = plan(requests, loads, self._long_first, self._balance).assignments[worker]
         taken = {int(r.group_id) for r in chosen}
@@ -194,22 +224,84 @@ class GroupDispatcher:
         # In the ledger from this moment: a dispatched sample ends trained or dropped. The
         # take does not wait for the store to have the events (the next call to the store
         # does): they are stamped now, and the ledger is read in time order.
-        self._record({a.group_id: a.problem for a in out}, "dispatched", wait=False)
+        self._record({a.group_id: a.problem.prompt_id for a in out}, "dispatched", wait=False)
         return out
 
     def _record(
-        self, groups: dict[str, Problem], event: str, reason: str | None = None, wait: bool = True
+        self, groups: dict[str, str], event: str, reason: str | None = None, wait: bool = True
     ) -> None:
-        """One ledger event for each sample of each group (``{group id: problem}``)."""
+        """One ledger event for each sample of each group (``{group id: prompt id}``)."""
         if groups:
             self._ledger.record(
                 [
-                    LedgerEvent(f"{group_id}/{j}", problem.prompt_id, event, reason=reason)
-                    for group_id, problem in groups.items()
+                    LedgerEvent(f"{group_id}/{j}", prompt_id, event, reason=reason)
+                    for group_id, prompt_id in groups.items()
                     for j in range(self._n)
                 ],
                 wait=wait,
             )
+
+    # -- restart in place --------------------------------------------------------------------
+
+    def journal(self) -> None:
+        """Send the state a restarted dispatcher rebuilds from (see the module docstring)."""
+        self._ledger.journal(
+            {
+                "cursor": self._prompts.cursor(),
+                "pool": list(self._pool),
+                "issued": self._issued,
+                "returned": self._returned,
+                "tag": self._tag,
+                "stopped": self._stopped,
+                "handoffs": {w: list(h) for w, h in self._handoffs.items()},
+                "restarts": self._restarts,
+            }
+        )
+
+    def recover(self, found: DispatchRecovery | None) -> None:
+        """Rebuild after a restart in place from the last journal, the groups handed out
+        after it and the groups in flight; new group ids get a tag of their own."""
+        self._restarts = 1
+        if found is not None:
+            state = found.state
+            self._prompts.restore(state["cursor"])
+            self._pool = list(state["pool"])
+            for prompt_id in found.since.values():  # handed out after the journal
+                at = next((i for i, p in enumerate(self._pool) if p.prompt_id == prompt_id), None)
+                if at is not None:
+                    del self._pool[at]
+            self._issued = int(state["issued"]) + len(found.since)
+            self._returned = int(state["returned"])
+            self._stopped = bool(state["stopped"])
+            self._handoffs = {int(w): list(h) for w, h in state["handoffs"].items()}
+            self._restarts = int(state["restarts"]) + 1
+            self._tag = str(state["tag"])
+            moving = {h.group_id for handoffs in self._handoffs.values() for h in handoffs}
+            self._unclaimed = {g: p for g, p in found.open.items() if g not in moving}
+        self._tag += f"d{self._restarts}."
+        self.restored = (
+            f"the dispatcher restarted in place: {self._issued} groups handed out so far, "
+            f"{len(self._unclaimed)} in flight await their rollout workers"
+        )
+        self.journal()
+
+    def reclaim(self, worker: int, groups: dict[str, Problem]) -> None:
+        """``worker`` holds ``groups`` (it saw this process answer for the first time)."""
+        self._held.setdefault(worker, {}).update(groups)
+        for group_id in groups:
+            self._unclaimed.pop(group_id, None)
+
+    def settle(self) -> int:
+        """Groups in flight at a restart that no worker claimed by now (every stream has
+        finished): their worker died meanwhile. Recorded dropped, their places given back;
+        their prompts are not drawn again (the journal did not hold them). How many."""
+        lost, self._unclaimed = self._unclaimed, {}
+        reason = "the dispatcher restarted while its rollout worker died; no worker held it"
+        self._record(lost, "dropped", reason)
+        self._returned += len(lost)
+        if lost:
+            self.journal()
+        return len(lost)
 
     def _open_at(self) -> int:
         """The lowest worker version admission lets start a group now: the least v with
@@ -241,6 +333,7 @@ class GroupDispatcher:
         self._stragglers.pop(worker, None)  # out of date now: both ask again
         self._stragglers.pop(target, None)
         self._totals.repacked += len(handoffs)
+        self.journal()
         return True
 
     @property
@@ -252,7 +345,7 @@ class GroupDispatcher:
         """``worker`` died: its unfinished groups go back to the front of the queue."""
         lost = self._held.pop(worker, {})  # groups repacked onto it included
         self._record(
-            lost,
+            {group_id: problem.prompt_id for group_id, problem in lost.items()},
             "dropped",
             f"rollout worker {worker} died before it finished the group; the prompt goes "
             "back to the queue",
@@ -262,6 +355,7 @@ class GroupDispatcher:
         self._workers.pop(worker, None)
         self._stragglers.pop(worker, None)
         self._handoffs.pop(worker, None)
+        self.journal()
         return len(lost)
 
     def credit(self, groups: int) -> None:
@@ -269,6 +363,7 @@ class GroupDispatcher:
         trained: give their places in the admission window back, or every drop would
         narrow it for the rest of the run."""
         self._returned += groups
+        self.journal()
 
     def restart_at(self, cursor: dict[str, Any], admitted: int, tag: str) -> None:
         """Continue a resumed run from a checkpoint's ``cursor``, with ``admitted`` groups
@@ -278,6 +373,7 @@ class GroupDispatcher:
         self._issued = int(cursor["issued"])
         self._returned = self._issued - admitted
         self._tag = tag
+        self.journal()
 
     def _load(self, worker: int) -> float:
         counters = self._workers.get(worker)
@@ -291,6 +387,7 @@ class GroupDispatcher:
         held = self._held.get(worker, {})
         for g in groups:
             held.pop(g.group_id, None)
+            self._unclaimed.pop(g.group_id, None)
             self._predictor.observe(g.prompt_id, self._env, g.prompt_len, g.lengths)
             t = self._totals
             t.groups += 1
@@ -310,36 +407,56 @@ class GroupDispatcher:
             or version >= self._open_at()
             or self._repack_target(worker, version) is not None
         )
-        return ReportReply(ask, len(self._workers) / REPORTS_PER_S)
+        return ReportReply(ask, len(self._workers) / REPORTS_PER_S, self.incarnation)
 
     def drain(self) -> dict[str, Any]:
         """Rollout totals since the last call, and each worker's latest counters; the store
         has every ledger event of the groups issued so far."""
         self._ledger.settle_records()
         totals, self._totals = self._totals, RolloutTotals()
-        return {"totals": totals, "workers": dict(self._workers), "issued": self._issued}
+        return {
+            "totals": totals,
+            "workers": dict(self._workers),
+            "issued": self._issued,
+            "incarnation": self.incarnation,
+            "restored": self.restored,
+        }
 
     def stop(self) -> None:
         """No more groups: workers finish what they hold and return."""
         self._stopped = True
+        self.journal()
         self._ledger.settle_records()
 
     def resume(self) -> None:
         self._stopped = False
+        self.journal()
 
     def cursor(self) -> dict[str, Any]:
         self._ledger.settle_records()  # a checkpoint's ledger holds what it issued
         return {"prompts": self._prompts.cursor(), "issued": self._issued}
 
 
-Dispatcher = ray.remote(num_cpus=0)(GroupDispatcher)
+class _RestartingDispatcher(GroupDispatcher):
+    """The dispatcher as a Ray actor: a process Ray restarts rebuilds its state (``recover``)."""
+
+    def __init__(self, ledger: LedgerSink, *args: Any, **kwargs: Any) -> None:
+        super().__init__(ledger, *args, **kwargs)
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self.recover(ledger.recovery())
+
+
+Dispatcher = ray.remote(num_cpus=0)(_RestartingDispatcher)
 
 
 class DispatcherClient:
     """The dispatcher's actor handle, typed, for the flow; rollout workers hold ``handle``."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, args: list[Any] | None = None) -> None:
         self.handle = handle
+        # Constructor arguments in the object store: Ray reads them again to restart the
+        # dispatcher in place, so they live as long as it does.
+        self.args = args or []
 
     def resume(self) -> None:
         ray.get(self.handle.resume.remote())
@@ -349,6 +466,9 @@ class DispatcherClient:
 
     def requeue(self, worker: int) -> int:
         return int(ray.get(self.handle.requeue.remote(worker)))
+
+    def settle(self) -> int:
+        return int(ray.get(self.handle.settle.remote()))
 
     def credit(self, groups: int) -> None:
         self.handle.credit.remote(groups)  # no answer needed: the next drain is behind it
@@ -368,9 +488,14 @@ def launch_dispatcher(
 ) -> DispatcherClient:
     """The dispatcher of an ``async`` run, on the driver's node (it holds the run's queue)."""
     r = cfg.rollout
-    handle = Dispatcher.options(scheduling_strategy=on_driver_node()).remote(
+    stream = ray.put(prompts)  # big (a data file's index): kept for restarts, see below
+    handle = Dispatcher.options(
+        scheduling_strategy=on_driver_node(),
+        max_restarts=r.dispatcher_restarts,
+        max_task_retries=-1 if r.dispatcher_restarts else 0,
+    ).remote(
         ledger,
-        prompts,
+        stream,
         env,
         r.prompts_per_step,
         r.samples_per_prompt,
@@ -382,4 +507,4 @@ def launch_dispatcher(
         repack_max_stragglers=r.repack_max_stragglers if r.repack else 0,
         repack_min_age_s=r.repack_min_age_s,
     )
-    return DispatcherClient(handle)
+    return DispatcherClient(handle, [stream])

@@ -161,12 +161,15 @@ class Work:
     ``held_until``: with nothing to hand out, the weight version from which admission lets
     this worker start a group. The worker does not ask again before it holds that version,
     unless a report's answer (``ReportReply.ask``) says so: held workers do not poll.
+    ``incarnation``: which process of the dispatcher answered; a worker that sees a new one
+    tells it which groups it holds (``GroupDispatcher.reclaim``).
     """
 
     assignments: list[Assignment]
     handoffs: list[Handoff] = field(default_factory=list)
     give_to: int | None = None
     held_until: int | None = None
+    incarnation: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,10 +177,11 @@ class ReportReply:
     """The dispatcher's answer to a worker's report: ``ask``, take now (admission opened at
     the worker's version, groups were repacked onto it, the repack plan moves it, or the
     dispatcher stopped); ``report_every_s``, when to report next (the dispatcher paces
-    reports to a budget for the whole fleet)."""
+    reports to a budget for the whole fleet); ``incarnation``, as in ``Work``."""
 
     ask: bool
     report_every_s: float
+    incarnation: int = 0
 
 
 @dataclass

@@ -34,7 +34,7 @@ from sluice.engines.rollout.messages import (
 )
 from sluice.engines.rollout.sample_runner import SampleRunner
 from sluice.engines.rollout.scored import ScoredRows, block_of, score_groups
-from sluice.envs import Environment
+from sluice.envs import Environment, Problem
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.scoring import RecordedScorer, Scorer
 from sluice.rl.dispatch import InFlight
@@ -92,11 +92,13 @@ class StreamHost(Protocol):
 class GroupSource(Protocol):
     """Where a streaming worker gets work: the dispatcher's actor handle
     (``engines/rollout/dispatcher.py``). ``take`` answers a ``messages.Work`` (or None: stop),
-    ``report`` takes finished groups and counters, ``hand_over`` a repacked worker's groups."""
+    ``report`` takes finished groups and counters, ``hand_over`` a repacked worker's groups,
+    ``reclaim`` the groups a worker holds (to a dispatcher restarted in place)."""
 
     take: Any
     report: Any
     hand_over: Any
+    reclaim: Any
 
 
 class StreamLoop(SampleRunner):
@@ -141,6 +143,10 @@ class StreamLoop(SampleRunner):
         self.held_until: int | None = None
         self.reported: ray.ObjectRef | None = None  # the last report, its answer unread
         self.weights_asked: PendingPull | None = None  # a relay asked, not yet answered
+        # The prompt of every group this worker holds until it is reported, and the
+        # dispatcher's process that answered last: a new one is told what it holds.
+        self.problems: dict[str, Problem] = {}
+        self.dispatcher_at = 0
 
     def loop(self) -> dict[str, float]:
         try:
@@ -185,6 +191,8 @@ class StreamLoop(SampleRunner):
         self.send()
         self.store.flush()
         self.report(last=True)
+        assert self.reported is not None  # the last report always goes
+        ray.get(self.reported)  # the dispatcher has every group before the stream returns
         return dict(self.counters)
 
     def check_weights(self) -> None:
@@ -254,11 +262,13 @@ class StreamLoop(SampleRunner):
         if work is None:
             self.stopping = True
             return
+        self.answered_by(work.incarnation)
         self.held_until = work.held_until
         if work.give_to is not None:
             self.give_up(work.give_to)
         for handoff in work.handoffs:
             self.groups[handoff.group_id] = handoff.group
+            self.problems[handoff.group_id] = handoff.group.problem
             for sample in handoff.group.samples:
                 if sample.done is None:
                     self.begin(handoff.group_id, handoff.group, sample)
@@ -268,8 +278,15 @@ class StreamLoop(SampleRunner):
             samples = [PartialSample(a.group_id, j, a.predicted, started) for j in range(n)]
             group = PartialGroup(a.problem, ids, samples, a.seed)
             self.groups[a.group_id] = group
+            self.problems[a.group_id] = a.problem
             for sample in group.samples:
                 self.begin(a.group_id, group, sample)
+
+    def answered_by(self, incarnation: int) -> None:
+        """A dispatcher restarted in place answered: tell it which groups this worker holds."""
+        if incarnation != self.dispatcher_at and self.dispatcher_at:
+            ray.get(self.source.reclaim.remote(self.s.worker, dict(self.problems)))
+        self.dispatcher_at = incarnation or self.dispatcher_at
 
     def may_ask_again(self) -> bool:
         """Held back: ask again once this worker holds the version admission waits for, or
@@ -283,6 +300,7 @@ class StreamLoop(SampleRunner):
         if self.reported is None or not ray.wait([self.reported], timeout=0)[0]:
             return False
         reply, self.reported = ray.get(self.reported), None
+        self.answered_by(reply.incarnation)
         self.report_every_s = max(self.s.report_every_s, reply.report_every_s)
         return bool(reply.ask)
 
@@ -306,6 +324,7 @@ class StreamLoop(SampleRunner):
             del self.running[request]
         for group_id in moved:
             del self.groups[group_id]
+            del self.problems[group_id]
 
     def finish(self, group_id: str, group: PartialGroup) -> None:
         """Score a group whose samples are all done: here, or on the scoring thread."""
@@ -403,4 +422,6 @@ class StreamLoop(SampleRunner):
         if self.read_reply():
             self.held_until = None
         self.reported = self.source.report.remote(self.s.worker, self.reports, counters)
+        for done in self.reports:
+            self.problems.pop(done.group_id, None)
         self.reports = []

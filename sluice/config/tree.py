@@ -427,6 +427,14 @@ class RolloutConfig(_Section):
         description="Times Ray restarts a rollout worker whose process died; its unfinished "
         "prompts go back to the queue each time. Past this the run fails.",
     )
+    dispatcher_restarts: int = Field(
+        3,
+        ge=0,
+        description="async: times Ray restarts the dispatcher in place after its process "
+        "dies; the new one is rebuilt from its last journal in the trajectory store and the "
+        "groups the rollout workers hold. Past this, the segment fails and is retried from "
+        "the last checkpoint.",
+    )
     repack: bool = Field(
         True,
         description="async, several workers: when workers' batches have drained to a few "

@@ -1,8 +1,8 @@
-"""The control plane's own deaths on a real ``async`` run: the trajectory store and relay 0
-each die twice in a row at a fault point (their process ends, as from a kill) and Ray
-restarts them in place. The run goes on without a segment retry, and the ledger shows
-every sample trained exactly once or dropped with a reason and no gap in versions.
-"""
+"""The control plane's own deaths on a real ``async`` run: the trajectory store, relay 0
+and the dispatcher each die twice in a row at a fault point (their process ends, as from a
+kill) and Ray restarts them in place. The run goes on without a segment retry, and the
+ledger shows every sample trained exactly once or dropped with a reason and no gap in
+versions."""
 
 from __future__ import annotations
 
@@ -44,3 +44,8 @@ def test_the_trajectory_store_restarts_in_place(tmp_path, shared_cache):
 def test_relay_0_restarts_in_place(tmp_path, shared_cache):
     out = _run(tmp_path, shared_cache, "relay.handover=2@3")
     assert "relay 0 restarted in place; the trainer published version" in out
+
+
+def test_the_dispatcher_restarts_in_place(tmp_path, shared_cache):
+    out = _run(tmp_path, shared_cache, "dispatcher.take=2@10")
+    assert "the dispatcher restarted in place" in out

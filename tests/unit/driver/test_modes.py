@@ -203,7 +203,7 @@ class FakeDispatcher:
             "version": 4.0,
             "pid": 42.0,
         }
-        return {"totals": totals, "workers": {0: counters}}
+        return {"totals": totals, "workers": {0: counters}, "incarnation": 1, "restored": ""}
 
     def restart_at(self, cursor: dict[str, Any], admitted: int, tag: str) -> None:
         self.restarted.append((admitted, tag))

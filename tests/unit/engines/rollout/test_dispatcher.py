@@ -11,21 +11,38 @@ from sluice.engines.rollout.messages import GroupDone, Handoff, PartialGroup, Pa
 from sluice.envs.prompts import PromptStream
 from sluice.rl.dispatch import InFlight
 from sluice.storage.ledger import LedgerEvent
+from sluice.storage.trajectory_store import DispatchRecovery
 
 B, N = 2, 4  # groups per step, samples per group
 
 
 class Book:
-    """A ledger sink that keeps what the dispatcher records."""
+    """A ledger sink that keeps what the dispatcher records, and its journal, as the
+    trajectory store does (``TrajectoryStore.journal``, ``recovery``)."""
 
     def __init__(self) -> None:
         self.events: list[LedgerEvent] = []
+        self.state: dict | None = None
+        self.since: dict[str, str] = {}
 
     def record(self, events: list[LedgerEvent], wait: bool = True) -> None:
         self.events.extend(events)
+        for e in events:
+            if e.event == "dispatched":
+                self.since.setdefault(e.sample_id.rpartition("/")[0], e.prompt_id)
 
     def settle_records(self) -> None:
         """``record`` keeps every event at once: nothing is in flight."""
+
+    def journal(self, state: dict) -> None:
+        self.state, self.since = state, {}
+
+    def recovery(self) -> DispatchRecovery | None:
+        latest = {e.sample_id: e for e in self.events}
+        in_flight = {
+            s.rpartition("/")[0]: e.prompt_id for s, e in latest.items() if e.event == "dispatched"
+        }
+        return None if self.state is None else DispatchRecovery(self.state, self.since, in_flight)
 
 
 @pytest.fixture
@@ -270,3 +287,45 @@ def test_a_worker_gets_its_groups_however_many_others_report_room():
     for worker in range(1, 64):
         dispatcher.report(worker, [], idle)
     assert len(dispatcher.take(worker=0, want=4, worker_version=0).assignments) == 4
+
+
+def test_a_dispatcher_restarted_in_place_continues_where_the_dead_one_stopped():
+    """Rebuilt from its last journal and the groups handed out after it, a new process
+    hands out the prompts the dead one would have, under new group ids; in-flight groups
+    are held again once their worker claims them, and those no worker claims (their
+    worker died too) are dropped, their admission places given back."""
+    env, _ = make_environment(EnvConfig(train_prompts=64))
+
+    def start(book: Book) -> GroupDispatcher:
+        stream = PromptStream(env, 64, seed=0)
+        return GroupDispatcher(book, stream, env.name, B, N, 3, 0, long_first=False, balance=False)
+
+    book, twin = Book(), Book()
+    dead, alive = start(book), start(twin)  # `alive` shows what the dead one would do
+    for d in (dead, alive):
+        first = d.take(0, 3, 0).assignments
+        second = d.take(1, 2, 0).assignments
+        done = GroupDone(first[0].group_id, "p", 1, [1] * N, 0, 0, 0, 0)
+        d.report(0, [done], {"in_flight_tokens": 0.0, "free_groups": 0.0})
+    held_by_1 = {a.group_id: a.problem for a in second}
+    put = first[0]  # its rows reached the store before the report
+    book.record([LedgerEvent(f"{put.group_id}/{j}", "p", "scored") for j in range(N)])
+
+    new = start(book)
+    new.recover(book.recovery())
+    assert new.admitted == dead.admitted == 5 and new.incarnation > dead.incarnation
+    assert "5 groups handed out so far, 4 in flight" in new.restored
+    after = new.take(2, 3, 0)
+    expected = alive.take(2, 3, 0).assignments
+    assert [a.problem.prompt_id for a in after.assignments] == [
+        a.problem.prompt_id for a in expected
+    ]
+    assert after.incarnation == new.incarnation
+    assert {a.group_id.split("@")[1] for a in after.assignments} == {"d1.g5", "d1.g6", "d1.g7"}
+
+    new.reclaim(1, held_by_1)  # worker 1 saw the new process answer; worker 0 died
+    assert new.settle() == 2  # worker 0's two unfinished groups
+    dropped = {e.sample_id.rpartition("/")[0] for e in book.events if e.event == "dropped"}
+    assert dropped == {a.group_id for a in first[1:]}
+    assert new.admitted == 5 + 3 - 2
+    assert new.requeue(1) == 2  # worker 1's groups are held again: its death requeues them

@@ -353,7 +353,7 @@ def test_a_held_worker_asks_again_only_at_the_version_it_waits_for_or_when_told(
     """Admission holds the worker back: it sends no take (an idle poll) until it holds the
     version the dispatcher named, or its report's answer says the window opened."""
     env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
-    ledger = SimpleNamespace(record=lambda events, wait=True: None)
+    ledger = SimpleNamespace(record=lambda events, wait=True: None, journal=lambda state: None)
     dispatcher = GroupDispatcher(ledger, PromptStream(env, 8, seed=0), env.name, 2, 1, 0, 0)
     source, engine = _Dispatching(ray_local, dispatcher), _Starts()
     worker = _worker(engine=engine, env=env)
