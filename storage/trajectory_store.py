@@ -337,14 +337,19 @@ class TrajectoryStore:
     async def record(self, events: list[LedgerEvent]) -> None:
         """Ledger events of samples not in the store yet (``dispatched``, or ``dropped``
         before they were generated); written with the next flush. A ``dropped`` event of a
-        sample whose rows reached the store is left out: the store ends that sample (a
-        worker can die after its put and before it reported the group done). Rows that
-        come after their samples' ``dropped`` are refused (``put``)."""
+        sample whose rows reached the store, or that ended already (before a restart in
+        place, too), is left out: the store ends that sample (a worker can die after its
+        put and before it reported the group done). Rows that come after their samples'
+        ``dropped`` are refused (``put``)."""
         for e in events:
             if e.event == "dispatched":
                 self._since.setdefault(e.sample_id.rpartition("/")[0], e.prompt_id)
-        seen = self._index.has_seen
-        events = [e for e in events if e.event != "dropped" or not seen(e.sample_id)]
+        seen, gone = self._index.has_seen, self._gone
+        events = [
+            e
+            for e in events
+            if e.event != "dropped" or not (seen(e.sample_id) or e.sample_id in gone)
+        ]
         self._gone.update(e.sample_id for e in events if e.event == "dropped")
         self._arrived(e.sample_id for e in events if e.event == "dropped")
         if self._ledger is not None:

@@ -88,6 +88,7 @@ def test_what_sluice_starts_listens_on_loopback_only(tmp_path: Path, shared_cach
     job = Job(
         smoke_args(tmp_path, shared_cache, "mode=async", "train.steps=60", "eval.every=100"),
         tmp_path / "job.log",
+        {"PREFECT_API_URL": ""},  # the run's own temporary Prefect server, checked below
     )
     try:
         job.expect(r"step    1/60")
