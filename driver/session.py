@@ -6,7 +6,9 @@ service, the trainer, the rollout workers and (``async``) the dispatcher. ``open
 them, fresh or from a checkpoint, and ``start`` sets the rollouts going; ``wait`` waits for
 Ray refs while restarting dead rollout workers; ``evaluate`` measures held-out accuracy;
 ``checkpoint`` writes the trainer's state with the data cursor and the ledger watermark;
-``close`` kills every actor. How rollouts are driven is the mode's (``driver/modes.py``):
+``close`` kills every actor; ``control_plane``, after each step and before each weight sync,
+logs a restart in place of the trajectory store and has the trainer publish again for a
+relay 0 that restarted. How rollouts are driven is the mode's (``driver/modes.py``):
 ``batch`` in ``sync`` and ``one_step``, ``stream`` in ``async``. Nothing here knows about
 Prefect.
 

@@ -150,7 +150,9 @@ class TrajectoryStore:
         self._index = TrajectoryIndex(self._ledger, stale_by=stale_by)
         self._capacity = capacity
         self._draining = False
-        self._gone: set[str] = set()  # samples recorded dropped before their rows came
+        # Samples that ended before their rows came (dropped; after a restart in place,
+        # every sample the ledger shows ended): rows that come for them are refused.
+        self._gone: set[str] = set()
         self._lease_s = lease_s
         self._changed: asyncio.Condition | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -306,12 +308,9 @@ class TrajectoryStore:
         seen = self._index.has_seen
         return [s for s in sample_ids if not seen(s) and s not in self._gone]
 
-    async def current(self) -> int:
-        """The store's incarnation (see ``put``)."""
-        return self.incarnation
-
     async def restart(self) -> tuple[int, str]:
-        """The store's incarnation, and what its restart in place rebuilt ("" if none)."""
+        """The store's incarnation (see ``put``), and what its restart in place rebuilt
+        ("" if none)."""
         return self.incarnation, self.restored
 
     def _refuse_late(self, metas: list[SampleMeta], late: list[str]) -> None:
@@ -707,7 +706,7 @@ class StoreClient:
         while self._in_flight:
             self._settle(self._in_flight.pop(0))
         if self._unwritten:  # a store restarted since the last put lacks these rows
-            self._resend(int(ray.get(self.handle.current.remote())))
+            self._resend(int(ray.get(self.handle.restart.remote())[0]))
         self._write()
 
     def _write(self) -> None:

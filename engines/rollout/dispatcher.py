@@ -40,8 +40,8 @@ in ``engines/rollout/messages.py``.
 - Restart in place: whenever its prompt stream, queue or counters change other than by
   handing out groups (it draws prompts, requeues, is credited, stops or resumes, moves
   groups), it sends its state to the trajectory store with its ledger events, in order
-  (``journal``). Ray restarts a dispatcher whose process died (``rollout.
-  dispatcher_restarts``) and retries the calls on their way to it; the new process
+  (``journal``). Ray restarts a dispatcher whose process died
+  (``rollout.dispatcher_restarts``) and retries the calls on their way to it; the new process
   takes the last journal, counts the groups handed out after it and takes their prompts
   out of its queue (``recover``), so no prompt is handed out twice and no group id
   reused. Each answer names the process (``incarnation``); a worker that sees a new one

@@ -38,6 +38,9 @@ def test_a_worker_dying_while_the_streams_stop_is_counted_once(ray_local) -> Non
             self.requeued.append(worker)
             return 0
 
+        def settle(self) -> int:
+            return 0
+
         def calls(self) -> list[int]:
             return self.requeued
 

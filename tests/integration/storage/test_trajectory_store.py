@@ -232,10 +232,10 @@ def test_restart_rebuilds_from_the_ledger(ray_local, store_url):
 
 def _restart(handle) -> None:
     """End the store's process the way a crash would; Ray starts it again."""
-    before = ray.get(handle.current.remote())
+    before = ray.get(handle.restart.remote())[0]
     ray.kill(handle, no_restart=False)
     deadline = time.monotonic() + 60
-    while ray.get(handle.current.remote()) == before:  # the kill is asynchronous
+    while ray.get(handle.restart.remote())[0] == before:  # the kill is asynchronous
         assert time.monotonic() < deadline, "the store did not restart within 60 s"
         time.sleep(0.1)
 
