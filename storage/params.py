@@ -894,14 +894,6 @@ class ParameterService:
         self.flush()
         self._published = EMPTY
 
-    def relay_incarnation(self, timeout: float = 10.0) -> int:
-        """Relay 0's incarnation: it changes when Ray restarts relay 0 in place."""
-        try:
-            incarnation: int = _get(self.relays[0].incarnation.remote(), timeout)
-        except (GetTimeoutError, RayActorError) as err:
-            raise _ray_failure(err, "asking for its incarnation", 0, timeout) from err
-        return incarnation
-
     def wait_snapshot(self, timeout: float = SNAPSHOT_TIMEOUT_S) -> float:
         """Wait until the newest published version has been copied; returns seconds waited.
 
@@ -1026,24 +1018,35 @@ class ParameterService:
 
     # -- puller side -----------------------------------------------------------------------
 
+    def _ask_relay_0(self, what: str, answer: ray.ObjectRef, timeout: float) -> Any:
+        """Relay 0's ``answer`` to a question about ``what``; Ray's timeout and dead-actor
+        errors as a ParameterError."""
+        try:
+            return _get(answer, timeout)
+        except (GetTimeoutError, RayActorError) as err:
+            raise _ray_failure(err, f"asking for {what}", 0, timeout) from err
+
     def latest_version(self, timeout: float = 10.0) -> int:
         """The newest version relay 0 holds (-1 before the first one arrives)."""
-        try:
-            version: int = _get(self.relays[0].version.remote(), timeout)
-        except (GetTimeoutError, RayActorError) as err:
-            raise _ray_failure(err, "asking for the latest version", 0, timeout) from err
+        version: int = self._ask_relay_0(
+            "the latest version", self.relays[0].version.remote(), timeout
+        )
         return version
 
     def published_digest(self, version: int, timeout: float = 10.0) -> str | None:
         """The digest of ``version`` as the trainer published it (relay 0's record), or
         None if relay 0 never took it or has forgotten it (older than ``HISTORY``)."""
-        try:
-            digest: str | None = _get(self.relays[0].digest.remote(version), timeout)
-        except (GetTimeoutError, RayActorError) as err:
-            raise _ray_failure(
-                err, f"asking for the digest of version {version}", 0, timeout
-            ) from err
+        digest: str | None = self._ask_relay_0(
+            f"the digest of version {version}", self.relays[0].digest.remote(version), timeout
+        )
         return digest
+
+    def relay_incarnation(self, timeout: float = 10.0) -> int:
+        """Relay 0's incarnation: it changes when Ray restarts relay 0 in place."""
+        incarnation: int = self._ask_relay_0(
+            "its incarnation", self.relays[0].incarnation.remote(), timeout
+        )
+        return incarnation
 
     def _nearest(self) -> int:
         """A relay on this node if there is one, else relay 0."""
