@@ -147,6 +147,8 @@ class GroupDispatcher:
         self._restarts = 0
         self._unclaimed: dict[str, str] = {}
         self.restored = ""  # what a restart in place rebuilt, for the flow to log
+        if _restarted_actor():  # a process Ray restarts (``Dispatcher``) rebuilds its state
+            self.recover(ledger.recovery())
 
     def _request(self, index: int, problem: Problem) -> GroupRequest:
         prompt_len = len(problem.prompt)
@@ -437,16 +439,15 @@ class GroupDispatcher:
         return {"prompts": self._prompts.cursor(), "issued": self._issued}
 
 
-class _RestartingDispatcher(GroupDispatcher):
-    """The dispatcher as a Ray actor: a process Ray restarts rebuilds its state (``recover``)."""
-
-    def __init__(self, ledger: LedgerSink, *args: Any, **kwargs: Any) -> None:
-        super().__init__(ledger, *args, **kwargs)
-        if ray.get_runtime_context().was_current_actor_reconstructed:
-            self.recover(ledger.recovery())
+Dispatcher = ray.remote(num_cpus=0)(GroupDispatcher)
 
 
-Dispatcher = ray.remote(num_cpus=0)(_RestartingDispatcher)
+def _restarted_actor() -> bool:
+    """Whether this runs in a Ray actor's process that Ray restarted."""
+    if not ray.is_initialized():
+        return False
+    context = ray.get_runtime_context()
+    return context.get_actor_id() is not None and context.was_current_actor_reconstructed
 
 
 class DispatcherClient:
