@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: model test-real setup run test test-fast test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-misbehaving bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs \
+  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-misbehaving bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs bench-kill-resume \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -76,7 +76,7 @@ lint: setup
 	bash scripts/typecheck.sh sluice/__init__.py sluice/config sluice/rl sluice/envs sluice/storage \
 	  sluice/sim sluice/engines/protocols.py sluice/engines/rollout/messages.py \
 	  sluice/engines/rollout/worker.py sluice/engines/rollout/stream_loop.py \
-	  sluice/engines/rollout/scored.py sluice/engines/rollout/dispatcher.py \
+	  sluice/engines/rollout/scored.py sluice/engines/rollout/dispatcher.py sluice/engines/rollout/in_flight.py \
 	  sluice/engines/train/lora.py sluice/engines/train/pool.py sluice/engines/train/trainer.py \
 	  sluice/engines/train/parallel.py sluice/engines/train/ddp.py sluice/engines/train/fsdp.py \
 	  sluice/engines/train/zero.py sluice/tasks sluice/driver sluice/flows/rl_job.py sluice/flows/api.py
@@ -140,6 +140,11 @@ bench-modes: setup
 # sync vs one_step vs async on the calculator with a heavy-tailed tool latency (~15 minutes).
 bench-agentic: setup
 	$(PY) -m benchmarks.agentic --steps 40 --write
+
+# The agentic workload's rollouts in flight across a killed and resumed job: no kill, killed
+# with them kept, killed without (~20 minutes; not part of `make bench`).
+bench-kill-resume: setup
+	$(PY) -m benchmarks.kill_resume --steps 30 --every 10 --kill-at 15 --write
 
 # Sluice async k=2 beside TRL's GRPO in 3 rounds (seeds 0-2): on the long tail, 400 steps,
 # 1,024 held-out prompts every 50, +3 points (~81 minutes; in 100 steps neither system

@@ -17,7 +17,9 @@ watermark (events after it describe training whose weights were lost), the store
 what was generated before it and drops what came after (its prompts are drawn again), the
 trainer loads the checkpoint and publishes version S, rollout workers pull it, and the
 prompt stream continues from the checkpoint's cursor. Sample ids of the new attempt carry
-a tag (``a1.``, ``a2.``...) so they never collide with rolled-back ones.
+a tag (``a1.``, ``a2.``...) so they never collide with rolled-back ones. In ``async`` the
+groups in flight at the checkpoint, saved with it, go on from their tokens
+(``engines/rollout/in_flight.py``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,10 @@ from sluice.driver.tracking import MetricLogger
 from sluice.driver.weight_sync import ServedWeights, SyncWatch
 from sluice.engines.cluster.placement import wait_placed
 from sluice.engines.cluster.ray_cluster import child_env, gpus_each, on_driver_node, pool_dtype
+from sluice.engines.rollout import in_flight
 from sluice.engines.rollout.dispatcher import launch_dispatcher
+from sluice.engines.rollout.in_flight import Carried
+from sluice.engines.rollout.messages import Handoff
 from sluice.engines.rollout.worker import RolloutWorkerClient, launch_rollout_workers
 from sluice.engines.train.lora import ADAPTER_FILE
 from sluice.engines.train.pool import TrainerPool, launch_trainer
@@ -114,18 +119,25 @@ class Session:
         self.actors: list[Any] = []
         self.groups: list[PlacementGroup] = []
         self.incarnations = {"store": 0, "relay": 0}  # see ``control_plane``
+        # The store's drop counter as last read, and dropped samples not yet credited back
+        # to admission as whole groups (``drops_to_credit``).
+        self.drops_seen = self.drops_owed = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def open(self, checkpoint: Checkpoint | None, again: bool = False) -> None:
         """Start the pools: fresh, or continuing from ``checkpoint``. ``again``: an earlier
         attempt of this run failed before any checkpoint; whatever it recorded is set aside."""
-        cfg, tag = self.cfg, ""
+        cfg, tag, carried = self.cfg, "", None
         if checkpoint is not None:
             tag = self._roll_back(int(checkpoint.meta["ledger_watermark"]), checkpoint.step)
+            carried = self._kept_in_flight(checkpoint)
         elif again:
             tag = self._roll_back(0, 0)
-        self._launch(restore="checkpoint" if checkpoint is not None else False, tag=tag)
+        reasons = carried.reasons(cfg.max_staleness) if carried else None
+        self._launch(
+            restore="checkpoint" if checkpoint is not None else False, tag=tag, carried=reasons
+        )
         self._wait_placed()
         pids = self.trainer.pids()
         trainer = f"the trainer (pid {pids[0]})"
@@ -171,6 +183,8 @@ class Session:
             self.synced(live)
             held_groups = int(self.store.stats()["held"]) // cfg.rollout.samples_per_prompt
             self.rollouts.restore(meta["data_cursor"], self.step, held_groups)
+            if carried is not None:
+                self._carry_on(carried)
             log.info("resumed at step %d from %s", self.step, checkpoint.url)
 
     def start(self) -> None:
@@ -225,6 +239,48 @@ class Session:
         pending = wait_placed(actors, asks, enough, r.placement_timeout_s)
         if self.stream is not None:  # the batch modes waited for every worker
             self.stream.placed({names.index(name) for name in pending})
+
+    def _kept_in_flight(self, checkpoint: Checkpoint) -> Carried | None:
+        """The groups ``checkpoint`` kept in flight that an ``async`` run may continue
+        (``engines/rollout/in_flight.py``); None when there are none to continue."""
+        cfg = self.cfg
+        if not self.schedule.streaming or in_flight.FILE not in checkpoint.files:
+            return None
+        try:
+            groups = in_flight.decode(checkpoint.files[in_flight.FILE])
+        except in_flight.InFlightError as error:
+            log.warning(
+                "the groups in flight saved with checkpoint step-%d are not continued (%s); "
+                "they start over",
+                checkpoint.step,
+                error,
+            )
+            return None
+        return in_flight.split_stale(groups, checkpoint.step, cfg.max_staleness, cfg.stale_by)
+
+    def _carry_on(self, carried: Carried) -> None:
+        """Continue the kept groups whose old ids the store ended (none of their rows were
+        stored before the checkpoint); the prompts of those too stale are drawn again."""
+        assert self.stream is not None
+        ended = set(ray.get(self.store.handle.carried.remote()))
+
+        def ours(groups: list[Handoff]) -> list[Handoff]:
+            return [
+                h
+                for h in groups
+                if all(f"{h.group_id}/{s.index}" in ended for s in h.group.samples)
+            ]
+
+        fresh, stale = ours(carried.fresh), ours(carried.stale)
+        self.stream.dispatcher.carry_on(fresh, [h.group.problem for h in stale])
+        tokens = sum(len(s.token_ids) for h in fresh for s in h.group.samples)
+        log.info(
+            "%d groups in flight at the checkpoint go on from their %d tokens; %d too stale "
+            "to continue start over from their prompts",
+            len(fresh),
+            tokens,
+            len(stale),
+        )
 
     def _roll_back(self, watermark: int, step: int) -> str:
         """Set ledger files after ``watermark`` aside; the new attempt's id tag."""
@@ -304,6 +360,10 @@ class Session:
         while len(done := ray.wait(refs, num_returns=need, timeout=CHECK_EVERY_S)[0]) < need:
             if self.stream is not None:  # restart dead workers' streams while waiting
                 self.stream.check()
+                # A lease that waits drops stale groups: their admission places must come
+                # back now, not after the step, or nothing more is let start to fill it.
+                if groups := self.drops_to_credit(self.store.stats()):
+                    self.stream.dispatcher.credit(groups)
             if time.monotonic() - last_line >= PROGRESS_EVERY_S:
                 last_line = time.monotonic()
                 log.info(
@@ -313,6 +373,15 @@ class Session:
                     self.store.stats(),
                 )
         return done
+
+    def drops_to_credit(self, stats: dict[str, int]) -> int:
+        """Whole groups the store dropped since the last call (from its ``stats``), whose
+        places in the admission window go back to the dispatcher (``async``)."""
+        dropped = int(stats["dropped"])  # a store restarted in place counts from zero
+        self.drops_owed += dropped - self.drops_seen if dropped >= self.drops_seen else dropped
+        self.drops_seen = dropped
+        groups, self.drops_owed = divmod(self.drops_owed, self.cfg.rollout.samples_per_prompt)
+        return groups
 
     def synced(self, workers: list[RolloutWorkerClient]) -> list[RolloutWorkerClient]:
         """``workers`` after each loaded the trainer's version, less any that died doing so.
@@ -430,7 +499,11 @@ class Session:
         )
 
     def checkpoint(self) -> str:
-        """Model, optimiser and RNG (written by the trainer) with the data cursor and watermark."""
+        """Model, optimiser and RNG (written by the trainer) with the data cursor, the
+        ledger's watermark and (``async``) the groups in flight as they stand."""
+        kept = []
+        if self.stream is not None and self.cfg.checkpoint.keep_in_flight:
+            kept = self.stream.in_flight()  # before the watermark: see in_flight.py
         watermark = ray.get(self.store.handle.flush.remote())
         meta = {
             "step": self.step,
@@ -443,10 +516,12 @@ class Session:
             # A LoRA checkpoint holds the adapter alone: what it adapts, and how.
             "lora": adapter_meta(self.cfg.train.lora),
             "base_model": self.policy_dir,
+            "in_flight_groups": len(kept),
         }
+        extra = {in_flight.FILE: in_flight.encode(kept)} if kept else {}
         url: str = ray.get(
             self.trainer.save_checkpoint(
-                self.cfg.storage_url, self.cfg.checkpoint.keep, self.step, meta
+                self.cfg.storage_url, self.cfg.checkpoint.keep, self.step, meta, extra
             )
         )
         log.info("checkpoint %s", url)
@@ -469,9 +544,10 @@ class Session:
 
     # -- wiring ----------------------------------------------------------------------------
 
-    def _launch(self, restore: bool | str, tag: str) -> None:
+    def _launch(self, restore: bool | str, tag: str, carried: dict[str, str] | None) -> None:
         """The trajectory store, the parameter service, the trainer, the rollout workers,
-        (``async``) the dispatcher, and the mode's rollouts over them."""
+        (``async``) the dispatcher, and the mode's rollouts over them. ``carried``: the
+        samples a checkpoint kept in flight, and why their old ids end (``create_store``)."""
         cfg, env_vars, here = self.cfg, child_env(), on_driver_node()
         streaming = self.schedule.streaming
         # Resolved once: the actors and the placement messages ask for the same GPUs.
@@ -485,6 +561,7 @@ class Session:
             scheduling_strategy=here,
             stale_by=cfg.stale_by,
             max_restarts=cfg.store.max_restarts,
+            carried=carried,
         )
         self.store = StoreClient(
             handle,

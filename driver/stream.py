@@ -14,6 +14,7 @@ it has: held-out evaluation and the end of the run use the live workers only (``
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import ray
@@ -29,10 +30,15 @@ from sluice.driver.rollout_metrics import (
 )
 from sluice.driver.weight_sync import ServedWeights
 from sluice.engines.rollout.dispatcher import DispatcherClient
-from sluice.engines.rollout.messages import StreamSettings
+from sluice.engines.rollout.messages import Handoff, StreamSettings
 from sluice.engines.rollout.worker import RolloutWorkerClient
 
 log = logging.getLogger("sluice")
+
+# A checkpoint waits this long at most for the workers' groups in flight (they send them at
+# their next report, every 0.5 s or so), asking the dispatcher every KEEP_POLL_S.
+KEEP_WAIT_S = 10.0
+KEEP_POLL_S = 0.05
 
 
 class StreamRollouts:
@@ -204,6 +210,26 @@ class StreamRollouts:
     def placed(self, waiting: set[int]) -> None:
         """Workers no node has room for yet join like restarted ones once Ray places them."""
         self.restarting |= waiting
+
+    def in_flight(self) -> list[Handoff]:
+        """Every group in flight as it stands, for a checkpoint: each worker holding groups
+        sends them at its next report (``GroupDispatcher.snapshot``). A worker that has not
+        within ``KEEP_WAIT_S`` (busy loading weights, or dying) is named, and its groups
+        start over after a resume from this checkpoint."""
+        snapshot = self.dispatcher.snapshot()
+        deadline = time.monotonic() + KEEP_WAIT_S
+        groups, owed = self.dispatcher.in_flight(snapshot)
+        while owed and time.monotonic() < deadline:
+            time.sleep(KEEP_POLL_S)  # the workers answer at their next report
+            groups, owed = self.dispatcher.in_flight(snapshot)
+        if owed:
+            log.warning(
+                "rollout worker(s) %s did not send their groups in flight within %.0f s: "
+                "after a resume from this checkpoint theirs start over",
+                ", ".join(map(str, owed)),
+                KEEP_WAIT_S,
+            )
+        return groups
 
     def cursor(self) -> dict[str, Any]:
         return self.dispatcher.cursor()

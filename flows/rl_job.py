@@ -74,9 +74,9 @@ def rl_step(s: Session, tracker: MetricLogger) -> None:
     s.totals.samples += int(trained["samples"])
     s.totals.tokens += int(trained["tokens"])
     s.totals.loop_s += times.step_s
-    store = s.store_metrics.update(s.store.stats())
-    dropped = int(store["store/dropped"]) // cfg.rollout.samples_per_prompt
-    metrics = {**s.rollouts.drain(step, dropped), **step_metrics(trained, times), **store}
+    stats = s.store.stats()  # groups the store dropped go back to admission (async)
+    metrics = s.rollouts.drain(step, s.drops_to_credit(stats))
+    metrics.update(step_metrics(trained, times) | s.store_metrics.update(stats))
     was_collapsed = s.health.collapsed
     if step % cfg.eval.every == 0 or step == cfg.train.steps:
         evaluating = time.monotonic()

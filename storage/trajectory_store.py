@@ -141,6 +141,7 @@ class TrajectoryStore:
         restore: bool | str = False,
         credentials: Credentials | None = None,
         stale_by: StaleBy = "last_token",
+        carried: dict[str, str] | None = None,
     ) -> None:
         if credentials:
             credentials.apply()  # the ledger under an s3:// url needs them
@@ -167,6 +168,10 @@ class TrajectoryStore:
         # prompt id): what it rebuilds from if Ray restarts it (``recovery``).
         self._journal: dict[str, Any] | None = None
         self._since: dict[str, str] = {}
+        # A resume from a checkpoint that kept groups in flight: the reason each kept
+        # sample's id ends with, and those that ended so (no rows of theirs were stored).
+        self._carried = carried or {}
+        self.carried_on: list[str] = []
         if restore or self._restarted:
             if not url:
                 raise ValueError("restoring a trajectory store needs its storage url")
@@ -221,15 +226,19 @@ class TrajectoryStore:
             )
             log.warning(self.restored)
             return
+        self.carried_on = sorted(s for s in lost if s in self._carried)
         self._ledger.append(
             [
                 LedgerEvent(
                     s,
                     prompt_of[s],
                     "dropped",
-                    reason="dispatched, not generated before the restart"
-                    if latest[s] == "dispatched"
-                    else "its rows were lost in a restart",
+                    reason=self._carried.get(s)
+                    or (
+                        "dispatched, not generated before the restart"
+                        if latest[s] == "dispatched"
+                        else "its rows were lost in a restart"
+                    ),
                 )
                 for s in sorted(lost)
             ]
@@ -461,6 +470,11 @@ class TrajectoryStore:
         self._ledger.flush()
         return self._ledger.watermark()
 
+    async def carried(self) -> list[str]:
+        """The kept samples (``carried``) whose old ids the restore ended: none of their
+        rows were stored, so the resumed run continues them."""
+        return self.carried_on
+
     async def stats(self) -> dict[str, int]:
         return {**self._index.stats(), "capacity": self._capacity}
 
@@ -533,6 +547,7 @@ def create_store(
     scheduling_strategy: Any = None,
     stale_by: StaleBy = "last_token",
     max_restarts: int = 0,
+    carried: dict[str, str] | None = None,
 ) -> Any:
     """Start the controller actor (no CPU slot: it only does bookkeeping).
 
@@ -542,6 +557,8 @@ def create_store(
     ``stale_by``: which token's version the staleness bound counts (``rl/staleness.py``).
     ``max_restarts``: times Ray restarts it in place after its process dies (with ``url``;
     see the module docstring), retrying the calls on their way to it.
+    ``carried``: with ``restore="checkpoint"``, the samples the checkpoint kept in flight
+    (``engines/rollout/in_flight.py``) and the reason their old ids end with.
 
     It gets this process's storage credentials, since it writes the ledger under ``url``.
     """
@@ -550,7 +567,7 @@ def create_store(
         scheduling_strategy=scheduling_strategy,
         max_restarts=restarts,
         max_task_retries=-1 if restarts else 0,
-    ).remote(url, capacity, lease_s, restore, Credentials.here(), stale_by)
+    ).remote(url, capacity, lease_s, restore, Credentials.here(), stale_by, carried)
 
 
 @dataclass(frozen=True)
@@ -707,6 +724,12 @@ class StoreClient:
             self._settle(self._in_flight.pop(0))
         if self._unwritten:  # a store restarted since the last put lacks these rows
             self._resend(int(ray.get(self.handle.restart.remote())[0]))
+        self._write()
+
+    def write_settled(self) -> None:
+        """Write the rows of the puts the store has taken (``settle_answered``) now, not
+        once ``persist_rows`` of them are buffered; waits for nothing else."""
+        self.settle_answered()
         self._write()
 
     def _write(self) -> None:

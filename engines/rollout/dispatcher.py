@@ -48,6 +48,11 @@ in ``engines/rollout/messages.py``.
   tells it which groups it holds (``reclaim``). Groups in flight that no worker claims
   by the end of the next ``stop`` belonged to a worker that died meanwhile: they are
   recorded dropped and their admission places given back (``settle``).
+- Rollouts in flight across a resume (``engines/rollout/in_flight.py``): for a checkpoint,
+  ``snapshot`` asks every worker holding groups to send them as they stand (its next
+  report's answer says so; it sends them with ``keep``), and ``in_flight`` answers them;
+  a run resumed from that checkpoint gives them to ``carry_on``, which hands them out
+  under new ids before any fresh group, within the same admission.
 """
 
 from __future__ import annotations
@@ -59,10 +64,12 @@ import ray
 
 from sluice.config.tree import RunConfig
 from sluice.engines.cluster.ray_cluster import on_driver_node
+from sluice.engines.rollout.in_flight import problem_from_json, problem_json
 from sluice.engines.rollout.messages import (
     Assignment,
     GroupDone,
     Handoff,
+    PartialGroup,
     ReportReply,
     RolloutTotals,
     Work,
@@ -141,6 +148,14 @@ class GroupDispatcher:
         # worker -> (its version, its running samples) as of its last take, while draining
         self._stragglers: dict[int, tuple[int, list[InFlight]]] = {}
         self._handoffs: dict[int, list[Handoff]] = {}  # worker -> groups repacked onto it
+        # Groups a resumed run continues from a checkpoint, not handed out yet: fresh work
+        # that goes first (``carry_on``).
+        self._carried: list[PartialGroup] = []
+        # A checkpoint's snapshot of the groups in flight: its number, the workers that
+        # still owe their groups, and what each sent (``snapshot``, ``keep``, ``in_flight``).
+        self._snapshot = 0
+        self._owed: set[int] = set()
+        self._kept: dict[int, list[Handoff]] = {}
         # Which process this is (each answer says), how many restarts came before it, and
         # the groups in flight it has not yet heard of from a worker (group id: prompt id).
         self.incarnation = time.time_ns()
@@ -180,7 +195,9 @@ class GroupDispatcher:
             self.journal()
         if self._stopped:  # groups already handed over are finished, not lost
             return Work([], handoffs, incarnation=self.incarnation) if handoffs else None
-        out = self._fresh(worker, want, worker_version)
+        carried = self._carry(worker, want, worker_version)
+        handoffs += carried
+        out = self._fresh(worker, want - len(carried), worker_version)
         if stragglers and not out and not handoffs:
             self._stragglers[worker] = (worker_version, stragglers)
         else:
@@ -191,9 +208,31 @@ class GroupDispatcher:
         held_until = None if give_to is not None else self._open_at()
         return Work([], [], give_to, held_until, self.incarnation)
 
+    def _allowed(self, worker_version: int) -> int:
+        """Groups admission lets a worker holding ``worker_version`` start now."""
+        return (worker_version + self._k + 1) * self._per_step - self.admitted
+
+    def _carry(self, worker: int, want: int, worker_version: int) -> list[Handoff]:
+        """Groups kept across a resume, handed out before any fresh group and within the
+        same admission, under new ids."""
+        count = min(want, self._allowed(worker_version), len(self._carried))
+        if count <= 0:
+            return []
+        out = []
+        for group in self._carried[:count]:
+            group_id = f"{group.problem.prompt_id}@{self._tag}g{self._issued}"
+            self._issued += 1
+            for sample in group.samples:
+                sample.group = group_id
+            out.append(Handoff(group_id, group))
+        del self._carried[:count]
+        self._held.setdefault(worker, {}).update({h.group_id: h.group.problem for h in out})
+        self._record({h.group_id: h.group.problem.prompt_id for h in out}, "dispatched")
+        self.journal()
+        return out
+
     def _fresh(self, worker: int, want: int, worker_version: int) -> list[Assignment]:
-        allowed = (worker_version + self._k + 1) * self._per_step - self.admitted
-        count = min(want, allowed)
+        count = min(want, self._allowed(worker_version))
         if count <= 0:
             return []
         loads = [
@@ -256,6 +295,7 @@ class GroupDispatcher:
                 "tag": self._tag,
                 "stopped": self._stopped,
                 "handoffs": {w: list(h) for w, h in self._handoffs.items()},
+                "carried": list(self._carried),
                 "restarts": self._restarts,
             }
         )
@@ -276,6 +316,7 @@ class GroupDispatcher:
             self._returned = int(state["returned"])
             self._stopped = bool(state["stopped"])
             self._handoffs = {int(w): list(h) for w, h in state["handoffs"].items()}
+            self._carried = list(state["carried"])
             self._restarts = int(state["restarts"]) + 1
             self._tag = str(state["tag"])
             moving = {h.group_id for handoffs in self._handoffs.values() for h in handoffs}
@@ -372,10 +413,49 @@ class GroupDispatcher:
         counted (trained ones plus those the restored store re-offers), new ids tagged ``tag``.
         """
         self._prompts.restore(cursor["prompts"])
+        self._pool = [problem_from_json(p) for p in cursor.get("pool", [])]
         self._issued = int(cursor["issued"])
         self._returned = self._issued - admitted
         self._tag = tag
         self.journal()
+
+    def carry_on(self, groups: list[Handoff], again: list[Problem]) -> None:
+        """A resumed run continues ``groups``, kept in flight at its checkpoint (their old
+        ids were recorded dropped when the store restored): they are handed out first as
+        admission allows, under new ids (``_carry``); the prompts ``again`` (kept groups
+        too stale to continue) go to the front of the queue."""
+        self._pool[:0] = again
+        self._carried.extend(h.group for h in groups)
+        self.journal()
+
+    # -- a checkpoint's groups in flight ---------------------------------------------------
+
+    def snapshot(self) -> int:
+        """A checkpoint asks for the groups in flight: every worker holding groups is told
+        to send them (``ReportReply.keep``, then ``keep``). The snapshot's number."""
+        self._snapshot += 1
+        self._owed = {w for w, held in self._held.items() if held}
+        self._kept = {}
+        return self._snapshot
+
+    def keep(self, worker: int, snapshot: int, groups: list[Handoff]) -> None:
+        """``worker``'s groups in flight, as it held them when snapshot ``snapshot`` asked."""
+        if snapshot == self._snapshot:
+            self._kept[worker] = groups
+            self._owed.discard(worker)
+
+    def in_flight(self, snapshot: int) -> tuple[list[Handoff], list[int]]:
+        """The groups in flight the workers sent for ``snapshot`` with those on their way
+        between workers or not handed out yet, and the workers that hold groups and have
+        not sent them yet."""
+        if snapshot != self._snapshot:
+            return [], []
+        groups = {
+            h.group_id: h
+            for handoffs in [*self._kept.values(), *self._handoffs.values()]
+            for h in handoffs
+        }
+        return list(groups.values()), sorted(w for w in self._owed if self._held.get(w))
 
     def _load(self, worker: int) -> float:
         counters = self._workers.get(worker)
@@ -409,7 +489,8 @@ class GroupDispatcher:
             or version >= self._open_at()
             or self._repack_target(worker, version) is not None
         )
-        return ReportReply(ask, len(self._workers) / REPORTS_PER_S, self.incarnation)
+        keep = self._snapshot if worker in self._owed else 0
+        return ReportReply(ask, len(self._workers) / REPORTS_PER_S, self.incarnation, keep)
 
     def drain(self) -> dict[str, Any]:
         """Rollout totals since the last call, and each worker's latest counters; the store
@@ -435,8 +516,16 @@ class GroupDispatcher:
         self.journal()
 
     def cursor(self) -> dict[str, Any]:
+        """Where the prompt stream stands, with the prompts drawn and not handed out yet
+        (the look-ahead pool, a dead worker's requeued prompts, and those of groups kept
+        across the last resume not yet handed out again), which a resume queues first."""
         self._ledger.settle_records()  # a checkpoint's ledger holds what it issued
-        return {"prompts": self._prompts.cursor(), "issued": self._issued}
+        drawn = [problem_json(p) for p in [*(g.problem for g in self._carried), *self._pool]]
+        return {
+            "prompts": self._prompts.cursor(),
+            "issued": self._issued,
+            "pool": [p for p in drawn if p is not None],
+        }
 
 
 Dispatcher = ray.remote(num_cpus=0)(GroupDispatcher)
@@ -482,6 +571,16 @@ class DispatcherClient:
 
     def restart_at(self, cursor: dict[str, Any], admitted: int, tag: str) -> None:
         ray.get(self.handle.restart_at.remote(cursor, admitted, tag))
+
+    def carry_on(self, groups: list[Handoff], again: list[Problem]) -> None:
+        ray.get(self.handle.carry_on.remote(groups, again))
+
+    def snapshot(self) -> int:
+        return int(ray.get(self.handle.snapshot.remote()))
+
+    def in_flight(self, snapshot: int) -> tuple[list[Handoff], list[int]]:
+        groups, owed = ray.get(self.handle.in_flight.remote(snapshot))
+        return list(groups), list(owed)
 
 
 def launch_dispatcher(

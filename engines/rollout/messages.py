@@ -177,11 +177,14 @@ class ReportReply:
     """The dispatcher's answer to a worker's report: ``ask``, take now (admission opened at
     the worker's version, groups were repacked onto it, the repack plan moves it, or the
     dispatcher stopped); ``report_every_s``, when to report next (the dispatcher paces
-    reports to a budget for the whole fleet); ``incarnation``, as in ``Work``."""
+    reports to a budget for the whole fleet); ``incarnation``, as in ``Work``; ``keep``,
+    the number of the checkpoint's snapshot of groups in flight the worker has not sent
+    yet (0: none asked; ``GroupDispatcher.snapshot``)."""
 
     ask: bool
     report_every_s: float
     incarnation: int = 0
+    keep: int = 0
 
 
 @dataclass

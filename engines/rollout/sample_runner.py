@@ -88,6 +88,17 @@ class SampleRunner(ABC):
             group.seed * 131 + sample.index + done,
         )
 
+    def go_on(self, group_id: str, group: PartialGroup, sample: PartialSample) -> None:
+        """Continue an unfinished ``sample`` from where it stood on another worker (repack)
+        or before a resume: an episode whose model turn had ended asks its environment
+        again (a step is a function of the problem and the turns so far); any other sample
+        goes on decoding from its tokens."""
+        if self.episodes is not None and len(sample.turns) % 2 == 1:
+            answer = self.episodes.submit(group.problem, list(sample.turns))
+            self.stepping.append((answer, group_id, sample))
+        else:
+            self.begin(group_id, group, sample)
+
     def advance(self, delta: Delta) -> None:
         if self.agents is not None and self.agents.advance(delta):
             return
@@ -235,7 +246,7 @@ class Play(SampleRunner):
         for group_id, group in groups.items():
             self.groups[group_id] = group
             for sample in group.samples:
-                self.begin(group_id, group, sample)
+                self.go_on(group_id, group, sample)
         while self.groups:
             if self.decoding():
                 for delta in self.engine.step():

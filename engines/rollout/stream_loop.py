@@ -7,7 +7,8 @@ the scorer is isolated user code), puts finished groups into the store in blocks
 (``PUT_GROUPS``, ``PUT_EVERY_S``), reports them to the dispatcher once the store holds them,
 and loads newer weights between engine steps when the parameter service has them, never
 waiting on the trainer. With repack on, a worker whose batch has drained to a few stragglers
-hands its unfinished groups over (``Handoff``).
+hands its unfinished groups over (``Handoff``); for a checkpoint it sends all of them as
+they stand (``keep``), and a resumed run's are handed to it to go on with.
 """
 
 from __future__ import annotations
@@ -93,12 +94,14 @@ class GroupSource(Protocol):
     """Where a streaming worker gets work: the dispatcher's actor handle
     (``engines/rollout/dispatcher.py``). ``take`` answers a ``messages.Work`` (or None: stop),
     ``report`` takes finished groups and counters, ``hand_over`` a repacked worker's groups,
-    ``reclaim`` the groups a worker holds (to a dispatcher restarted in place)."""
+    ``reclaim`` the groups a worker holds (to a dispatcher restarted in place), ``keep`` its
+    groups in flight for a checkpoint."""
 
     take: Any
     report: Any
     hand_over: Any
     reclaim: Any
+    keep: Any
 
 
 class StreamLoop(SampleRunner):
@@ -132,6 +135,8 @@ class StreamLoop(SampleRunner):
         # done only once the store holds its rows. Reported sooner, a worker dying with the
         # put in flight would lose them unrecorded (the dispatcher no longer holds them).
         self.unsettled: list[tuple[int, list[GroupDone]]] = []
+        # Finished groups until the store has taken their rows (a checkpoint keeps them).
+        self.unstored: dict[str, PartialGroup] = {}
         self.unsent_since = 0.0
         self.stopping = False
         self.newer: Weights | None = None  # pulled, not loaded yet
@@ -147,6 +152,9 @@ class StreamLoop(SampleRunner):
         # dispatcher's process that answered last: a new one is told what it holds.
         self.problems: dict[str, Problem] = {}
         self.dispatcher_at = 0
+        # The checkpoint snapshot of groups in flight the dispatcher asks for, and the last
+        # one this worker sent (``keep``).
+        self.keep_asked = self.kept = 0
 
     def loop(self) -> dict[str, float]:
         try:
@@ -164,6 +172,8 @@ class StreamLoop(SampleRunner):
                 self.refill()
             self.take_scored()
             self.poll()
+            if self.keep_asked > self.kept:
+                self.keep()
             if not self.decoding():
                 if self.newer is not None:
                     self.load_newer()
@@ -258,6 +268,12 @@ class StreamLoop(SampleRunner):
             )
         if self.running and not ray.wait([self.asked], timeout=0)[0]:
             return  # not answered yet: keep generating
+        self.take_answer()
+
+    def take_answer(self) -> None:
+        """Start what the dispatcher's answer to the last ``take`` holds."""
+        assert self.asked is not None
+        n = self.s.samples_per_prompt
         work, self.asked = ray.get(self.asked), None
         if work is None:
             self.stopping = True
@@ -266,12 +282,16 @@ class StreamLoop(SampleRunner):
         self.held_until = work.held_until
         if work.give_to is not None:
             self.give_up(work.give_to)
-        for handoff in work.handoffs:
-            self.groups[handoff.group_id] = handoff.group
-            self.problems[handoff.group_id] = handoff.group.problem
-            for sample in handoff.group.samples:
+        for handoff in work.handoffs:  # repacked onto this worker, or kept across a resume
+            group_id, group = handoff.group_id, handoff.group
+            self.groups[group_id] = group
+            self.problems[group_id] = group.problem
+            if all(sample.done is not None for sample in group.samples):
+                del self.groups[group_id]  # done but not scored when it was kept
+                self.finish(group_id, group)
+            for sample in group.samples:
                 if sample.done is None:
-                    self.begin(handoff.group_id, handoff.group, sample)
+                    self.go_on(group_id, group, sample)
         for a in work.assignments:
             ids = self.engine.prompt_ids([a.problem.prompt])[0]
             started = time.time()
@@ -301,6 +321,7 @@ class StreamLoop(SampleRunner):
             return False
         reply, self.reported = ray.get(self.reported), None
         self.answered_by(reply.incarnation)
+        self.keep_asked = max(self.keep_asked, reply.keep)
         self.report_every_s = max(self.s.report_every_s, reply.report_every_s)
         return bool(reply.ask)
 
@@ -325,6 +346,25 @@ class StreamLoop(SampleRunner):
         for group_id in moved:
             del self.groups[group_id]
             del self.problems[group_id]
+
+    def keep(self) -> None:
+        """A checkpoint asks for this worker's groups in flight: every group whose rows
+        are not in storage yet goes to the dispatcher as it stands (``Handoff``), finished
+        ones whose puts the store has not taken included, and the rows it has taken are
+        written. Nothing here waits for the store: it may be full while the trainer
+        checkpoints. A resume continues only the groups of which nothing was stored. An
+        agent's episodes are not kept: their state lives in the agent's process."""
+        if self.asked is not None:  # the answer to a take may hold groups: start them first
+            self.take_answer()
+        self.take_settled()
+        self.store.write_settled()
+        agents = {group_id for _, group_id, _, _ in self.agents.runs} if self.agents else set()
+        held = [(g, group) for g, group in self.groups.items() if g not in agents]
+        held += [(g, group) for g, group, _ in self.being_scored]
+        held += list(self.unstored.items())
+        groups = [Handoff(group_id, _as_reported(group)) for group_id, group in held]
+        self.source.keep.remote(self.s.worker, self.keep_asked, groups)
+        self.kept = self.keep_asked
 
     def finish(self, group_id: str, group: PartialGroup) -> None:
         """Score a group whose samples are all done: here, or on the scoring thread."""
@@ -370,6 +410,7 @@ class StreamLoop(SampleRunner):
         if not self.unsent:
             self.unsent_since = time.monotonic()
         self.unsent.append(rows)
+        self.unstored[group_id] = group
         self.unsent_done.append(
             GroupDone(
                 group_id=group_id,
@@ -396,7 +437,10 @@ class StreamLoop(SampleRunner):
         """Move the reports of groups the store has taken to ``reports``."""
         self.store.settle_answered()
         while self.unsettled and self.unsettled[0][0] <= self.store.settled:
-            self.reports.extend(self.unsettled.pop(0)[1])
+            taken = self.unsettled.pop(0)[1]
+            self.reports.extend(taken)
+            for done in taken:
+                self.unstored.pop(done.group_id, None)
 
     def report(self, last: bool = False) -> None:
         """Finished groups and counters to the dispatcher, one report at a time: while the

@@ -161,14 +161,16 @@ class Trainer:
             self.params.flush()
         return self.engine.version()
 
-    def save_checkpoint(self, url: str, keep_last: int, step: int, meta: dict[str, Any]) -> str:
+    def save_checkpoint(
+        self, url: str, keep_last: int, step: int, meta: dict[str, Any], extra: dict[str, bytes]
+    ) -> str:
         """Write an atomic checkpoint of the pool's state (gathered by every rank, written
-        by rank 0); returns its URL (rank 0) or ""."""
+        by rank 0) with the driver's ``extra`` files; returns its URL (rank 0) or ""."""
         files, counters = self.engine.checkpoint_files()
         if self.rank != 0:
             drain(files)  # this rank's part in each gather
             return ""
-        return CheckpointStore(url, keep_last).save(step, files, {**meta, **counters})
+        return CheckpointStore(url, keep_last).save(step, {**files, **extra}, {**meta, **counters})
 
     def logprobs(self, samples: list[Sample]) -> list[list[float]]:
         """The current policy's log-prob of each response token of ``samples`` (every rank
@@ -266,9 +268,17 @@ class TrainerPool:
         return self._all(lambda h: h.restore.remote(stored, meta))
 
     def save_checkpoint(
-        self, url: str, keep_last: int, step: int, meta: dict[str, Any]
+        self,
+        url: str,
+        keep_last: int,
+        step: int,
+        meta: dict[str, Any],
+        extra: dict[str, bytes] | None = None,
     ) -> ObjectRef[str]:
-        return self._all(lambda h: h.save_checkpoint.remote(url, keep_last, step, meta))
+        """``extra``: files of the driver's saved with the pool's (rank 0 writes them)."""
+        return self._all(
+            lambda h: h.save_checkpoint.remote(url, keep_last, step, meta, extra or {})
+        )
 
     def logprobs(self, samples: list[Sample]) -> ObjectRef[list[list[float]]]:
         return self._all(lambda h: h.logprobs.remote(samples))

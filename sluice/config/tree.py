@@ -808,6 +808,13 @@ class CheckpointConfig(_Section):
         "checkpoint with freshly started pools.",
     )
     keep: int = Field(3, ge=1, description="Newest checkpoints kept.")
+    keep_in_flight: bool = Field(
+        True,
+        description="async: save the rollouts in flight at a checkpoint with it (their "
+        "tokens, log-probs and versions, an episode's turns), and after a resume from it "
+        "continue them from their tokens instead of starting over; a group the staleness "
+        "bound would drop starts over from its prompt. An agent's episodes always start over.",
+    )
 
 
 class WeightsConfig(_Section):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -99,11 +100,18 @@ def test_killed_rollout_workers_a_killed_trainer_and_a_broken_checkpoint_write(
         job.stop()
     assert resumed in (20, 30)  # 30 only if the kill landed after that checkpoint
     out = job.output()
+    # The episodes in flight at the checkpoint went on from their turns and tokens: their
+    # old ids end with the reason, and each group is trained or dropped under a new one.
+    kept = re.search(r"(\d+) groups in flight at the checkpoint go on from their (\d+) tokens", out)
+    assert kept is not None, out[-4000:]
     assert "RayTaskError(InjectedFault)() - Retry 1/2" in out  # the checkpoint task retried
     assert "Traceback" not in out  # one console line per failure
     assert f"step   {steps}/{steps}" in out
     run_dir = tmp_path / "runs" / "smoke"
     assert_ledger_whole(run_dir, steps)
+    reasons = Ledger(run_dir.as_uri()).read().column("reason").to_pylist()
+    continued = [r for r in reasons if r and "continued from its tokens under a new id" in r]
+    assert len(continued) == int(kept[1]) * 4 > 0 and int(kept[2]) > 0
     with sqlite3.connect(tmp_path / "runs" / "mlflow.db") as db:
         metrics = dict(
             db.execute(

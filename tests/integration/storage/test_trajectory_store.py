@@ -425,3 +425,35 @@ def test_put_numbers_count_what_the_store_has_taken(ray_local):
     client.flush()
     assert client.settled == 3
     ray.kill(client.handle)
+
+
+def test_a_resume_ends_kept_samples_with_their_reason_unless_their_rows_were_stored(
+    ray_local, tmp_path
+):
+    """Groups a checkpoint kept in flight: the restore ends the old ids of those with no
+    stored rows with the reason it is given and names them (the run continues them);
+    one that finished before the checkpoint is re-offered from its rows instead."""
+    url = f"file://{tmp_path}"
+    first = StoreClient(create_store(url, capacity=64), url)
+    first.record(
+        [
+            LedgerEvent(f"{g}/{j}", f"prompt-{g}", "dispatched")
+            for g in ("kept", "done", "other")
+            for j in range(GROUP)
+        ]
+    )
+    first.put(block("done"))
+    first.flush()
+    ray.get(first.handle.flush.remote())
+    ray.kill(first.handle)
+    carried = {f"{g}/{j}": "continued" for g in ("kept", "done") for j in range(GROUP)}
+    second = create_store(url, capacity=64, restore="checkpoint", carried=carried)
+    assert ray.get(second.carried.remote()) == [f"kept/{j}" for j in range(GROUP)]
+    assert ray.get(second.stats.remote())["ready"] == GROUP  # "done", from its rows
+    events = Ledger(url).read().to_pylist()
+    reasons = {e["sample_id"]: e["reason"] for e in events if e["event"] == "dropped"}
+    assert reasons == {
+        **{f"kept/{j}": "continued" for j in range(GROUP)},
+        **{f"other/{j}": "dispatched, not generated before the restart" for j in range(GROUP)},
+    }
+    ray.kill(second)

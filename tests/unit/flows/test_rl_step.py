@@ -96,6 +96,7 @@ class FakeSession:
     are plain values here."""
 
     train = Session.train
+    drops_to_credit = Session.drops_to_credit
 
     def __init__(self, cfg: RunConfig, step: int = 0) -> None:
         self.cfg, self.step, self.calls = cfg, step, Calls()
@@ -112,6 +113,7 @@ class FakeSession:
             cfg.eval.collapse_drop, cfg.eval.entropy_floor, cfg.eval.collapse_patience
         )
         self.layout = RunLayout(cfg.run_dir, cfg.cache_dir)
+        self.drops_seen = self.drops_owed = 0
 
     def save_policy(self, folder: str) -> None:
         self.calls("save_policy", folder)
@@ -215,6 +217,22 @@ def test_groups_the_store_dropped_go_back_to_the_rollouts_as_groups() -> None:
     rl_step(s, tracker)  # type: ignore[arg-type]
     assert ("drain", (1, 3)) in s.calls.log
     assert tracker.logged[0][1]["store/dropped"] == 3 * s.cfg.rollout.samples_per_prompt
+
+
+def test_drops_are_credited_once_whether_a_wait_or_the_step_sees_them_first() -> None:
+    """A lease that waits credits the groups it sees dropped (``Session.ready``); the step
+    then credits only what came after, and half a group waits for its other half."""
+    s, tracker = FakeSession(_cfg(), step=0), FakeTracker()
+    n = s.cfg.rollout.samples_per_prompt
+    s.store.dropped = 2 * n
+    assert s.drops_to_credit(s.store.stats()) == 2  # seen while waiting for the lease
+    s.store.dropped = 3 * n + n // 2
+    rl_step(s, tracker)  # type: ignore[arg-type]
+    assert ("drain", (1, 1)) in s.calls.log
+    s.store.dropped = 4 * n
+    assert s.drops_to_credit(s.store.stats()) == 1  # the other half came
+    s.store.dropped = n  # a store restarted in place counts from zero
+    assert s.drops_to_credit(s.store.stats()) == 1
 
 
 def test_throughput_totals_add_up_over_steps() -> None:

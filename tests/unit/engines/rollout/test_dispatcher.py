@@ -6,7 +6,7 @@ import pytest
 
 from sluice.config.tree import EnvConfig
 from sluice.driver.environment import make_environment
-from sluice.engines.rollout.dispatcher import GroupDispatcher
+from sluice.engines.rollout.dispatcher import LOOKAHEAD_STEPS, GroupDispatcher
 from sluice.engines.rollout.messages import GroupDone, Handoff, PartialGroup, PartialSample
 from sluice.envs.prompts import PromptStream
 from sluice.rl.dispatch import InFlight
@@ -127,17 +127,21 @@ def test_a_dead_workers_groups_go_back_to_the_front_of_the_queue(dispatcher):
 
 
 def test_a_resumed_dispatcher_continues_from_the_checkpoint_cursor(dispatcher):
+    """The prompts drawn into the look-ahead pool and not handed out are not skipped: the
+    cursor holds them, and the resumed dispatcher hands them out before the stream's next."""
     dispatcher.take(0, 3, 0)
+    left = list(dispatcher._pool)
     cursor = dispatcher.cursor()
+    assert len(left) == LOOKAHEAD_STEPS * B - 3 and len(cursor["pool"]) == len(left)
     env, _ = make_environment(EnvConfig(train_prompts=64))
     stream = PromptStream(env, 64, seed=0)
     stream.restore(cursor["prompts"])
-    expected = stream.take(2 * B)  # what the stream gives next: the lookahead pool's fill
+    expected = left + stream.take(2 * B)  # the pool's prompts, then the stream's next
     fresh = GroupDispatcher(Book(), PromptStream(env, 64, seed=0), env.name, B, N, 1, seed=0)
     fresh.restart_at(cursor, admitted=2, tag="a1.")
     resumed = fresh.take(0, 10, 0).assignments
     assert len(resumed) == (0 + 1 + 1) * B - 2 and fresh.admitted == 2 * B
-    assert {a.problem for a in resumed} <= set(expected)
+    assert left[0] in {a.problem for a in resumed} and {a.problem for a in resumed} <= set(expected)
     assert [a.group_id.split("@")[1] for a in resumed] == ["a1.g3", "a1.g4"]
 
 
@@ -329,3 +333,66 @@ def test_a_dispatcher_restarted_in_place_continues_where_the_dead_one_stopped():
     assert dropped == {a.group_id for a in first[1:]}
     assert new.admitted == 5 + 3 - 2
     assert new.requeue(1) == 2  # worker 1's groups are held again: its death requeues them
+
+
+def test_a_checkpoint_collects_the_groups_in_flight_from_the_workers_holding_them(dispatcher):
+    """Only workers that hold groups owe them; each is told so by its report's answer, and
+    groups handed over between workers count too."""
+    mine = dispatcher.take(0, 2, 0).assignments
+    dispatcher.take(1, 0, 0)  # holds nothing
+    snapshot = dispatcher.snapshot()
+    assert dispatcher.in_flight(snapshot) == ([], [0])
+    idle = {"in_flight_tokens": 0.0, "free_groups": 0.0}
+    assert dispatcher.report(0, [], idle).keep == snapshot
+    assert dispatcher.report(1, [], idle).keep == 0
+    dispatcher.keep(0, snapshot - 1, [_handoff(mine[0])])  # an older snapshot's answer: ignored
+    assert dispatcher.in_flight(snapshot)[1] == [0]
+    dispatcher.keep(0, snapshot, [_handoff(a) for a in mine])
+    groups, owed = dispatcher.in_flight(snapshot)
+    assert owed == [] and [h.group_id for h in groups] == [a.group_id for a in mine]
+    assert dispatcher.report(0, [], idle).keep == 0  # sent: not asked again
+    assert dispatcher.in_flight(snapshot - 1) == ([], [])
+
+
+def test_a_resumed_run_continues_kept_groups_under_new_ids_before_fresh_ones():
+    """Kept groups go first, within the admission window like any group, under new ids
+    given as they are handed out; the prompt of one too stale to continue is drawn again."""
+    env, _ = make_environment(EnvConfig(train_prompts=64))
+    old = GroupDispatcher(Book(), PromptStream(env, 64, seed=0), env.name, B, N, 1, 0)
+    kept = [_handoff(a) for a in old.take(0, 3, 0).assignments]
+    stale = old.take(0, 1, 0).assignments  # (admission allows 2 * B = 4)
+
+    book = Book()
+    resumed = GroupDispatcher(book, PromptStream(env, 64, seed=0), env.name, B, N, 1, 0)
+    resumed.restart_at({"prompts": old._prompts.cursor(), "issued": 4}, 0, "a1.")
+    resumed.carry_on(kept, [stale[0].problem])
+    assert resumed.admitted == 0 and book.events == []  # not handed out yet
+    first = resumed.take(1, 2, 0)
+    ids = [f"{h.group.problem.prompt_id}@a1.g{4 + i}" for i, h in enumerate(kept)]
+    assert [h.group_id for h in first.handoffs] == ids[:2] and first.assignments == []
+    assert all(s.group == h.group_id for h in first.handoffs for s in h.group.samples)
+    assert [s.token_ids for s in first.handoffs[0].group.samples] == [[1, 2, 3]] * N
+    dispatched = [e.sample_id for e in book.events if e.event == "dispatched"]
+    assert dispatched == [f"{g}/{j}" for g in ids[:2] for j in range(N)]
+    # the last kept group, then the too-stale prompt drawn again, as admission allows
+    second = resumed.take(1, 4, 0)
+    assert [h.group_id for h in second.handoffs] == ids[2:]
+    assert [a.problem.prompt_id for a in second.assignments] == [stale[0].problem.prompt_id]
+    assert resumed.admitted == 2 * B and resumed.take(1, 4, 0).handoffs == []
+    assert resumed.requeue(1) == 4  # held like any other group
+
+
+def test_kept_groups_not_handed_out_yet_survive_a_restart_in_place_and_a_checkpoint():
+    env, _ = make_environment(EnvConfig(train_prompts=64))
+    book = Book()
+    first = GroupDispatcher(book, PromptStream(env, 64, seed=0), env.name, B, N, 1, 0)
+    kept = [_handoff(a) for a in first.take(0, 2, 0).assignments]
+    d = GroupDispatcher(book, PromptStream(env, 64, seed=0), env.name, B, N, 1, 0)
+    d.carry_on(kept, [])
+    restarted = GroupDispatcher(book, PromptStream(env, 64, seed=0), env.name, B, N, 1, 0)
+    restarted.recover(book.recovery())
+    work = restarted.take(0, 4, 0)
+    assert [h.group.problem for h in work.handoffs] == [h.group.problem for h in kept]
+    # Their prompts are in a checkpoint's cursor until they are handed out.
+    d.take(0, 1, 0)
+    assert kept[1].group.problem.prompt_id in d.cursor()["pool"][0]

@@ -98,7 +98,7 @@ class _Store:
     """Puts the test settles by hand, numbered like ``StoreClient``'s."""
 
     def __init__(self) -> None:
-        self.puts = self.settled = 0
+        self.puts = self.settled = self.written = 0
         self.answered = 0
 
     def put(self, batch) -> int:
@@ -107,6 +107,10 @@ class _Store:
 
     def settle_answered(self) -> None:
         self.settled = self.answered
+
+    def write_settled(self) -> None:
+        self.settle_answered()
+        self.written = self.settled
 
 
 def _worker(**fields):
@@ -377,3 +381,32 @@ def test_a_held_worker_asks_again_only_at_the_version_it_waits_for_or_when_told(
     engine._version = 1  # newer weights loaded
     stream.refill()
     assert source.takes == 5 and len(stream.running) == 2
+
+
+def test_a_checkpoint_gets_every_group_whose_rows_are_not_stored_without_waiting():
+    """Asked by a report's answer, the worker sends every group as it stands (being scored,
+    or finished with its put not taken yet, included) with marks cut to its reported
+    tokens, and has the rows the store took written: what a resume from the checkpoint
+    continues. It waits for no put: the store may be full while the trainer checkpoints."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    [problem] = env.problems("train", 1, seed=0)
+    store, source = _Store(), _Source()
+    kept: list = []
+    source.keep = SimpleNamespace(remote=lambda worker, n, groups: kept.append((worker, n, groups)))
+    stream = StreamLoop(_worker(store=store), source, StreamSettings(3, 2, 8, 1.0, False, 8))
+    running = PartialSample("g", 0, 9.0, token_ids=[5, 6], marks=[(0, 1), (4, 2)])
+    stream.groups["g"] = PartialGroup(problem, [1], [running], seed=0)
+    scoring = PartialGroup(problem, [1], [PartialSample("h", 0, 9.0, token_ids=[7])], seed=1)
+    stream.being_scored.append(("h", scoring, None))
+    for name in ("f", "e"):  # finished; "f" put and taken by the store, "e" put, not yet
+        stream.unstored[name] = PartialGroup(problem, [1], [PartialSample(name, 0, 1.0)], 2)
+        stream.unsent, stream.unsent_done = [_rows(name)], [_done(name)]
+        stream.send()
+    store.answered = 1
+    stream.keep_asked = 2
+    stream.keep()
+    assert store.puts == 2 and store.written == 1  # nothing new put; "f"'s rows written
+    [(worker, n, groups)] = kept
+    assert (worker, n, stream.kept) == (3, 2, 2)
+    assert [h.group_id for h in groups] == ["g", "h", "e"]
+    assert groups[0].group.samples[0].marks == [(0, 1), (2, 2)]

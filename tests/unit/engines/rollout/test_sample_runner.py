@@ -138,3 +138,32 @@ def test_an_environment_that_fails_fails_only_its_episodes(how, reason):
     failed = [s.result for s in played["p0@t"].samples]
     assert all(r is not None and r.error is not None and reason in r.error for r in failed)
     assert [s.result.reward for s in played["p1@t"].samples] == [0.5, 0.5]
+
+
+def test_a_kept_episode_goes_on_where_it_stood():
+    """Groups kept across a resume (or repacked): an episode whose model turn had ended
+    asks its environment again; one cut in the middle of a turn decodes on from its tokens."""
+    env, engine = TwoTurns("ok!"), ScriptedEngine()
+    steps = EpisodeSteps(spec(env, None), EpisodeLimits().step_timeout_s)
+    problem = env.problems("train", 1, 0)[0]
+    turn = [100, 101, 102]
+    waiting = PartialSample(
+        "g", 0, 0.0, token_ids=list(turn), logprobs=[-0.5] * 3, turns=[engine.decode(turn)]
+    )
+    midway = PartialSample("g", 1, 0.0, token_ids=[100, 101], logprobs=[-0.5] * 2)
+    group = PartialGroup(problem, [1, 2], [waiting, midway], seed=3)
+    try:
+        played = Play(engine, steps, EpisodeLimits(), 40, 1.0, {}).run({"g": group})["g"]
+    finally:
+        steps.close()
+    obs = engine.encode("ok!")
+    waited, continued = played.samples
+    assert waited.token_ids[:6] == [*turn, *obs] and len(waited.token_ids) == 9
+    assert waited.mask == [1, 1, 1, 0, 0, 0, 1, 1, 1] and waited.result.correct
+    starts = {request: ids for request, ids, _ in engine.started}
+    assert "g/0" not in starts and starts["g/0#2"] == [1, 2, *turn, *obs]
+    assert starts["g/1"] == [1, 2, 100, 101]  # its turn goes on from its two tokens
+    assert continued.token_ids[:2] == [100, 101] and continued.turns[0] == engine.decode(
+        continued.token_ids[:5]
+    )
+    assert continued.result.correct
