@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -118,7 +119,8 @@ def measure(run_dir: Path) -> dict[str, float]:
     rows = pq.read_table(run_dir / "trajectories", columns=["sample_id", "response_len"])
     ids, lengths = rows.column("sample_id").to_pylist(), rows.column("response_len").to_pylist()
     length = dict(zip(ids, lengths, strict=True))
-    trained = [length[s] for s, event in latest.items() if event == "trained"]
+    # (a worker killed before it wrote its rows leaves trained samples without a row)
+    trained = [length[s] for s, event in latest.items() if event == "trained" and s in length]
     dropped = events.filter(pc.equal(events.column("event"), "dropped")).to_pylist()
 
     def count(reason: str) -> list[str]:
@@ -127,11 +129,8 @@ def measure(run_dir: Path) -> dict[str, float]:
     after = count(AFTER)
     kept_tokens = continued_tokens = 0
     carried = set(count(CONTINUED))
-    resumed = re.search(
-        r"resumed at step (\d+) from", (run_dir.parent / f"{run_dir.name}.log").read_text()
-    )
-    if resumed:
-        step = int(resumed[1])
+    for record in sorted((run_dir / "ledger-rolled-back").glob("*/RESUMED.json")):
+        step = json.loads(record.read_text())["resumed_from_step"]
         file = run_dir / "checkpoints" / f"step-{step:08d}" / in_flight.FILE
         for handoff in in_flight.decode(file.read_bytes()) if file.exists() else []:
             for s in handoff.group.samples:
