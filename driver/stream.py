@@ -213,14 +213,16 @@ class StreamRollouts:
 
     def in_flight(self) -> list[Handoff]:
         """Every group in flight as it stands, for a checkpoint: each worker holding groups
-        sends them at its next report (``GroupDispatcher.snapshot``). A worker that has not
-        within ``KEEP_WAIT_S`` (busy loading weights, or dying) is named, and its groups
-        start over after a resume from this checkpoint."""
+        sends them at its next report (``GroupDispatcher.snapshot``); one that dies owes
+        nothing (its groups go back to the queue). A worker that has not sent them within
+        ``KEEP_WAIT_S`` is named, and its groups start over after a resume from this
+        checkpoint."""
         snapshot = self.dispatcher.snapshot()
         deadline = time.monotonic() + KEEP_WAIT_S
         groups, owed = self.dispatcher.in_flight(snapshot)
         while owed and time.monotonic() < deadline:
             time.sleep(KEEP_POLL_S)  # the workers answer at their next report
+            self.check()  # a worker that died owes nothing: its groups went back to the queue
             groups, owed = self.dispatcher.in_flight(snapshot)
         if owed:
             log.warning(
