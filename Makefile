@@ -144,7 +144,7 @@ bench-agentic: setup
 # The agentic workload's rollouts in flight across a killed and resumed job: no kill, killed
 # with them kept, killed without (~20 minutes; not part of `make bench`).
 bench-kill-resume: setup
-	$(PY) -m benchmarks.kill_resume --steps 30 --every 10 --kill-at 15 --write
+	$(PY) -m benchmarks.kill_resume --steps 30 --every 10 --kill-at 11 --write
 
 # Sluice async k=2 beside TRL's GRPO in 3 rounds (seeds 0-2): on the long tail, 400 steps,
 # 1,024 held-out prompts every 50, +3 points (~81 minutes; in 100 steps neither system

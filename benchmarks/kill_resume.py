@@ -16,7 +16,7 @@ their samples are counted); tokens generated after the checkpoint and stored are
 response tokens of the rows dropped as "generated after the checkpoint"; tokens in flight
 at the kill were never written anywhere and are not counted.
 
-    .venv/bin/python -m benchmarks.kill_resume --steps 30 --every 10 --kill-at 15 --write
+    .venv/bin/python -m benchmarks.kill_resume --steps 30 --every 10 --kill-at 11 --write
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ HEADER = [
     "p50",
     "p90",
     "max",
-    "in flight at the checkpoint: samples (tokens)",
-    "went on from their tokens",
-    "started over",
+    "kept at the checkpoint: samples (tokens)",
+    "went on from their tokens: samples (tokens)",
+    "re-offered from rows stored later",
+    "started over from their prompts",
     "stored after the checkpoint, thrown away: samples (tokens)",
     "wall s",
 ]
@@ -103,6 +104,7 @@ def run(name: str, root: Path, steps: int, every: int, kill_at: int, keep: bool)
             break
     if not killed and proc.wait() != 0:
         raise SystemExit(f"{name} failed: see {root / f'{name}.log'}")
+    log.flush()  # the resume writes to the same file
     if killed:
         resume = _cli("resume", name, "--root", str(root))
         done = subprocess.run(resume, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -112,7 +114,8 @@ def run(name: str, root: Path, steps: int, every: int, kill_at: int, keep: bool)
 
 
 def measure(run_dir: Path) -> dict[str, float]:
-    """Trained response lengths and what the resume threw away, from the run's records."""
+    """Trained response lengths and what the resume kept and threw away, from the run's
+    ledger, trajectory files and the in-flight file of the checkpoint it resumed from."""
     events = Ledger(run_dir.as_uri()).read()
     assert check_exactly_once(events, finished=True) == [], run_dir
     latest = latest_events(events)
@@ -123,39 +126,39 @@ def measure(run_dir: Path) -> dict[str, float]:
     trained = [length[s] for s, event in latest.items() if event == "trained" and s in length]
     dropped = events.filter(pc.equal(events.column("event"), "dropped")).to_pylist()
 
-    def count(reason: str) -> list[str]:
-        return [e["sample_id"] for e in dropped if reason in (e["reason"] or "")]
+    def count(reason: str) -> set[str]:
+        return {e["sample_id"] for e in dropped if reason in (e["reason"] or "")}
 
-    after = count(AFTER)
-    kept_tokens = continued_tokens = 0
-    carried = set(count(CONTINUED))
+    after, carried = count(AFTER), count(CONTINUED)
+    started_over = count(TOO_STALE) | count(STARTED_OVER)
+    kept: dict[str, int] = {}  # kept sample id: its tokens at the checkpoint
     for record in sorted((run_dir / "ledger-rolled-back").glob("*/RESUMED.json")):
         step = json.loads(record.read_text())["resumed_from_step"]
         file = run_dir / "checkpoints" / f"step-{step:08d}" / in_flight.FILE
         for handoff in in_flight.decode(file.read_bytes()) if file.exists() else []:
             for s in handoff.group.samples:
-                kept_tokens += len(s.token_ids)
-                if f"{handoff.group_id}/{s.index}" in carried:
-                    continued_tokens += len(s.token_ids)
+                kept[f"{handoff.group_id}/{s.index}"] = len(s.token_ids)
+    stored = [s for s in kept if s not in carried and s not in started_over]
     return {
         "trained": len(trained),
         "mean": float(np.mean(trained)),
         "p50": float(np.percentile(trained, 50)),
         "p90": float(np.percentile(trained, 90)),
         "max": float(np.max(trained)),
-        "in_flight_samples": len(carried) + len(count(TOO_STALE)) + len(count(STARTED_OVER)),
-        "in_flight_tokens": kept_tokens,
+        "kept_samples": len(kept),
+        "kept_tokens": sum(kept.values()),
         "continued_samples": len(carried),
-        "continued_tokens": continued_tokens,
-        "started_over": len(count(TOO_STALE)) + len(count(STARTED_OVER)),
+        "continued_tokens": sum(kept.get(s, 0) for s in carried),
+        "stored_samples": len(stored),
+        "started_over": len(started_over),
         "after_samples": len(after),
         "after_tokens": sum(length.get(s, 0) for s in after),
     }
 
 
 def row(label: str, r: dict[str, float], wall: float) -> list[str]:
-    tokens = f" ({r['in_flight_tokens']:,})" if r["in_flight_tokens"] else ""
-    went_on = f"{r['continued_samples']} ({r['continued_tokens']:,} tokens)"
+    kept = f"{r['kept_samples']:,} ({r['kept_tokens']:,})" if r["kept_samples"] else "-"
+    went_on = f"{r['continued_samples']:,} ({r['continued_tokens']:,})"
     return [
         label,
         f"{r['trained']:,}",
@@ -163,10 +166,11 @@ def row(label: str, r: dict[str, float], wall: float) -> list[str]:
         f"{r['p50']:.0f}",
         f"{r['p90']:.0f}",
         f"{r['max']:.0f}",
-        f"{r['in_flight_samples']}{tokens}",
-        went_on if r["continued_samples"] else "-",
-        str(r["started_over"]),
-        f"{r['after_samples']} ({r['after_tokens']:,})",
+        kept,
+        went_on if r["kept_samples"] else "-",
+        f"{r['stored_samples']:,}" if r["kept_samples"] else "-",
+        f"{r['started_over']:,}",
+        f"{r['after_samples']:,} ({r['after_tokens']:,})",
         f"{wall:.0f}",
     ]
 
@@ -175,7 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--kill-at", type=int, default=15)
+    parser.add_argument("--kill-at", type=int, default=11)
     parser.add_argument("--write", action="store_true", help="write the table to BENCHMARKS.md")
     args = parser.parse_args()
     variants = [("no kill", 0, True), ("killed, kept", args.kill_at, True)]
@@ -199,9 +203,13 @@ def main() -> None:
             "",
             *markdown_table(HEADER, results),
             "",
-            "Tokens in flight at the kill itself were never written anywhere and are not "
-            "counted; a run that does not keep its rollouts in flight saves none, so only "
-            "their samples are counted there.",
+            "Kept: the samples in flight at the checkpoint the resume started from, as its "
+            "`in_flight.arrow` holds them (a run that does not keep them saves none). Of "
+            "those, a group whose rows reached storage after the checkpoint and before the "
+            "kill is re-offered from its rows; the others go on from their tokens. Started "
+            "over: samples dispatched before the checkpoint whose tokens were thrown away "
+            "(their prompts are drawn again). Tokens in flight at the kill itself were never "
+            "written anywhere and are not counted.",
         ]
     )
     print(section)

@@ -5,9 +5,15 @@ session (``driver/session.py: Session.checkpoint``) collects every worker's unfi
 groups through the dispatcher (``GroupDispatcher.snapshot``) and saves them beside the
 trainer's state as ``in_flight.arrow``: one row per sample, with its tokens so far, their
 log-probs and weight versions, and an episode's turns. A run resumed from that checkpoint
-continues them from their tokens under new group ids (``GroupDispatcher.carry_on``) instead
-of starting over from their prompts; a group that the staleness bound would drop anyway
-is not continued and its prompt is drawn again (``split_stale``).
+continues them from their tokens under new group ids, before any fresh group and within
+the same admission window (``GroupDispatcher.carry_on``), instead of starting over from
+their prompts; a group that the staleness bound would drop anyway is not continued and its
+prompt is drawn again (``split_stale``).
+
+The snapshot is taken before the ledger's watermark, and workers go on generating: a
+group may finish and be stored in between. The resume continues only the kept groups of
+which no row was stored by the watermark (the trajectory store's restore names them,
+``TrajectoryStore.carried``); the others are re-offered from their rows, never both.
 
 Arrow, not pickle: nothing is unpickled from storage. A file of another format version, or
 one that does not parse, is reported and its groups start over; the run goes on.
