@@ -142,7 +142,7 @@ bench-agentic: setup
 	$(PY) -m benchmarks.agentic --steps 40 --write
 
 # The agentic workload's rollouts in flight across a killed and resumed job: no kill, killed
-# with them kept, killed without (~20 minutes; not part of `make bench`).
+# with them kept, killed without (~10 minutes; not part of `make bench`).
 bench-kill-resume: setup
 	$(PY) -m benchmarks.kill_resume --steps 30 --every 10 --kill-at 11 --write
 
