@@ -446,8 +446,9 @@ class GroupDispatcher:
 
     def in_flight(self, snapshot: int) -> tuple[list[Handoff], list[int]]:
         """The groups in flight the workers sent for ``snapshot`` with those on their way
-        between workers or not handed out yet, and the workers that hold groups and have
-        not sent them yet."""
+        between workers (repack), and the workers that hold groups and have not sent them
+        yet. Kept groups not handed out again yet are not among them: the cursor holds
+        their prompts."""
         if snapshot != self._snapshot:
             return [], []
         groups = {
