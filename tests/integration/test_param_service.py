@@ -74,6 +74,17 @@ def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
         time.sleep(0.02)
 
 
+def _dead(actor: ray.actor.ActorHandle) -> bool:
+    """Whether ``actor``'s process is gone (its calls fail), asked with a short timeout."""
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=1.0)
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.GetTimeoutError:
+        pass
+    return False
+
+
 @ray.remote(num_cpus=0)
 class _Trainer:
     """Publishes from its own process, as the trainer actor does."""
@@ -187,7 +198,8 @@ def test_a_version_outlives_the_trainer_that_published_it(service, worker):
     ray.get(trainer.publish.remote(1, 1), timeout=30)
     # Once relay 0 holds the version it owns the buckets, so the trainer may die.
     _wait_until(lambda: service.latest_version() == 1, "relay 0 taking version 1")
-    ray.kill(trainer)
+    ray.kill(trainer)  # returns before the process is gone: a call sent at once may still run
+    _wait_until(lambda: _dead(trainer), "the trainer's process ending")
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(trainer.publish.remote(2, 2), timeout=30)
     version, state = ray.get(worker.pull.remote(service, -1, 10.0), timeout=30)
