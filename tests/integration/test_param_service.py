@@ -81,8 +81,8 @@ def _dead(actor: ray.actor.ActorHandle) -> bool:
     except ray.exceptions.RayActorError:
         return True
     except ray.exceptions.GetTimeoutError:
-        pass
-    return False
+        return False  # still there, too busy to answer
+    return False  # it answered: alive
 
 
 @ray.remote(num_cpus=0)
