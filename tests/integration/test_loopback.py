@@ -1,6 +1,7 @@
 """The sockets a run listens on, in the embedded default (no ``--address``).
 
-While a smoke run trains, every listening TCP socket of the job's processes is listed.
+While a smoke run trains, every listening TCP socket of the job's processes is listed
+(then the job is stopped, its processes killed by id: the rest of the run adds nothing).
 Everything Sluice starts itself (Prefect's temporary API; MLflow writes to SQLite and
 starts no server) listens on loopback only. Ray 2.60's own processes are the exception
 this test names: its GCS, raylets and workers bind the wildcard address and its agents
@@ -99,7 +100,7 @@ def test_what_sluice_starts_listens_on_loopback_only(tmp_path: Path, shared_cach
         home = tmp_path / "home"  # no ~/.ray/auth_token there
         home.mkdir()
         without = _ask_gcs(port, {**plain, "HOME": str(home), "RAY_AUTH_MODE": "disabled"})
-        assert job.finish() == 0, job.output()[-3000:]
+        assert job.proc.poll() is None, job.output()[-3000:]  # it stood while it was asked
     finally:
         job.stop()
     assert any("prefect.server" in s for s in found["sluice"]), found  # the temporary API
