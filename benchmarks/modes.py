@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.report import measured_commit, write_section
-from benchmarks.tables import markdown_table, measured_on, spread
+from benchmarks.tables import ONE_CLOCK, markdown_table, measured_on, spread
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -199,7 +199,7 @@ def table(results: Rounds, steps: int, seeds: list[int]) -> str:
         f"{', '.join(REPEATED)} ran in {len(seeds)} rounds (seeds {', '.join(map(str, seeds))}, "
         'every variant once a round): their cells are medians over the rounds and "x sync" '
         "the median (min-max) of the ratio paired within a round; the other rows ran once, "
-        f"beside the first round (seed {seeds[0]}).",
+        f"beside the first round (seed {seeds[0]}). {ONE_CLOCK}",
         f"Command: `make bench-modes` (`.venv/bin/python -m benchmarks.modes --steps "
         f"{steps} --rounds {len(seeds)}`).",
         "",

@@ -3,17 +3,20 @@
 Each round (seed 0, 1, ...: its own prompt order, and a generated task's own held-out set)
 runs, one after the other on the same cores: ``sluice run`` of the config in the chosen
 Sluice variants (subprocesses, as ``benchmarks/modes.py``; by default ``async`` k = 2, the
-configs' mode), then TRL's ``GRPOTrainer`` (``benchmarks/trl_grpo.py``, a subprocess) on
-the same starting policy, environment, prompts, group size, response length, learning rate
-and schedule, then ``sluice eval`` of TRL's trained policy, so that every final accuracy is
-measured by the same path (vLLM, greedy, the same held-out prompts). Reports trained
+configs' mode), and TRL's ``GRPOTrainer`` (``benchmarks/trl_grpo.py``, a subprocess) on the
+same starting policy, environment, prompts, group size, response length, learning rate and
+schedule, once training each batch in one pass and once in micro-batches as Sluice does
+(``--micro-batches``), each followed by ``sluice eval`` of its trained policy, so that every
+final accuracy is measured by the same path (vLLM, greedy, the same held-out prompts).
+Sluice runs first in even rounds and TRL in odd ones (``run_order``). Reports trained
 samples/s and tokens/s (over the whole run, and the median of 10-step windows), the
 training time to reach a held-out accuracy threshold and the final accuracy, as ratios
-Sluice/TRL paired within a round, median (min-max) over the rounds; draws the plots of
-``benchmarks/figures.py`` for the first round; writes the table into BENCHMARKS.md (a
-section per config).
+Sluice/TRL paired within a round, median (min-max) over the rounds, and the headline ratio
+as the geometric mean of the paired ratios with a 95% bootstrap interval, with and without
+the step after each evaluation (``headline``); draws the plots of ``benchmarks/figures.py``
+for the first round; writes the table into BENCHMARKS.md (a section per config).
 
-    .venv/bin/python -m benchmarks.peer_trl --rounds 3             # `make bench-peer`
+    .venv/bin/python -m benchmarks.peer_trl --rounds 5             # `make bench-peer`
     .venv/bin/python -m benchmarks.peer_trl --quick                # `make bench-quick`
 
 ``make bench-peer-default`` runs ``configs/default.yaml`` with ``--eval-prompts 448``: its
@@ -24,7 +27,8 @@ before Ray starts.
 ``runs/bench-quick/`` instead of writing BENCHMARKS.md and docs/images.
 
 Each finished round is kept as a record (``benchmarks/results/peer-trl/<config's name>/``:
-every system's per-step series, final accuracy, wall time, load and cores, TRL's threads),
+every system's per-step series, final accuracy, wall time, load and cores, TRL's threads,
+the order the systems ran in and the command),
 and a round whose record names the measured commit and the same plan and systems is not
 run again. So a comparison longer than one sitting is measured a round at a time
 (``--stop-after 1``), each round's systems side by side on one clock, and the table is
@@ -44,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -53,7 +57,7 @@ from benchmarks.cpu_meter import CpuMeter
 from benchmarks.report import measured_commit, write_section
 from benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_series
 from benchmarks.suite import uncommitted
-from benchmarks.tables import markdown_table, measured_on, spread
+from benchmarks.tables import BOOTSTRAP_DRAWS, markdown_table, measured_on, paired_ratio, spread
 from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 from sluice.config.tree import load_config
 
@@ -71,6 +75,10 @@ SLUICE_VARIANTS: dict[str, tuple[str, list[str]]] = {
     "async-k4": ("Sluice async k=4", ["mode=async", "max_staleness=4"]),
 }
 TRL_LABEL = "TRL GRPO"
+# TRL training each batch in passes of about Sluice's micro-batch tokens (trl_grpo.py,
+# --micro-batches); TRL_LABEL trains it in one pass.
+TRL_MICRO_LABEL = "TRL GRPO, micro-batches"
+TRL_LABELS = (TRL_LABEL, TRL_MICRO_LABEL)
 # The threshold is each round's starting held-out accuracy plus this: on the long tail,
 # about the middle of what 100 steps gain (BENCHMARKS.md, modes: +4 to +8 points).
 THRESHOLD_GAIN = 0.03
@@ -182,12 +190,15 @@ def _eval_accuracy(root: Path, name: str) -> float:
     return float(found[0])
 
 
-def run_trl(config: str, plan: Plan, threads: int, root: Path) -> tuple[Measured, float]:
-    """TRL's run and its final accuracy by Sluice's eval path; also TRL's own (HF) final."""
-    out = root / "trl"
+def run_trl(
+    config: str, plan: Plan, threads: int, root: Path, micro: bool = False
+) -> tuple[Measured, float]:
+    """TRL's run (``micro``: in micro-batches) and its final accuracy by Sluice's eval path;
+    also TRL's own (HF) final."""
+    label, name = (TRL_MICRO_LABEL, "trl-micro") if micro else (TRL_LABEL, "trl")
+    out = root / name
     print(
-        f"running {TRL_LABEL} for {plan.steps} steps ({threads} torch threads, seed "
-        f"{plan.seed}) ...",
+        f"running {label} for {plan.steps} steps ({threads} torch threads, seed {plan.seed}) ...",
         flush=True,
     )
     load, started = os.getloadavg()[0], time.monotonic()
@@ -201,8 +212,9 @@ def run_trl(config: str, plan: Plan, threads: int, root: Path) -> tuple[Measured
             f"--out={out}",
             f"--set=eval.prompts={plan.prompts}",
             f"--set=seed={plan.seed}",
+            *(["--micro-batches"] if micro else []),
         ],
-        root / "trl.log",
+        root / f"{name}.log",
     )
     wall = time.monotonic() - started
     end_load = os.getloadavg()[0]
@@ -216,18 +228,18 @@ def run_trl(config: str, plan: Plan, threads: int, root: Path) -> tuple[Measured
             *_settings(
                 [
                     f"root={root}",
-                    "name=trl-eval",
+                    f"name={name}-eval",
                     f"eval.prompts={plan.prompts}",
                     f"seed={plan.seed}",
                 ]
             ),
         ],
-        root / "trl-eval.log",
+        root / f"{name}-eval.log",
     )
     hf_final = read_result(out).eval_accuracy[-1]
-    series = trl_series(TRL_LABEL, out)
+    series = trl_series(label, out)
     measured = Measured(
-        series, _eval_accuracy(root, "trl-eval"), wall, (load, end_load), _cores(meter, series)
+        series, _eval_accuracy(root, f"{name}-eval"), wall, (load, end_load), _cores(meter, series)
     )
     return measured, hf_final
 
@@ -266,6 +278,7 @@ def machine_line(
     threads: int,
     probes: dict[int, float | None],
     finished: list[str],
+    micro: bool = True,
 ) -> str:
     cfg = load_config(ROOT / config)
     r = cfg.rollout
@@ -280,9 +293,16 @@ def machine_line(
         f"{r.prompts_per_step} prompts x {r.samples_per_prompt} completions each, held-out "
         f"accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} round(s), "
         "round n on seed n - 1 (its own prompt order; a data file's held-out set is the same in "
-        "every round), the systems one after the other; "
+        "every round), the systems one after the other, Sluice's first in rounds 1, 3, 5, ... "
+        "and TRL's first in rounds 2, 4, ...; "
         f"Sluice: one rollout worker ({r.threads_per_worker} torch thread(s)) and one "
-        f"trainer ({cfg.train.threads}); TRL: one process, {threads} torch thread(s){probed}."
+        f"trainer ({cfg.train.threads}); TRL: one process, {threads} torch thread(s){probed}, "
+        + (
+            "each batch in one pass and, as a second run, in passes of about "
+            f"`train.micro_batch_tokens` ({cfg.train.micro_batch_tokens}) tokens."
+            if micro
+            else "each batch in one pass."
+        )
     )
 
 
@@ -305,6 +325,10 @@ class Kept:
     probes: dict[int, float | None]
     finished: str
     """When the round's last run ended (UTC, to the minute)."""
+    order: list[str] = field(default_factory=list)
+    """The systems' labels in the order they ran."""
+    command: str = ""
+    """The command that measured it."""
 
 
 def round_path(config: str, plan: Plan) -> Path:
@@ -353,6 +377,8 @@ def load_round(path: Path) -> Kept:
         record["threads"],
         {int(t): v for t, v in record["probes"].items()},
         record["finished"],
+        record.get("order", []),
+        record.get("command", ""),
     )
 
 
@@ -365,9 +391,18 @@ def kept_round(path: Path, commit: str, plan: Plan, systems: list[str]) -> Kept 
     return kept if same else None
 
 
-def _pairs(rounds: list[Round], label: str, value: Callable[[Measured], float]) -> list[float]:
-    """``label``'s value over TRL's, round by round."""
-    return [value(r[label]) / value(r[TRL_LABEL]) for r in rounds]
+def _pairs(
+    rounds: list[Round], label: str, value: Callable[[Measured], float], base: str = TRL_LABEL
+) -> list[float]:
+    """``label``'s value over ``base``'s (TRL's), round by round."""
+    return [value(r[label]) / value(r[base]) for r in rounds]
+
+
+def run_order(seed: int, sluice: list[str], trl: list[str]) -> list[str]:
+    """The labels of a round's runs in the order they run: Sluice's first on even seeds,
+    TRL's first on odd ones, so that neither system always meets the machine as the other
+    left it (a warm page cache, a cooler CPU, another load)."""
+    return [*sluice, *trl] if seed % 2 == 0 else [*trl, *sluice]
 
 
 def _reached(rounds: list[Round], label: str, gain: float) -> list[float | None]:
@@ -441,6 +476,25 @@ def _learning_row(rounds: list[Round], label: str, gain: float) -> list[str]:
     ]
 
 
+def headline(rounds: list[Round]) -> list[str]:
+    """Each Sluice run's samples/s over each TRL run's, paired within a round: every step
+    counted, and the step right after each evaluation left out of both."""
+    labels = list(rounds[0])
+    trl = [label for label in labels if label in TRL_LABELS]
+    rows = []
+    for label in labels:
+        if label in TRL_LABELS:
+            continue
+        for base in trl:
+            every, between = (
+                _pairs(rounds, label, lambda m, a=after: m.series.rate("samples", a), base)
+                for after in (True, False)
+            )
+            rows.append([label, base, paired_ratio(every), paired_ratio(between)])
+    header = ["system", "over", "samples/s, every step", "the step after each evaluation left out"]
+    return markdown_table(header, rows)
+
+
 def table(rounds: list[Round], gain: float, hf_finals: list[float], plan: Plan) -> str:
     """The throughput table, the learning table and what they measure; with more than one
     round every cell is median (min-max) over the rounds, each ratio paired within one."""
@@ -483,7 +537,9 @@ def table(rounds: list[Round], gain: float, hf_finals: list[float], plan: Plan) 
         *(
             [
                 f'Every cell: median (min-max) over the {len(rounds)} rounds; an "x TRL" and '
-                "a \"vs TRL\" pair each round's Sluice run with that round's TRL run.",
+                "a \"vs TRL\" pair each round's run with that round's TRL run (one pass). "
+                "The first table: the geometric mean of the rounds' paired ratios and its 95% "
+                f"bootstrap interval ({BOOTSTRAP_DRAWS:,} resamples of the rounds).",
                 "",
             ]
             if several
@@ -492,9 +548,11 @@ def table(rounds: list[Round], gain: float, hf_finals: list[float], plan: Plan) 
         "Throughput: trained samples (and their generated tokens) over wall time on one "
         "clock for both systems: from the end of one step to the end of the next, everything "
         "the run does between them counted (for Sluice the driver's work after the "
-        "trainer's step too), held-out evaluations taken off; the step right after each "
-        "evaluation is left out (`sync` generates that step's batch during the evaluation, "
-        "`async` restarts its stream after one). Windows: the median of a run's "
+        "trainer's step too), held-out evaluations taken off; every step counted ([one "
+        "clock](docs/benchmarks.md#one-clock)). The first "
+        "table also leaves out, for every system alike, the step right after each "
+        "evaluation (`sync` generates that step's batch during the evaluation, `async` "
+        "restarts its stream after one). Windows: the median of a run's "
         f"{WINDOW_STEPS}-step rates. Cores busy: CPU seconds of the run's whole "
         "process tree (sampled from /proc) over the wall time from its first step to its "
         "last, evaluations included. Load avg: the machine's 1-minute load when a run "
@@ -517,7 +575,7 @@ def table(rounds: list[Round], gain: float, hf_finals: list[float], plan: Plan) 
         + ", ".join(f"{100 * f:.1f}%" for f in trl_finals)
         + "). Wall (all in): a run's wall time from launch, with start-up and evaluations.",
     ]
-    return "\n".join([*speed, "", *learning, "", *notes])
+    return "\n".join([*headline(rounds), "", *speed, "", *learning, "", *notes])
 
 
 SECTIONS = {
@@ -572,6 +630,11 @@ def main() -> None:
         default=0,
         help="TRL's torch threads; 0: probe one and all cores, take the faster.",
     )
+    parser.add_argument(
+        "--no-trl-micro-batches",
+        action="store_true",
+        help="Leave out TRL's second run, in micro-batches (each round then runs TRL once).",
+    )
     parser.add_argument("--keep", type=Path, help="Keep the runs in this folder.")
     parser.add_argument(
         "--stop-after",
@@ -593,6 +656,14 @@ def main() -> None:
     if changed:  # a record names the commit it measured: that must be the code that ran
         parser.error(f"commit these first, the records name a commit: {', '.join(changed)}")
     commit = measured_commit()
+    command = (
+        "`make bench-quick`"
+        if args.quick
+        else "`" + " ".join([".venv/bin/python -m benchmarks.peer_trl", *sys.argv[1:]]) + "`"
+    )
+    trl = [TRL_LABEL] if args.no_trl_micro_batches else list(TRL_LABELS)
+    systems = [*args.sluice, *(["trl-micro-batches"] if len(trl) > 1 else [])]
+    variants = dict(SLUICE_VARIANTS[name] for name in args.sluice)
     kept: list[Kept] = []
     new = 0
     with tempfile.TemporaryDirectory(prefix="sluice-peer-", dir=ROOT / "runs") as tmp:
@@ -601,7 +672,7 @@ def main() -> None:
         for seed in range(args.rounds):
             plan = Plan(steps, every, prompts, seed)
             path = round_path(args.config, plan)
-            found = None if args.quick else kept_round(path, commit, plan, args.sluice)
+            found = None if args.quick else kept_round(path, commit, plan, systems)
             if found is not None:
                 print(f"round {seed + 1}: kept at {commit} ({path.relative_to(ROOT)})")
                 kept.append(found)
@@ -612,16 +683,32 @@ def main() -> None:
                 break
             root = base / f"round-{seed}"
             root.mkdir(parents=True, exist_ok=True)
-            print(f"round {seed + 1} of {args.rounds} (seed {seed})", flush=True)
-            results = {
-                label: run_sluice(args.config, label, overrides, plan, root)
-                for label, overrides in (SLUICE_VARIANTS[name] for name in args.sluice)
-            }
-            if threads < 1:
-                threads, probes = pick_trl_threads(args.config, root)
-            results[TRL_LABEL], hf_final = run_trl(args.config, plan, threads, root)
+            order = run_order(seed, list(variants), trl)
+            runs = ", ".join(order)
+            print(f"round {seed + 1} of {args.rounds} (seed {seed}): {runs}", flush=True)
+            ran, finals = {}, {}
+            for label in order:
+                if label in variants:
+                    ran[label] = run_sluice(args.config, label, variants[label], plan, root)
+                    continue
+                if threads < 1:
+                    threads, probes = pick_trl_threads(args.config, root)
+                micro = label == TRL_MICRO_LABEL
+                ran[label], finals[label] = run_trl(args.config, plan, threads, root, micro)
+            results = {label: ran[label] for label in [*variants, *trl]}  # the table's order
             finished = f"{datetime.now(UTC):%Y-%m-%d %H:%M}"
-            done = Kept(commit, plan, args.sluice, results, hf_final, threads, probes, finished)
+            done = Kept(
+                commit,
+                plan,
+                systems,
+                results,
+                finals[TRL_LABEL],
+                threads,
+                probes,
+                finished,
+                order,
+                command,
+            )
             if not args.quick:
                 save_round(path, done)
             kept.append(done)
@@ -634,13 +721,16 @@ def main() -> None:
         return
     rounds = [k.round for k in kept]
     hf_finals = [k.hf_final for k in kept]
-    command = (
-        "`make bench-quick`"
-        if args.quick
-        else "`" + " ".join([".venv/bin/python -m benchmarks.peer_trl", *sys.argv[1:]]) + "`"
-    )
     text = [
-        machine_line(args.config, plan, args.rounds, threads, probes, [k.finished for k in kept]),
+        machine_line(
+            args.config,
+            plan,
+            args.rounds,
+            threads,
+            probes,
+            [k.finished for k in kept],
+            micro=len(trl) > 1,
+        ),
         f"Command: {command}.",
         "",
         table(rounds, args.gain, hf_finals, plan),

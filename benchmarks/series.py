@@ -10,10 +10,12 @@ the plots.
 The clock everything is plotted and timed against is one wall clock for both systems: the
 seconds from the end of one step to the end of the next, everything the run does between
 them included (for Sluice the driver's work after the trainer's step: acknowledging,
-draining metrics, logging), held-out evaluations excluded (Sluice's and TRL's evaluations
-take different paths and times; neither is training). Sluice's step ends are the wall
-times it logged each step's metrics at, less the evaluations before them
-(``eval/seconds``); TRL's are timed by ``benchmarks/trl_grpo.py``'s callback.
+draining metrics, logging, checkpoints), held-out evaluations excluded (Sluice's and TRL's
+evaluations take different paths and times; neither is training). Sluice's step ends are
+the wall times it logged each step's metrics at, less the evaluations before them
+(``eval/seconds``); TRL's are timed by ``benchmarks/trl_grpo.py``'s callback. Throughput
+counts every step on that clock; ``rate(..., after_eval=False)`` leaves out the step right
+after each evaluation, for both systems alike.
 """
 
 from __future__ import annotations
@@ -71,33 +73,36 @@ class Series:
     def clock_at(self, step: int) -> float:
         return 0.0 if step == 0 else self.clock[step - 1]
 
-    def timed_steps(self) -> list[int]:
-        """Indexes of the steps throughput counts: all but those right after a held-out
-        evaluation (``sync`` generates that step's batch during the evaluation, ``async``
-        restarts its stream after one; TRL has neither, and no evaluation is training)."""
-        return [i for i in range(len(self.step_s)) if i == 0 or i not in self.evals]
+    def timed_steps(self, after_eval: bool = True) -> list[int]:
+        """Indexes of the steps a rate counts: every one, or (``after_eval`` False) all but
+        those right after a held-out evaluation, whatever the system (``sync`` generates
+        that step's batch during the evaluation, ``async`` restarts its stream after one)."""
+        return [i for i in range(len(self.step_s)) if after_eval or i == 0 or i not in self.evals]
 
     def _rate(self, values: list[float], steps: list[int]) -> float:
         return sum(values[i] for i in steps) / sum(self.step_s[i] for i in steps)
 
+    def rate(self, what: str, after_eval: bool = True) -> float:
+        """``samples`` or ``tokens`` per second over the steps ``timed_steps`` names."""
+        values = self.samples if what == "samples" else self.tokens
+        return self._rate(values, self.timed_steps(after_eval))
+
     @property
     def samples_per_s(self) -> float:
-        return self._rate(self.samples, self.timed_steps())
+        return self.rate("samples")
 
     @property
     def tokens_per_s(self) -> float:
-        return self._rate(self.tokens, self.timed_steps())
+        return self.rate("tokens")
 
     def window_rates(self, what: str) -> list[float]:
         """``samples`` or ``tokens`` per second in consecutive windows of WINDOW_STEPS steps
         after the warm-up; one short trailing window is dropped."""
         values = self.samples if what == "samples" else self.tokens
-        timed = set(self.timed_steps())
-        rates = []
-        for start in range(WARMUP_STEPS, len(self.step_s) - WINDOW_STEPS + 1, WINDOW_STEPS):
-            steps = [i for i in range(start, start + WINDOW_STEPS) if i in timed]
-            rates.append(self._rate(values, steps))
-        return rates
+        return [
+            self._rate(values, list(range(start, start + WINDOW_STEPS)))
+            for start in range(WARMUP_STEPS, len(self.step_s) - WINDOW_STEPS + 1, WINDOW_STEPS)
+        ]
 
     def median_rate(self, what: str) -> float:
         rates = self.window_rates(what)

@@ -3,8 +3,10 @@ commit they were measured at."""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+import random
 import statistics
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -42,3 +44,39 @@ def spread(values: Sequence[float], unit: str = "x", digits: int = 1) -> str:
         return f"{values[0]:.{digits}f}{unit}"
     low, mid, high = min(values), statistics.median(values), max(values)
     return f"{mid:.{digits}f}{unit} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+# How every training-run throughput is timed; docs/benchmarks.md, "One clock", says it whole.
+ONE_CLOCK = (
+    "Samples/s: trained samples over the run's wall clock from its first step's start to its "
+    "last step's end, the driver's work between steps included, held-out evaluations taken "
+    "off ([one clock](docs/benchmarks.md#one-clock))."
+)
+
+# Resamples of the rounds for a bootstrap interval; seeded, so a table rebuilt from the same
+# records gives the same interval.
+BOOTSTRAP_DRAWS = 10_000
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """The mean of ratios that treats x and 1/x alike (2x and 0.5x average to 1x)."""
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def bootstrap_interval(
+    values: Sequence[float], level: float = 0.95, draws: int = BOOTSTRAP_DRAWS, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the geometric mean of paired ratios: the rounds are
+    resampled with replacement ``draws`` times."""
+    rng = random.Random(seed)
+    means = sorted(geometric_mean(rng.choices(values, k=len(values))) for _ in range(draws))
+    tail = (1 - level) / 2
+    return means[int(tail * (draws - 1))], means[math.ceil((1 - tail) * (draws - 1))]
+
+
+def paired_ratio(values: Sequence[float], digits: int = 2) -> str:
+    """Paired per-round ratios as ``geometric mean [95% bootstrap interval]``, or the one."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}x"
+    low, high = bootstrap_interval(values)
+    return f"{geometric_mean(values):.{digits}f}x [{low:.{digits}f}-{high:.{digits}f}]"

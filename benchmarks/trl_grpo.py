@@ -25,7 +25,9 @@ Sluice batch run draws, in its order (TRL's shuffling off), so step i trains on 
 Sluice's ``sync`` step i trains on, chat messages rendered with the model folder's template.
 Rewards: the run's scorer (``driver/environment.py: scorer_factory``). Optimiser:
 AdamW with Sluice's linear warm-up (``engines.train.parallel.Optimisation``), handed to the
-trainer.
+trainer. Each batch trains in one pass, or with ``--micro-batches`` in passes of about
+``train.micro_batch_tokens`` tokens whose gradients TRL accumulates (``micro_batch_rows``),
+as near to Sluice's micro-batches as TRL's equal parts come.
 
 ``--probe`` instead times one generation of the first step's batch (16 prompts x 8
 samples, TRL's sampling settings) with ``--threads`` torch threads and prints the median of
@@ -120,6 +122,8 @@ class TrlResult:
     steps: int
     threads: int
     load_s: float
+    rows: int = 0
+    """Rows per forward/backward pass (0: the whole batch in one)."""
     started_at: float = 0.0
     """Epoch seconds after the step-0 evaluation, when the first step began."""
     ended_at: float = 0.0
@@ -322,11 +326,28 @@ def sluice_optimizer(
     return optimizer, opt.schedule(optimizer)
 
 
-def grpo_config(cfg: RunConfig, steps: int, out: Path, generation: str = "generate") -> Any:
+def micro_batch_rows(cfg: RunConfig, longest_prompt: int) -> int:
+    """Rows per forward/backward pass for TRL that match Sluice's micro-batches as far as
+    TRL can express them: the most rows of the longest prompt plus ``max_new_tokens`` that
+    fit ``train.micro_batch_tokens`` padded tokens, cut down to a divisor of the batch (TRL
+    accumulates equal parts). Sluice also sorts the batch by length first; TRL cannot."""
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    fit = max(1, cfg.train.micro_batch_tokens // (longest_prompt + cfg.rollout.max_new_tokens))
+    return max(d for d in range(1, min(fit, batch) + 1) if batch % d == 0)
+
+
+def grpo_config(
+    cfg: RunConfig, steps: int, out: Path, generation: str = "generate", rows: int = 0
+) -> Any:
     """GRPO settings matching the Sluice run: one generation batch of prompts_per_step x
     samples_per_prompt completions per optimiser step, one update per batch, generated the
-    ``GENERATIONS[generation]`` way."""
+    ``GENERATIONS[generation]`` way; trained in one pass, or (``rows``) in passes of that
+    many rows whose gradients are accumulated."""
     r, t = cfg.rollout, cfg.train
+    batch = r.prompts_per_step * r.samples_per_prompt
+    rows = rows or batch
+    if batch % rows:
+        raise ValueError(f"rows per pass ({rows}) must divide the batch ({batch})")
     settings = {"use_vllm": False, **GENERATIONS[generation]}
     return _trl().GRPOConfig(
         output_dir=str(out / "trainer"),
@@ -334,8 +355,8 @@ def grpo_config(cfg: RunConfig, steps: int, out: Path, generation: str = "genera
         bf16=False,
         **settings,
         max_steps=steps,
-        per_device_train_batch_size=r.prompts_per_step * r.samples_per_prompt,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=rows,
+        gradient_accumulation_steps=batch // rows,
         num_generations=r.samples_per_prompt,
         max_completion_length=r.max_new_tokens,
         temperature=r.temperature,
@@ -357,6 +378,13 @@ def grpo_config(cfg: RunConfig, steps: int, out: Path, generation: str = "genera
     )
 
 
+def _prompt_tokens(tokenizer: PreTrainedTokenizerFast, prompt: Any) -> int:
+    """A prompt's tokens as TRL encodes it: text as it is, chat messages by the template."""
+    if isinstance(prompt, str):
+        return len(tokenizer(prompt)["input_ids"])
+    return len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+
+
 def train(
     cfg: RunConfig,
     steps: int,
@@ -364,8 +392,10 @@ def train(
     eval_every: int,
     threads: int,
     generation: str = "generate",
+    micro_batches: bool = False,
 ) -> TrlResult:
-    """Run TRL's GRPO on ``cfg``'s workload for ``steps`` steps; save the policy under ``out``."""
+    """Run TRL's GRPO on ``cfg``'s workload for ``steps`` steps; save the policy under ``out``.
+    ``micro_batches``: train each batch in passes of ``micro_batch_rows`` rows."""
     torch.set_num_threads(threads)
     started = time.monotonic()
     env, _ = make_environment(cfg.env, cfg.policy)
@@ -390,6 +420,9 @@ def train(
                 cfg.rollout.temperature,
             )
             reward = EpisodeReward(scorer, problems)
+        if micro_batches:
+            longest = max(_prompt_tokens(tokenizer, p.prompt) for p in problems)
+            result.rows = micro_batch_rows(cfg, longest)
         max_new = eval_tokens(cfg, heldout)
         recorder = Recorder(
             result, reward, clock, tokenizer, scorer, heldout, max_new, eval_every, rollout
@@ -397,7 +430,7 @@ def train(
         trainer = timed_trainer(clock)(
             model=model,
             reward_funcs=reward,
-            args=grpo_config(cfg, steps, out, generation),
+            args=grpo_config(cfg, steps, out, generation, result.rows),
             train_dataset=prompt_dataset(problems),
             processing_class=tokenizer,
             optimizers=sluice_optimizer(model, cfg),
@@ -466,6 +499,12 @@ def main() -> None:
     parser.add_argument(
         "--generation", choices=list(GENERATIONS), default="generate", help="How TRL generates."
     )
+    parser.add_argument(
+        "--micro-batches",
+        action="store_true",
+        help="Train each batch in passes of about train.micro_batch_tokens tokens, as Sluice "
+        "does (default: the whole batch in one pass).",
+    )
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
     if args.probe:
@@ -476,7 +515,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     args.out.mkdir(parents=True, exist_ok=True)
     every = args.eval_every or cfg.eval.every
-    result = train(cfg, args.steps, args.out, every, args.threads, args.generation)
+    result = train(
+        cfg, args.steps, args.out, every, args.threads, args.generation, args.micro_batches
+    )
     (args.out / RESULT_FILE).write_text(json.dumps(asdict(result), indent=2))
 
 

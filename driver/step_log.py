@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 
 @dataclass
 class Totals:
-    """Throughput counters of the steps this process ran."""
+    """Throughput counters of the steps this session ran. ``loop_s`` is their wall clock:
+    from the first step's start to the last step's end (its metrics logged), everything the
+    driver does between steps included (draining metrics, logging, checkpoints), held-out
+    evaluations taken off, the clock the benchmarks time every system by."""
 
     samples: int = 0
     tokens: int = 0
     loop_s: float = 0.0
+    last_end: float | None = None
+    """``time.monotonic()`` when the last step ended; None before the first."""
+
+    def clock(self, started: float, eval_s: float) -> None:
+        """Add the step that began at ``started`` and ends now, less its ``eval_s``."""
+        now = time.monotonic()
+        self.loop_s += now - (started if self.last_end is None else self.last_end) - eval_s
+        self.last_end = now
 
 
 @dataclass(frozen=True)

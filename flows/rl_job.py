@@ -73,7 +73,6 @@ def rl_step(s: Session, tracker: MetricLogger) -> None:
     s.step = step
     s.totals.samples += int(trained["samples"])
     s.totals.tokens += int(trained["tokens"])
-    s.totals.loop_s += times.step_s
     stats = s.store.stats()  # groups the store dropped go back to admission (async)
     metrics = s.rollouts.drain(step, s.drops_to_credit(stats))
     metrics.update(step_metrics(trained, times) | s.store_metrics.update(stats))
@@ -95,6 +94,7 @@ def rl_step(s: Session, tracker: MetricLogger) -> None:
     warnings = s.health.warnings(s.end_accuracy)
     tracker.log_metrics(step, metrics)
     log.info(step_line(step, cfg.train.steps, metrics, warnings))
+    s.totals.clock(times.start, metrics.get("eval/seconds", 0.0))
     if warnings and not was_collapsed:
         log.warning("the run collapsed at step %d: %s", step, "; ".join(warnings))
 

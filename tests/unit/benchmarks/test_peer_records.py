@@ -41,7 +41,16 @@ def _round() -> dict[str, Measured]:
 
 def test_a_kept_round_reads_back_as_it_was_measured(tmp_path):
     kept = Kept(
-        "abc1234", PLAN, ["async"], _round(), 0.31, 2, {1: 1.1, 2: None}, "2026-11-29 01:30"
+        "abc1234",
+        PLAN,
+        ["async"],
+        _round(),
+        0.31,
+        2,
+        {1: 1.1, 2: None},
+        "2026-11-29 01:30",
+        [TRL_LABEL, "Sluice async"],  # seed 1: TRL ran first
+        "`.venv/bin/python -m benchmarks.peer_trl --rounds 2`",
     )
     path = tmp_path / "round-1-3steps.json"
     save_round(path, kept)

@@ -35,12 +35,14 @@ def test_clock_and_time_to_threshold_are_training_seconds_at_the_evaluated_step(
     assert run.time_to(0.5) is None
 
 
-def test_throughput_leaves_out_the_step_after_each_evaluation():
+def test_throughput_counts_every_step_or_leaves_out_each_step_after_an_evaluation():
     # Step 4 follows the step-3 evaluation: sync generated its batch during the evaluation.
     run = _series([1.0, 1.0, 1.0, 0.1, 1.0, 1.0], {0: 0.2, 3: 0.25, 6: 0.3})
-    assert run.timed_steps() == [0, 1, 2, 4, 5]
-    assert run.samples_per_s == pytest.approx(5 * 128 / 5.0)
-    assert run.tokens_per_s == pytest.approx(1000.0)
+    assert run.timed_steps() == [0, 1, 2, 3, 4, 5]
+    assert run.samples_per_s == pytest.approx(6 * 128 / 5.1)
+    assert run.timed_steps(after_eval=False) == [0, 1, 2, 4, 5]
+    assert run.rate("samples", after_eval=False) == pytest.approx(5 * 128 / 5.0)
+    assert run.rate("tokens", after_eval=False) == pytest.approx(1000.0)
 
 
 def test_window_medians_skip_the_warm_up_and_a_short_tail():
@@ -189,3 +191,39 @@ def test_a_trl_result_reads_back_as_one_process_generating_then_training(tmp_pat
     (tmp_path / RESULT_FILE).write_text(json.dumps(result))
     with pytest.raises(ValueError, match="1 of 2 steps"):
         trl_series("TRL", tmp_path)
+
+
+def test_a_sluice_run_and_a_trl_run_of_the_same_steps_read_back_alike(tmp_path, wall):
+    """The methodology, both ways: the same steps (a fast one after the step-2 evaluation,
+    the evaluation itself 5 s) give both systems the same clock and the same rates, every
+    step counted or the step after each evaluation left out."""
+    step_s, samples, tokens = [2.0, 2.0, 0.5, 2.0], [128, 128, 128, 128], [3000] * 4
+    evaluated = {"eval/accuracy": 0.3, "eval/seconds": 5.0}
+    steps = [_step(**{"perf/step_s": s}) for s in step_s]
+    steps[1] |= evaluated
+    sluice = sluice_series("Sluice", _log_run(tmp_path, "sync", "sync", steps, wall), tmp_path)
+    result = {
+        "steps": 4,
+        "threads": 1,
+        "load_s": 3.0,
+        "step_s": step_s,  # trl_grpo.py's callback stops the clock while it evaluates
+        "generate_s": [1.0] * 4,
+        "samples": samples,
+        "tokens": tokens,
+        "reward": [0.3] * 4,
+        "eval_steps": [0, 2],
+        "eval_accuracy": [0.2, 0.3],
+        "eval_s": [5.0, 5.0],
+    }
+    (tmp_path / RESULT_FILE).write_text(json.dumps(result))
+    trl = trl_series("TRL", tmp_path)
+    assert sluice.step_s == pytest.approx(trl.step_s)
+    assert sluice.evals == trl.evals
+    for after_eval in (True, False):
+        assert sluice.timed_steps(after_eval) == trl.timed_steps(after_eval)
+        for what in ("samples", "tokens"):
+            mine, theirs = sluice.rate(what, after_eval), trl.rate(what, after_eval)
+            assert mine == pytest.approx(theirs)
+    assert sluice.rate("samples") == pytest.approx(512 / 6.5)
+    assert sluice.rate("samples", after_eval=False) == pytest.approx(384 / 6.0)
+    assert sluice.time_to(0.3) == trl.time_to(0.3) == pytest.approx(4.0)

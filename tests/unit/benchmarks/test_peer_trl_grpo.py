@@ -14,6 +14,7 @@ from benchmarks.trl_grpo import (
     POLICY_FOLDER,
     SluiceReward,
     grpo_config,
+    micro_batch_rows,
     prompt_dataset,
     read_result,
     sluice_optimizer,
@@ -95,9 +96,26 @@ def test_grpo_settings_match_the_sluice_run(tmp_path):
     assert args.shuffle_dataset is False
 
 
-def train(config: str, out: Path, *settings: str) -> None:
+def test_micro_batches_are_the_rows_that_fit_the_token_budget_and_divide_the_batch(tmp_path):
+    cfg = load_config(ROOT / "configs/longtail.yaml")  # 128 a batch, 96 new tokens
+    budget = cfg.train.micro_batch_tokens
+    assert budget == 1024
+    # 1024 // (32 + 96) = 8 rows fit, and 8 divides 128.
+    assert micro_batch_rows(cfg, 32) == 8
+    # 1024 // (10 + 96) = 9 fit: 8 is the largest divisor of 128 below it.
+    assert micro_batch_rows(cfg, 10) == 8
+    assert micro_batch_rows(cfg, 2000) == 1  # not even one row fits: one at a time
+    args = grpo_config(cfg, 7, tmp_path, rows=8)
+    # Passes of 8 rows, accumulated into one optimiser step per generated batch of 128.
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (8, 16)
+    assert (args.generation_batch_size, args.steps_per_generation) == (128, 16)
+    with pytest.raises(ValueError, match="must divide the batch"):
+        grpo_config(cfg, 7, tmp_path, rows=48)
+
+
+def train(config: str, out: Path, *settings: str, flags: tuple[str, ...] = ()) -> None:
     """The real entry point on a tiny budget: two steps, an evaluation after each."""
-    command = [sys.executable, "-m", "benchmarks.trl_grpo", config]
+    command = [sys.executable, "-m", "benchmarks.trl_grpo", config, *flags]
     command += ["--steps=2", "--eval-every=1", "--threads=1", f"--out={out}"]
     command += [arg for s in settings for arg in ("--set", s)]
     done = subprocess.run(
@@ -158,7 +176,8 @@ def test_two_real_trl_steps_play_the_agentic_workloads_episodes(tmp_path, tiny_p
 def test_two_real_trl_steps_on_the_real_model_config_with_a_chat_folder(tmp_path, bpe_policy):
     """configs/smollm2.yaml's workload (chat messages rendered by the folder's template, the
     final_number reward in its pool) on a tiny ChatML folder: TRL's reward is the config's
-    reward, and its held-out decode has the run's token budget."""
+    reward, and its held-out decode has the run's token budget. In micro-batches of the
+    rows that fit 64 tokens (the prompts' template counted)."""
     out = tmp_path / "trl"
     train(
         "configs/smollm2.yaml",
@@ -167,8 +186,11 @@ def test_two_real_trl_steps_on_the_real_model_config_with_a_chat_folder(tmp_path
         "rollout.prompts_per_step=2",
         "rollout.samples_per_prompt=4",
         "eval.prompts=8",
+        "train.micro_batch_tokens=64",
+        flags=("--micro-batches",),
     )
     result = read_result(out)
+    assert result.rows in (1, 2)  # of 8: the longest prompt (over 16 tokens) + 16 new
     assert result.samples == [8, 8]
     assert all(0 < t <= 8 * 16 for t in result.tokens)  # max_new_tokens 16
     assert result.eval_steps == [0, 1, 2]
