@@ -47,15 +47,11 @@ def _smoke(
     return _run(args, timeout=600)
 
 
-@pytest.mark.parametrize(
-    ("mode", "staleness", "runs"),
-    [
-        ("sync", [0, 0, 0, 0], "runs"),
-        # A root with a space, '#', '%' and non-ASCII: everything lands where it says.
-        ("one_step", [0, 1, 1, 1], "runs #1 100% é"),
-    ],
-)
-def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness, runs):
+def test_smoke_run_end_to_end(tmp_path, shared_cache):
+    """``sync`` (``one_step`` runs in tests/integration/test_gpu_placement.py, ``async``
+    below) into a root with a space, '#', '%' and non-ASCII: everything lands where it
+    says."""
+    mode, staleness, runs = "sync", [0, 0, 0, 0], "runs #1 100% é"
     steps = 4
     result = _smoke(
         tmp_path,
@@ -103,8 +99,7 @@ def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness, runs):
     assert params["train.steps"] == str(steps)
     assert params["env.name"] == "addition"
     assert params["mode"] == mode
-    # one_step trains each batch (after the first) on samples one version old
-    assert [int(v) for (v,) in recorded] == staleness
+    assert [int(v) for (v,) in recorded] == staleness  # sync: every sample on-policy
 
     # the ledger accounts for every sample: generated once, trained exactly once
     table = Ledger(run_dir.as_uri()).read()
@@ -129,8 +124,7 @@ def test_smoke_run_end_to_end(tmp_path, shared_cache, mode, staleness, runs):
     assert {"model.safetensors", "optimizer.json"} <= set(latest.files)
     # every trained block also has its Parquet copy (what a restarted store re-offers)
     assert len(list((run_dir / "trajectories").glob("*.parquet"))) == steps
-    if mode == "sync":  # the finished run, reused: a resume that meets foreign data
-        _a_foreign_schema_fails_the_resume_at_once(run_dir)
+    _a_foreign_schema_fails_the_resume_at_once(run_dir)  # the finished run, reused
 
 
 def _a_foreign_schema_fails_the_resume_at_once(run_dir: Path) -> None:

@@ -101,28 +101,8 @@ def test_the_environment_example_trains_the_users_class_and_evaluates_pass_at_k(
     assert re.search(printed, result.stdout), result.stdout
 
 
-def test_the_chat_example_trains_a_model_folder_with_a_bpe_tokenizer_and_template(
-    tmp_path: Path, shared_cache: Path, bpe_policy: Path
-) -> None:
-    """``chat.yaml`` on a user's model folder (subword tokenizer, chat template, end-of-turn
-    EOS): chat-message prompts from the example's JSONL rendered with the template, a column
-    passed on to the reward; vLLM generates, the trainer trains, the weights go back to vLLM,
-    every sample is accounted for."""
-    out, runs = _run(
-        "chat.yaml", tmp_path, shared_cache, f"policy.path={bpe_policy}", *SMALL_RUN, small=False
-    )
-    assert "step    4/4" in out
-    table = Ledger((runs / "my-chat").as_uri()).read()
-    assert check_exactly_once(table) == []
-    trained = _trained(table)
-    assert trained and all(p.startswith("dataset/train/") for p in trained)
-    with sqlite3.connect(runs / "mlflow.db") as db:
-        digits = db.execute(
-            "SELECT MIN(value), MAX(value) FROM metrics WHERE key = ?",
-            ("rollout/reward/sum_in_reply/digits",),
-        ).fetchone()
-    # the data file's `digits` column reached the reward (1 or 2 digits in its problems)
-    assert digits[0] is not None and 1.0 <= digits[0] <= digits[1] <= 2.0
+# The chat example (chat.yaml) runs in tests/integration/test_user_reward.py, beside a
+# failing reward of the user's.
 
 
 # Slow tier (make test-slow): the dataset and environment examples cover a task of yours.

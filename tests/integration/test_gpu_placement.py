@@ -2,10 +2,11 @@
 
 ``ray start --num-gpus 3`` needs no device: Ray hands the logical GPUs out to actors that
 ask for them and sets each one's ``CUDA_VISIBLE_DEVICES``. A run joins that node
-(``--address``) with two rollout workers in ``one_step``, a batch mode, which starts only
-once Ray has placed every worker (``async`` may start before the last one is placed, so its
-start-up devices line could name one worker; a late worker names its devices in its "is
-up" line instead); ``rollout.gpus_per_worker`` and
+(``--address``) with two rollout workers in ``one_step`` (the one end-to-end run of that
+mode in ``make test``: its staleness and ledger are checked too), a batch mode, which
+starts only once Ray has placed every worker (``async`` may start before the last one is
+placed, so its start-up devices line could name one worker; a late worker names its
+devices in its "is up" line instead); ``rollout.gpus_per_worker`` and
 ``train.gpus_per_rank`` are unset, so each actor asks for one GPU because the cluster has
 them, and each gets its own. vLLM and torch are CPU builds here, so both still run on the
 CPU; the rollout and training dtypes resolve to bfloat16 (the actors hold GPUs), which
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice.storage.ledger import Ledger, check_exactly_once, summarize
 from tests.support.cli_job import Job
 from tests.support.ray_nodes import RayNodes
 
@@ -66,6 +68,17 @@ def test_each_actor_gets_its_own_gpu_and_too_many_fail_placement(
     finally:
         job.stop()
     assert "step    2/2" in job.output()
+    # one_step (run nowhere else end to end in `make test`): each batch after the first is
+    # trained on samples one version old, and every sample is trained exactly once.
+    run_dir = tmp_path / "runs" / "smoke"
+    with sqlite3.connect(run_dir.parent / "mlflow.db") as db:
+        recorded = db.execute(
+            "SELECT value FROM metrics WHERE key='train/staleness' ORDER BY step"
+        ).fetchall()
+    assert [int(v) for (v,) in recorded] == [0, 1]
+    table = Ledger(run_dir.as_uri()).read()
+    assert check_exactly_once(table) == []
+    assert summarize(table)["final"] == {"trained": 2 * 4 * 4}  # smoke: 4 prompts x 4 samples
 
     (tmp_path / "many").mkdir()
     many = _run(

@@ -1,12 +1,15 @@
-"""The tutorial's chat example (``examples/my_project/chat.yaml``) on a model folder with a
-BPE tokenizer and a chat template, with its reward swapped for a user's function that fails
-in every way a user's code can: on some calls it hangs, kills its process, returns NaN or
-returns text. The data file is the first 200 rows of the example's, and 100 prompts too long
-for the model's context (a third of the rows, so that the first steps draw some).
+"""The tutorial's chat example (``examples/my_project/chat.yaml``) on a user's model folder
+(subword tokenizer, chat template, end-of-turn EOS): chat-message prompts from the
+example's JSONL rendered with the template, a column passed on to the example's reward;
+vLLM generates, the trainer trains, the weights go back to vLLM. Beside the example's
+reward runs a user's function that fails in every way a user's code can: on some calls it
+hangs, kills its process, returns NaN or returns text. The data file is the first 200 rows
+of the example's, and 100 prompts too long for the model's context (a third of the rows,
+so that the first steps draw some).
 
-The run finishes; each failed sample is recorded in the ledger with its reason and counted,
-the first reasons reach the console, the function's own metric reaches MLflow, and the
-too-long prompts are passed over with their reason.
+The run finishes; every sample is accounted for; each failed sample is recorded in the
+ledger with its reason and counted, the first reasons reach the console, each function's
+own metrics reach MLflow, and the too-long prompts are passed over with their reason.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def test_a_user_reward_that_fails_fails_its_samples_and_the_run_finishes(
         f"cache={shared_cache}",
         f"policy.path={bpe_policy}",
         f"env.data.path={data}",
-        "reward.functions=[broken_rewards:flaky]",  # chat.yaml has `reward: path`
+        "reward.functions=[my_rewards:sum_in_reply, broken_rewards:flaky]",
         "reward.timeout_s=1",
         *SMALL_RUN,
         # Held-out prompts are scored by the same reward (each hang costs its 1 s): a few
@@ -77,7 +80,7 @@ def test_a_user_reward_that_fails_fails_its_samples_and_the_run_finishes(
         "eval.prompts=8",
     ):
         args += ["--set", setting]
-    result = sluice(*args, env={**os.environ, "PYTHONPATH": str(project)})
+    result = sluice(*args, env={**os.environ, "PYTHONPATH": f"{project}:{EXAMPLE}"})
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     assert "a sample's reward failed (recorded in the ledger): reward broken_rewards:flaky" in out
@@ -98,7 +101,9 @@ def test_a_user_reward_that_fails_fails_its_samples_and_the_run_finishes(
     assert any(
         re.search(r"the prompt is \d+ tokens: the model's context \(512\) less", r) for r in reasons
     ), reasons
-    assert "trained" in set(table["event"].to_pylist())
+    events = zip(table["prompt_id"].to_pylist(), table["event"].to_pylist(), strict=True)
+    trained = {p for p, e in events if e == "trained"}
+    assert trained and all(p.startswith("dataset/train/") for p in trained)
 
     with sqlite3.connect(run_dir.parent / "mlflow.db") as db:
         errors = db.execute(
@@ -107,4 +112,10 @@ def test_a_user_reward_that_fails_fails_its_samples_and_the_run_finishes(
         chars = db.execute(
             "SELECT COUNT(*) FROM metrics WHERE key='rollout/reward/flaky/chars'"
         ).fetchone()[0]
+        digits = db.execute(
+            "SELECT MIN(value), MAX(value) FROM metrics WHERE key = ?",
+            ("rollout/reward/sum_in_reply/digits",),
+        ).fetchone()
     assert errors >= 4 and chars >= 1
+    # the data file's `digits` column reached the example's reward (1 or 2 digits)
+    assert digits[0] is not None and 1.0 <= digits[0] <= digits[1] <= 2.0
