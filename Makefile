@@ -151,17 +151,19 @@ bench-kill-resume: setup
 # steps, 1,024 held-out prompts every 50, +3 points (3 rounds took ~81 minutes); on the
 # default workload, 150 steps, nearly its whole held-out split (448 prompts), a threshold
 # of +6 points; on the agentic workload, 40 steps, 512 held-out episodes every 10 steps,
-# +6 points, TRL playing the episodes with benchmarks/trl_episodes.py.
+# +6 points, TRL playing the episodes with benchmarks/trl_episodes.py. Each round is kept
+# when it ends: PEER_ARGS="--stop-after 1" measures one a sitting, and the invocation that
+# finds all five kept writes the table.
 bench-peer: setup
-	$(PY) -m benchmarks.peer_trl --rounds 5 --steps 400 --eval-every 50
+	$(PY) -m benchmarks.peer_trl --rounds 5 --steps 400 --eval-every 50 $(PEER_ARGS)
 
 bench-peer-default: setup
 	$(PY) -m benchmarks.peer_trl --config configs/default.yaml --rounds 5 --steps 150 \
-	  --eval-every 25 --eval-prompts 448 --gain 0.06
+	  --eval-every 25 --eval-prompts 448 --gain 0.06 $(PEER_ARGS)
 
 bench-peer-agentic: setup
 	$(PY) -m benchmarks.peer_trl --config configs/agentic.yaml --rounds 5 --steps 40 \
-	  --eval-every 10 --eval-prompts 512 --gain 0.06
+	  --eval-every 10 --eval-prompts 512 --gain 0.06 $(PEER_ARGS)
 
 bench-quick: setup
 	$(PY) -m benchmarks.peer_trl --quick
@@ -242,7 +244,8 @@ bench-staleness: setup
 	$(PY) -m benchmarks.staleness --steps 60 --seeds 0 1 2 --write
 
 # The trajectory store, dispatcher and a parameter relay under hundreds of simulated rollout
-# workers (threads, no vLLM), beside what the simulator says 64-1024 accelerators need (~2 min).
+# workers (threads, no vLLM), beside what the simulator says 64-1024 accelerators need, then a
+# ramp from the 1024-accelerator demand (held a minute) to four times it (~5 min).
 bench-control: setup
 	$(PY) -m benchmarks.control_plane --write
 

@@ -32,16 +32,20 @@ Components, in one local Ray session (127.0.0.1), fresh controllers for every lo
   what the control plane must serve at scale (``Demand``).
 
 A level's sustained rate is acknowledged samples per second; it is saturated when it falls
-short of the offered rate. On 2 cores the rollout workers, the trainer and Ray's own
-processes share the machine with the controllers, so the report also projects each
-controller's load at scale: the simulator's demand times the CPU each unit of work cost here
-(a sample through the store, a held take, a report, a take at the cell's shape measured in
-process, a relay check), a node's relay answering the engines on its node
-(``weights.relays: per_node``). A controller runs its calls one at a time and also waits
-(the dispatcher, for the store to take the previous take's ledger events), which CPU time
-leaves out: the projected load is a lower bound.
+short of the offered rate. After the levels comes the ramp: as many workers as the largest
+simulated demand has engines (7B on 1024 accelerators: 418), offered that demand's rate for
+RAMP_FIRST_S (a minute), then two, three and four times it, which shows the rate at which
+the control plane stops keeping up, measured rather than projected. On 2 cores the rollout
+workers, the trainer and Ray's own processes share the machine with the controllers, so the
+report also projects each controller's load at scale: the simulator's demand times the CPU
+each unit of work cost here (a sample through the store, a held take, a report, a take at
+the cell's shape measured in process with its ledger events sent to a real store, a relay
+check), a node's relay answering the engines on its node (``weights.relays: per_node``). A
+controller runs its calls one at a time and also waits (the dispatcher, for the store to
+take the previous take's ledger events), which CPU time leaves out: the projected load is a
+lower bound.
 
-    .venv/bin/python -m benchmarks.control_plane            # about 155 s
+    .venv/bin/python -m benchmarks.control_plane            # about 5 minutes
     .venv/bin/python -m benchmarks.control_plane --quick    # about 55 s, smoke use
     .venv/bin/python -m benchmarks.control_plane --write    # also into BENCHMARKS.md
 """
@@ -171,6 +175,10 @@ SATURATION_GROWTH = 1.1
 SAFE_HEADROOM = 3.0
 FULL_LEVELS = "64:1000 256:1500 512:1500"
 QUICK_LEVELS = "32:500 128:1500"
+# The ramp: the largest simulated demand (its engines, its samples/s) times these, after the
+# levels; the first held for RAMP_FIRST_S, the rest for --window each.
+RAMP = (1, 2, 3, 4)
+RAMP_FIRST_S = 60.0
 
 
 # -- pure parts: latencies, demand, ceilings -----------------------------------------------------
@@ -364,14 +372,20 @@ class _NoLedger:
 
 
 def take_cost(
-    engines: int, want: int, groups_per_step: int = GROUPS_PER_STEP, takes: int = 10
+    engines: int,
+    want: int,
+    groups_per_step: int = GROUPS_PER_STEP,
+    takes: int = 10,
+    ledger: Any = None,
 ) -> float:
     """Seconds one ``take`` of ``want`` groups costs the real dispatcher (``GroupDispatcher``,
-    in this process, no Ray) once ``engines`` workers have reported their loads and its
-    look-ahead pool is full, as at scale: building a request per pooled group, planning them
-    over every worker (``rl.dispatch.plan``) and the ``dispatched`` ledger events."""
+    in this process) once ``engines`` workers have reported their loads and its look-ahead
+    pool is full, as at scale: building a request per pooled group, planning them over every
+    worker (``rl.dispatch.plan``) and sending the ``dispatched`` ledger events to ``ledger``
+    (a ``StoreClient`` of a real store, as in a run; None: dropped)."""
+    sink = ledger or _NoLedger()
     dispatcher = GroupDispatcher(
-        _NoLedger(), _Prompts(), ENV, groups_per_step, GROUP, UNBOUNDED, 0, long_first=True,
+        sink, _Prompts(), ENV, groups_per_step, GROUP, UNBOUNDED, 0, long_first=True,
         balance=True, prior_length=float(WORKLOADS["7B"].lengths.median),
     )  # fmt: skip
     for w in range(engines):
@@ -381,7 +395,22 @@ def take_cost(
     clock = time.perf_counter()
     for i in range(takes):
         dispatcher.take(i % engines, want, 0)
+    sink.settle_records()  # the store has taken every take's events
     return (time.perf_counter() - clock) / takes
+
+
+def take_costs(shapes: Sequence[tuple[int, int]], folder: Path) -> dict[tuple[int, int], float]:
+    """``take_cost`` at each (engines, groups a take) shape, its ledger events going to a real
+    trajectory store (a fresh one a shape, its ledger under ``folder``)."""
+    costs = {}
+    for i, shape in enumerate(sorted(shapes)):
+        (folder / f"takes-{i}").mkdir(parents=True)
+        store = create_store(f"file://{folder / f'takes-{i}'}", capacity=GROUP)
+        try:
+            costs[shape] = take_cost(*shape, ledger=StoreClient(store))
+        finally:
+            ray.kill(store)
+    return costs
 
 
 @dataclass(frozen=True)
@@ -1247,11 +1276,13 @@ def _times(x: float) -> str:
 
 
 def costs_of(
-    results: Sequence[LevelResult], probes: Sequence[ProbeResult], demands: Sequence[Demand]
+    results: Sequence[LevelResult],
+    probes: Sequence[ProbeResult],
+    takes: dict[tuple[int, int], float],
 ) -> Costs:
     """The CPU cost of each unit of work: the store's from the level that carried the most,
     the dispatcher's per call and the relay's per check from the probes, a take's own work
-    in process at each cell's shape."""
+    at each cell's shape (``take_costs``)."""
     best = max(results, key=lambda r: r.acked_s)
     relay, held, reported = probes[0], probes[1], probes[2]
     for what, rate in (
@@ -1262,13 +1293,54 @@ def costs_of(
     ):
         if rate <= 0:
             raise RuntimeError(f"{what}: nothing got through, so no cost can be derived")
-    shapes = {(d.engines, d.groups_per_take) for d in demands}
     return Costs(
         store_per_sample=best.cpu["store"] / best.acked_s,
         call=held.cpu / held.calls_s,
         report=reported.cpu / reported.calls_s,
         relay_per_check=relay.cpu / relay.calls_s,
-        take={shape: take_cost(*shape) for shape in sorted(shapes)},
+        take=takes,
+    )
+
+
+def largest_demand(demands: Sequence[Demand]) -> Demand:
+    """The cell and policy at the largest size that asks for the most samples a second."""
+    return max((d for d in demands if d.accelerators == max(SIZES)), key=lambda d: d.samples_s)
+
+
+def ramp_levels(demand: Demand, window_s: float) -> list[tuple[Load, float]]:
+    """The ramp at ``demand``'s engines: RAMP times its samples/s, each with its window (the
+    first, at the demand itself, RAMP_FIRST_S)."""
+    return [
+        (Load(demand.engines, times * demand.samples_s), RAMP_FIRST_S if i == 0 else window_s)
+        for i, times in enumerate(RAMP)
+    ]
+
+
+def ramp_text(demand: Demand, ramp: Sequence[LevelResult]) -> str:
+    """What the ramp shows: the demand held, and where the control plane saturates."""
+    held = ramp[0]
+    text = (
+        f"The ramp: {demand.engines} rollout workers, the engines of the largest demand "
+        f"({demand.model} x{demand.accelerators}, {demand.policy}: {demand.samples_s:,.0f} "
+        f"samples/s), offered {', '.join(f'{t}x' for t in RAMP)} that rate. At the demand "
+        f"itself, held {held.window_s:.0f} s: {held.acked_s:,.0f} samples/s acknowledged "
+        f"({held.acked_s / held.offered:.0%} of the offered rate), takes "
+        f"{held.latency['take'].ms()} ms p50 / p99, {_ledger(held)}. "
+    )
+    short = next((r for r in ramp if r.acked_s < SATURATION_SHARE * r.offered), None)
+    most = max(ramp, key=lambda r: r.acked_s)
+    times = most.acked_s / demand.samples_s
+    if short is None:
+        return text + (
+            f"Every step carried at least {SATURATION_SHARE:.0%} of its offered rate, up to "
+            f"{most.acked_s:,.0f} samples/s ({times:.1f}x the demand): saturation lies above."
+        )
+    return text + (
+        f"It saturates at {short.offered / demand.samples_s:.0f}x: offered "
+        f"{short.offered:,.0f}, it carried {short.acked_s:,.0f} "
+        f"({short.acked_s / short.offered:.0%}); the most any step carried was "
+        f"{most.acked_s:,.0f} samples/s, {times:.1f}x the demand"
+        + (f", below {SAFE_HEADROOM:g}x." if times < SAFE_HEADROOM else ".")
     )
 
 
@@ -1293,7 +1365,7 @@ def scale_table(demands: Sequence[Demand], costs: Costs, ceiling: Ceiling) -> st
         ("samples/s", lambda c: f"{samples(c):,.0f}"),
         ("end to end here", lambda c: _times(headroom(ceiling.samples_s, samples(c)))),
         ("store busy (headroom)", busy(costs.store)),
-        ("take ms (in process)",
+        ("take ms (in process, real ledger)",
          lambda c: f"{1e3 * costs.take[c[1][0].engines, c[1][0].groups_per_take]:.1f}"),
         ("takes/s, reports/s, held takes/s",
          lambda c: f"{most(lambda d: d.takes_s)(c):,.1f}, {most(lambda d: d.reports_s)(c):,.0f}, "
@@ -1340,6 +1412,7 @@ def verdict(ceiling: Ceiling, demands: Sequence[Demand], costs: Costs) -> str:
 
 def report(
     results: list[LevelResult],
+    ramp: list[LevelResult],
     probes: list[ProbeResult],
     demands: list[Demand],
     costs: Costs,
@@ -1347,7 +1420,20 @@ def report(
     elapsed: float,
     load_before: float,
 ) -> str:
-    ceiling = find_ceiling(results)
+    found = find_ceiling(results)
+    ceiling = Ceiling(max(r.acked_s for r in [*results, *ramp]), found.saturated)
+    top = largest_demand(demands)
+    ramp_lines = (
+        [
+            ramp_text(top, ramp),
+            "",
+            _table([("x demand", lambda r: f"{r.offered / top.samples_s:.0f}x"),
+                    ("seconds", lambda r: f"{r.window_s:.0f}"), *LEVEL_COLUMNS], ramp),
+            "",
+        ]
+        if ramp
+        else []
+    )  # fmt: skip
     command = " ".join(["python -m benchmarks.control_plane", *sys.argv[1:]])
     lines = [
         f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
@@ -1372,6 +1458,7 @@ def report(
         "",
         _table(LEVEL_COLUMNS, results),
         "",
+        *ramp_lines,
         f"Call rates, {probes[0].callers} callers back to back (projected: over the "
         "controller's CPU share):",
         "",
@@ -1391,7 +1478,7 @@ def report(
         f"of work cost here: {costs.store_per_sample * 1e3:.2f} ms a sample in the store, "
         f"{costs.call * 1e3:.2f} ms a held take, {costs.report * 1e3:.2f} ms a report, "
         f"{costs.relay_per_check * 1e3:.2f} ms a relay check, plus a take's own work, "
-        "measured in process at the cell's shape: "
+        "measured in process at the cell's shape, its ledger events sent to a real store: "
         f"{GROUPS_PER_STEP} groups a step, every engine reporting), and the headroom, 1 / "
         "busy; for each kind of work the larger demand of the two policies:",
         "",
@@ -1399,7 +1486,7 @@ def report(
         "",
         verdict(ceiling, demands, costs),
     ]
-    for r in results:
+    for r in [*results, *ramp]:
         for name, frames in r.profile.items():
             shown = "; ".join(f"{frame} {share:.0%}" for frame, share in frames)
             lines += [
@@ -1456,6 +1543,12 @@ def main() -> None:
     def say(text: str) -> None:
         print(f"[{time.monotonic() - started:3.0f} s] {text}", flush=True)
 
+    demands = simulated_demand(args.sim_steps)
+    say(f"the demand of {len(demands)} simulated cells")
+    # The ramp needs the full run's windows: --quick and chosen --levels leave it out.
+    top = largest_demand(demands)
+    ramp_plan = [] if args.quick or args.levels else ramp_levels(top, args.window)
+
     folder = Path(tempfile.mkdtemp(prefix="sluice-bench-control-"))
     ray.init(
         address="local",
@@ -1471,13 +1564,15 @@ def main() -> None:
         hosts = [WorkerHost.remote(seed) for seed in range(HOSTS)]  # type: ignore[attr-defined]
         ray.get([h.pid.remote() for h in hosts])
         say(f"{HOSTS} worker hosts are up")
-        results = []
-        for i, (workers, offered) in enumerate(levels):
-            r = run_level(Load(workers, offered), hosts, folder / f"level-{i}",
-                          args.window, args.step_s, not args.no_profile)  # fmt: skip
-            results.append(r)
+        results, ramp = [], []
+        plan = [(Load(w, rate), args.window) for w, rate in levels] + ramp_plan
+        for i, (load, window) in enumerate(plan):
+            r = run_level(load, hosts, folder / f"level-{i}", window, args.step_s,
+                          not args.no_profile)  # fmt: skip
+            (results if i < len(levels) else ramp).append(r)
             say(
-                f"{workers} workers, {offered:,.0f} offered: {r.acked_s:,.0f} acked samples/s, "
+                f"{load.workers} workers, {load.offered:,.0f} offered for {window:.0f} s: "
+                f"{r.acked_s:,.0f} acked samples/s, "
                 f"take {r.latency['take'].ms()} ms, put {r.latency['put'].ms()} ms; CPU "
                 + ", ".join(f"{k} {v:.2f}" for k, v in {**r.cpu, **r.others_cpu}.items())
                 + f"; fleet loaded {_loaded(r)}; {_ledger(r)}; stopped in {r.stop_s:.1f} s"
@@ -1485,14 +1580,14 @@ def main() -> None:
         probes = run_probes(hosts, args.probe_callers, args.probe_s)
         for p in probes:
             say(f"{p.name}: {p.calls_s:,.0f} calls/s, controller CPU {p.cpu:.2f}")
+        takes = take_costs({(d.engines, d.groups_per_take) for d in demands}, folder)
+        say("a take's cost at each cell's shape, through a real store")
     finally:
         ray.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
-    demands = simulated_demand(args.sim_steps)
-    say(f"the demand of {len(demands)} simulated cells")
-    costs = costs_of(results, probes, demands)
-    say("a take's cost at each cell's shape")
-    text = report(results, probes, demands, costs, args, time.monotonic() - started, load_before)
+    costs = costs_of([*results, *ramp], probes, takes)
+    elapsed = time.monotonic() - started
+    text = report(results, ramp, probes, demands, costs, args, elapsed, load_before)
     print(text)
     if args.write:
         write_section("control-plane", "Control plane under load", text)

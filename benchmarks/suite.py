@@ -65,7 +65,7 @@ USUAL_MINUTES = {
     "bench-datasets": 1,
     "bench-agentic": 18,
     "bench-staleness": 22,
-    "bench-control": 2,
+    "bench-control": 6,
     "bench-engines": 10,
     "bench-ranks": 13,
     "bench-adapters": 1,

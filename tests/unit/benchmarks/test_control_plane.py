@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,14 +27,18 @@ from benchmarks.control_plane import (
     demand_of,
     find_ceiling,
     headroom,
+    largest_demand,
     length_pool,
     parse_levels,
     percentile,
     projected,
+    ramp_levels,
+    ramp_text,
     run_level,
     simulated_demand,
     summarise,
     take_cost,
+    take_costs,
     top_frames,
     verdict,
 )
@@ -283,3 +288,44 @@ def test_a_small_level_runs_the_real_controllers_and_the_ledger_is_exactly_once(
     assert ledger["dispatched"] == ledger["trained"] + ledger["dropped"] > 0
     assert ledger["trained"] > 0 and result.rates["takes"] > 0
     assert set(result.cpu) == {"store", "dispatcher", "relay"}
+
+
+def test_a_take_costs_the_same_path_with_its_events_sent_to_a_real_store(ray_local, tmp_path):
+    (shape,) = take_costs([(4, 2)], tmp_path).items()
+    assert shape[0] == (4, 2) and 0.0 < shape[1] < 1.0
+
+
+def test_the_ramp_runs_at_the_largest_demands_engines_from_its_rate_up():
+    small = Demand("7B", 64, "p", 26, 256, 40.0, 30.0, group=16)
+    busy = Demand("7B", 1024, "k=16", 418, 256, 482.0, 480.0, group=16)
+    calm = Demand("7B", 1024, "k=2", 418, 256, 190.0, 190.0, group=16)
+    assert largest_demand([small, calm, busy]) is busy
+    plan = ramp_levels(busy, window_s=15.0)
+    assert [(load.workers, load.offered, window) for load, window in plan] == [
+        (418, 482.0, 60.0),  # the demand itself, held a minute
+        (418, 964.0, 15.0),
+        (418, 1446.0, 15.0),
+        (418, 1928.0, 15.0),
+    ]
+
+
+def _ramp_level(offered: float, acked: float, window: float = 15.0) -> LevelResult:
+    return replace(
+        _level(418, offered, acked),
+        window_s=window,
+        latency={"take": summarise([0.01, 0.02])},
+        ledger={"dispatched": 10, "trained": 8, "dropped": 2},
+    )
+
+
+def test_the_ramp_says_where_it_saturated_and_against_three_times_the_demand():
+    busy = Demand("7B", 1024, "k=16", 418, 256, 500.0, 500.0, group=16)
+    ramp = [_ramp_level(500, 495, 60.0), _ramp_level(1000, 990), _ramp_level(1500, 1200)]
+    text = ramp_text(busy, ramp)
+    assert "held 60 s: 495 samples/s acknowledged (99% of the offered rate)" in text
+    assert text.endswith(
+        "It saturates at 3x: offered 1,500, it carried 1,200 (80%); the most any step "
+        "carried was 1,200 samples/s, 2.4x the demand, below 3x."
+    )
+    kept_up = ramp_text(busy, ramp[:2])
+    assert kept_up.endswith("up to 990 samples/s (2.0x the demand): saturation lies above.")
