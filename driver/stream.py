@@ -180,6 +180,7 @@ class StreamRollouts:
                 log.warning(warning)
             metrics[f"rollout/worker{w}/weight_pull_s"] = delta["pull_s"]
             metrics[f"rollout/worker{w}/weight_loads"] = delta["weight_loads"]
+            metrics[f"rollout/worker{w}/weight_pull_failures"] = delta["weight_pull_failures"]
             for name, value in delta.items():
                 if name in EPISODE_COUNTERS or name.startswith("tool_errors/"):
                     episodes[name] = episodes.get(name, 0.0) + value

@@ -161,6 +161,12 @@ class ParameterError(RuntimeError):
     """A publish or pull failed; the message names the version, the relay and the timeout."""
 
 
+class PullFailed(ParameterError):
+    """A pulled version could not be read before any of it reached the engine (a bucket
+    lost, late, or not what was published): the engine still serves what it served, and a
+    later pull can fetch a newer version."""
+
+
 # -- buckets -------------------------------------------------------------------------------
 
 
@@ -360,11 +366,14 @@ class Weights:
         if self._checked:
             return
         for index, published in enumerate(self.digests):
-            header, data = self._bucket(index)
+            try:
+                header, data = self._bucket(index)
+            except ParameterError as err:
+                raise PullFailed(str(err)) from err
             received = bucket_digest(header, data)
             del header, data
             if received != published:
-                raise ParameterError(
+                raise PullFailed(
                     f"bucket {index} of version {self.version} from relay {self.relay} is not "
                     f"what the trainer published (digest {received}, published {published}): "
                     "its bytes were cut or changed on the way. Nothing of it was loaded"

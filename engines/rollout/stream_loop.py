@@ -13,6 +13,7 @@ they stand (``keep``), and a resumed run's are handed to it to go on with.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -40,8 +41,16 @@ from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.scoring import RecordedScorer, Scorer
 from sluice.rl.dispatch import InFlight
 from sluice.storage.block_builder import VersionRuns
-from sluice.storage.params import ParameterService, PendingPull, Weights, digest_number
+from sluice.storage.params import (
+    ParameterService,
+    PendingPull,
+    PullFailed,
+    Weights,
+    digest_number,
+)
 from sluice.storage.trajectory_store import StoreClient
+
+log = logging.getLogger(__name__)
 
 # How often a worker that needs a version asks the relay again.
 RELAY_POLL_S = 0.005
@@ -229,7 +238,16 @@ class StreamLoop(SampleRunner):
     def load_newer(self) -> None:
         assert self.newer is not None
         version = self.newer.version
-        self.host.load(self.newer)
+        try:
+            self.host.load(self.newer)
+        except PullFailed as err:
+            # Nothing of it reached the engine: go on with the weights it has, and take the
+            # newest version at the next check (a relay keeps one: a slow pull can find the
+            # version it was answered gone).
+            log.warning("rollout worker %d skips version %d: %s", self.s.worker, version, err)
+            self.newer = None
+            self.counters["weight_pull_failures"] += 1
+            return
         self.newer = None  # the version may go from the object store once the relay drops it
         self.counters["weight_loads"] += 1
         for request, sample in self.running.items():  # tokens from here on: `version`

@@ -123,7 +123,13 @@ class RolloutWorker:
         # The digest of what the engine loaded of its version ("": none pulled yet).
         self.served_digest = ""
         # Running totals kept on the worker, so they survive a pause of the stream.
-        self.stream_counters = {"busy_s": 0.0, "idle_s": 0.0, "pull_s": 0.0, "weight_loads": 0.0}
+        self.stream_counters = {
+            "busy_s": 0.0,
+            "idle_s": 0.0,
+            "pull_s": 0.0,
+            "weight_loads": 0.0,
+            "weight_pull_failures": 0.0,
+        }
 
     @property
     def store(self) -> StoreClient:

@@ -200,6 +200,7 @@ class FakeDispatcher:
             "idle_s": 1.0,
             "pull_s": 0.1,
             "weight_loads": 2.0,
+            "weight_pull_failures": 0.0,
             "version": 4.0,
             "pid": 42.0,
         }

@@ -25,6 +25,7 @@ from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.prompts import PromptStream
 from sluice.envs.scoring import VerifierScorer
+from sluice.storage.params import PullFailed
 from sluice.storage.schema import validate_batch
 
 
@@ -321,6 +322,31 @@ def test_a_weight_load_marks_the_token_where_it_lands_in_a_continued_sample():
     stream.newer = SimpleNamespace(version=4)
     stream.load_newer()
     assert sample.marks == [(0, 0), (13, 4)]  # 10 it had, then 3 generated under version 0
+
+
+class _Lost(_Counting):
+    """An engine whose pull of a version fails before any of it is read (a lost bucket)."""
+
+    def load_weights(self, weights, version) -> None:
+        raise PullFailed(f"bucket 0 of version {version} from relay 0 failed: its buckets are lost")
+
+
+def test_a_version_lost_before_any_of_it_is_read_is_skipped_and_asked_again(caplog):
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    [problem] = env.problems("train", 1, seed=0)
+    counters = {"weight_loads": 0.0, "weight_pull_failures": 0.0}
+    worker = _worker(engine=_Lost(), env=env, stream_counters=counters)
+    stream = StreamLoop(worker, _Source(), StreamSettings(0, 1, 32, 1.0, False, 8))
+    sample = PartialSample("g", 0, 1.0, token_ids=list(range(10)), marks=[(0, 0)])
+    stream.groups["g"] = PartialGroup(problem, [1], [sample], seed=0)
+    stream.begin("g", stream.groups["g"], sample)
+    stream.newer = SimpleNamespace(version=4)
+    with caplog.at_level("WARNING"):
+        stream.load_newer()  # the worker goes on: no exception
+    assert stream.newer is None  # the next weight check asks for the newest again
+    assert sample.marks == [(0, 0)]  # its tokens stay on the version it had
+    assert (stream.counters["weight_loads"], stream.counters["weight_pull_failures"]) == (0, 1)
+    assert "rollout worker 0 skips version 4: bucket 0 of version 4" in caplog.text
 
 
 class _Starts:
