@@ -101,7 +101,13 @@ from sluice.sim.results import SimResult
 from sluice.sim.scenario import ClusterSpec
 from sluice.storage.batches import TRAIN_FIELDS
 from sluice.storage.ledger import Ledger, LedgerEvent, check_exactly_once, dispatch_accounting
-from sluice.storage.params import NamedTensors, ParameterService, PendingPull
+from sluice.storage.params import (
+    NamedTensors,
+    ParameterError,
+    ParameterService,
+    PendingPull,
+    PullFailed,
+)
 from sluice.storage.trajectory_store import (
     DispatchRecovery,
     StoreClient,
@@ -600,7 +606,14 @@ class ClockEngine:
     def load_weights(self, weights: NamedTensors | list[bytes], version: int) -> None:
         # Each tensor read as an engine reads it (bucket by bucket out of the object store);
         # the copy into a model is the data plane's (benchmarks/weights.py).
-        self.tensors_read = sum(1 for _ in weights)
+        try:
+            self.tensors_read = sum(1 for _ in weights)
+        except ParameterError as err:
+            # A bucket gone half way through the read (Ray has freed objects a borrower
+            # still held under this load): a real engine would hold part of the version and
+            # its worker fail; a clock holds no weights, so it stays on its version and the
+            # stream loop logs the skip ("skips version", in the host's log).
+            raise PullFailed(str(err)) from err
         self._version = version
 
     def version(self) -> int:
