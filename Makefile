@@ -245,7 +245,7 @@ bench-staleness: setup
 
 # The trajectory store, dispatcher and a parameter relay under hundreds of simulated rollout
 # workers (threads, no vLLM), beside what the simulator says 64-1024 accelerators need, then a
-# ramp from the 1024-accelerator demand (held a minute) to four times it (~5 min).
+# ramp from the 1024-accelerator demand (held a minute) to four times it (~9 min).
 bench-control: setup
 	$(PY) -m benchmarks.control_plane --write
 

@@ -45,7 +45,7 @@ controller runs its calls one at a time and also waits (the dispatcher, for the 
 take the previous take's ledger events), which CPU time leaves out: the projected load is a
 lower bound.
 
-    .venv/bin/python -m benchmarks.control_plane            # about 5 minutes
+    .venv/bin/python -m benchmarks.control_plane            # about 9 minutes
     .venv/bin/python -m benchmarks.control_plane --quick    # about 55 s, smoke use
     .venv/bin/python -m benchmarks.control_plane --write    # also into BENCHMARKS.md
 """
