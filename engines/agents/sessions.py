@@ -4,10 +4,10 @@ An agent written against an OpenAI client sends the whole conversation with ever
 A ``ChatSession`` keeps what the engine actually saw and sampled: the first call's messages
 rendered with the model's chat template (generation prompt included) and tokenized; after
 that, each call must continue the conversation the session holds (the same messages, the
-assistant's replies where they were, then new ones), and only the new messages are
-rendered, as the template puts them after a finished assistant turn
-(``engines/agents/chat_template.py``): tokenized once and appended with loss mask 0. Earlier turns
-are never re-rendered or re-tokenized, so a template that would render a past reply
+assistant's replies where they were, an empty one possibly left out, then new ones), and
+only the new messages are rendered, as the template puts them after a finished assistant
+turn (``engines/agents/chat_template.py``): tokenized once and appended with loss mask 0.
+Earlier turns are never re-rendered or re-tokenized, so a template that would render a past reply
 differently (tool calls, thinking stripped) changes nothing. A call that rewrites the
 history is a ``SessionError``; the endpoint answers it with an error and the episode fails.
 
@@ -65,6 +65,23 @@ def _same_turn(sent: dict[str, Any], held: dict[str, Any]) -> bool:
     if sent["role"] != held["role"]:
         return False
     return held["role"] == "assistant" or sent["content"] == held["content"]
+
+
+_EMPTY_REPLY = {"role": "assistant", "content": ""}
+
+
+def _continuation(sent: list[dict[str, Any]], held: list[dict[str, Any]]) -> int | None:
+    """Where the new messages start in ``sent`` when it repeats the ``held`` conversation;
+    None when it does not, or adds nothing. An empty reply of the assistant may be left
+    out: agents that keep their history as output items drop a reply with no text and no
+    tool call (the OpenAI Agents SDK does); its tokens stay in the sequence as sampled."""
+    at = 0
+    for message in held:
+        if at < len(sent) and _same_turn(sent[at], message):
+            at += 1
+        elif message["role"] != "assistant" or message["content"].strip():
+            return None
+    return at if at < len(sent) else None
 
 
 def _call_key(call: Any) -> tuple[str, Any]:
@@ -129,17 +146,16 @@ class ChatSession:
             self.prompt_ids = list(turns.tokenizer(text, add_special_tokens=False)["input_ids"])
             self.messages = plain
             return list(self.prompt_ids)
-        known = len(self.messages)
-        if len(plain) <= known or not all(
-            _same_turn(sent, held) for sent, held in zip(plain, self.messages, strict=False)
-        ):
+        start = _continuation(plain, self.messages)
+        if start is None:
             raise SessionError(
                 "the messages do not continue this session: send its earlier messages and "
                 "the assistant's replies, then new ones"
             )
-        if self.alternatives:
-            self._keep(plain[known - 1])
-        new = plain[known:]
+        if self.alternatives:  # the latest reply: sent back, or left out when empty
+            latest = plain[start - 1]
+            self._keep(latest if latest["role"] == "assistant" else _EMPTY_REPLY)
+        new = plain[start:]
         if new[0]["role"] == "assistant":
             raise SessionError("a message after the assistant's reply is the assistant's again")
         try:

@@ -20,6 +20,7 @@ from sluice.engines.agents.sessions import ChatSessions
 from sluice.envs import Problem
 
 PROBLEM = Problem("p/0", "chat", "What is 2+3?", "5", "train")
+SILENT = Problem("p/1", "chat", "Say nothing.", "", "train")  # its first reply is empty
 ROOT = Path(__file__).parents[4]
 
 
@@ -35,6 +36,8 @@ def served(bpe_policy):
         if choice == 0:
             asked.append(list(ids))
         text = "The sum is 5" if choice == 0 else f"The sum is {5 + choice}"
+        if session.problem is SILENT and session.calls == 0:
+            text = ""
         reply = tokenizer(text, add_special_tokens=False)["input_ids"]
         done: Future[Generated] = Future()
         tokens = [*reply, end][:max_tokens]
@@ -91,6 +94,31 @@ def test_bad_calls_get_errors_and_a_rewritten_history_fails_the_session(served):
     sessions.close("s2")
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="any", messages=messages)
+
+
+def test_an_agent_that_leaves_out_an_empty_reply_continues_its_session(served):
+    """The OpenAI Agents SDK keeps its history as output items and drops a reply with no
+    text: the next call repeats the conversation without it."""
+    endpoint, sessions, tokenizer, _, sampled = served
+    session = sessions.open("quiet", SILENT)
+    client = openai.OpenAI(base_url=endpoint.base_url("quiet"), api_key="none", max_retries=0)
+    messages = [{"role": "user", "content": SILENT.prompt}]
+    first = client.chat.completions.create(model="any", messages=messages)
+    assert first.choices[0].message.content == ""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert session.token_ids == [end]
+    messages.append({"role": "user", "content": "Say it."})  # no assistant message between
+    second = client.chat.completions.create(model="any", messages=messages)
+    assert second.choices[0].message.content == "The sum is 5"
+    added = tokenizer(
+        "\n<|im_start|>user\nSay it.<|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )["input_ids"]
+    assert session.token_ids == [end, *added, *sampled]
+    assert session.mask == [1] + [0] * len(added) + [1] * len(sampled)
+    left_out = [*messages, {"role": "user", "content": "Once more."}]  # a full reply dropped
+    with pytest.raises(openai.BadRequestError, match="do not continue this session"):
+        client.chat.completions.create(model="any", messages=left_out)
 
 
 def test_a_streamed_call_gets_the_same_reply_and_the_session_the_same_tokens(served):
