@@ -65,6 +65,7 @@ def nodes():
 
 # What ``ray start`` says when its raylet did not register with the GCS in time.
 STARTUP_TIMEOUT = "The current node timed out during startup"
+STARTUP_RETRIES = 2  # starts after the first that timed out so (a CI box timed out twice)
 
 
 def _port_flags() -> list[str]:
@@ -189,17 +190,29 @@ class RayNodes:
             )
 
     def _restart_timed_out(self, names: list[str]) -> list[str]:
-        """Start again, once, the nodes among ``names`` whose ``ray start`` gave up because
-        its raylet did not register within Ray's fixed 30 s (a loaded 2-core machine: the
-        other test process was starting vLLM); the names restarted."""
+        """Start again the nodes among ``names`` whose ``ray start`` gave up because its
+        raylet did not register within Ray's fixed 30 s (a loaded 2-core machine: the other
+        test process was starting vLLM), on fresh ports in case one was taken meanwhile;
+        the names restarted."""
         again = []
         for name in names:
             node = self.nodes[name]
             said = node.log.read_bytes()[self.log_from[name] :].decode(errors="replace")
             if node.proc.poll() is not None and STARTUP_TIMEOUT in said:
-                node.proc = self._launch(name, self.args[name])
+                args = self.args[name]
+                for flag in _PORT_FLAGS:
+                    if flag != "--ray-client-server-port":  # the head's: client_address
+                        args[args.index(flag) + 1] = str(free_port())
+                node.proc = self._launch(name, args)
                 again.append(name)
         return again
+
+    def _raylet_logs(self, name: str) -> str:
+        """The ends of a node's raylet logs: why it did not register, when it did not."""
+        logs = sorted((self.ray_tmp / name).glob("session_*/logs/raylet.*"))
+        return "\n".join(
+            f"--- {log.name}:\n{log.read_text(errors='replace')[-1500:]}" for log in logs
+        )
 
     @property
     def client_address(self) -> str:
@@ -233,11 +246,16 @@ class RayNodes:
         node that timed out starting up is started again once."""
         found = self._wait_state(names, state, timeout_s)
         missing = [n for n in names if found.get(n, {}).get("state") != state]
-        if state == 0 and self._restart_timed_out(missing):
+        for _ in range(STARTUP_RETRIES):
+            if state != 0 or not self._restart_timed_out(missing):
+                break
             found = self._wait_state(names, state, timeout_s)
-        missing = [n for n in names if found.get(n, {}).get("state") != state]
+            missing = [n for n in names if found.get(n, {}).get("state") != state]
         if missing:
-            logs = "\n".join(f"--- {n}:\n{self.nodes[n].log.read_text()[-2000:]}" for n in missing)
+            logs = "\n".join(
+                f"--- {n}:\n{self.nodes[n].log.read_text()[-2000:]}\n{self._raylet_logs(n)}"
+                for n in missing
+            )
             raise AssertionError(f"nodes {missing} not in state {state}: {found}\n{logs}")
         return dict(found)
 
