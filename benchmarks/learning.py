@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sqlite3
 import subprocess
@@ -157,6 +158,7 @@ def run_one(
         "machine": f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), "
         f"{platform.machine()}",
         "command": "sluice run " + config + "".join(f" --set {s}" for s in settings),
+        **({"pythonpath": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
     }
 
 
@@ -201,9 +203,12 @@ def table(records: list[dict], steps: int, config: str = CONFIG) -> str:
     machines = sorted({r["machine"] for r in records})
     folder = records_dir(config).relative_to(ROOT)
     which = "" if config == CONFIG else f"--config {config} "
+    paths = sorted({r["pythonpath"] for r in records if "pythonpath" in r})  # an example's code
+    env = "".join(f"PYTHONPATH={p} " for p in paths[:1])
     lines = [
         f"Records: `{folder}/` (commit {', '.join(commits)}; {'; '.join(machines)}).",
-        f"Command: `.venv/bin/python -m benchmarks.learning {which}--steps {steps} --seeds 0 1 2`.",
+        f"Command: `{env}.venv/bin/python -m benchmarks.learning {which}--steps {steps} "
+        "--seeds 0 1 2`.",
         "",
         *markdown_table(["variant", *(str(m) for m in marks)], rows),
     ]

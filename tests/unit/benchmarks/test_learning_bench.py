@@ -73,3 +73,22 @@ def test_another_configs_short_runs_get_every_evaluation_and_its_minutes():
     )
     assert lines[6] == "| as configured: minutes of RL | 0 (0-0) | 11 (10-12) | 20 (20-20) |"
     assert record_path("as configured", 1, 60, "configs/smollm2.yaml").parent.name == "smollm2"
+
+
+def test_an_examples_runs_name_the_pythonpath_its_code_needs():
+    runs = [
+        {
+            **_record("as configured", seed, {0: 0.2, 25: 0.3}, steps=200),
+            "config": "examples/my_project/agent.yaml",
+            "pythonpath": "examples/my_project",
+        }
+        for seed in range(3)
+    ]
+    command = table(runs, 200, "examples/my_project/agent.yaml").splitlines()[1]
+    assert command.startswith(
+        "Command: `PYTHONPATH=examples/my_project .venv/bin/python -m benchmarks.learning "
+        "--config examples/my_project/agent.yaml --steps 200"
+    )
+    assert record_path("as configured", 0, 200, "examples/my_project/agent.yaml").parent.name == (
+        "agent"
+    )
