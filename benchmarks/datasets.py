@@ -12,8 +12,8 @@ to a temporary folder, then in this process, as the driver of a run does
   dispatcher does, and read the process's resident memory (``VmRSS``) every 64k;
 - beside them, for scale: the same file read whole with ``pyarrow.parquet.read_table``.
 
-Prints a markdown table and a JSON line; ``--write`` also puts the table in BENCHMARKS.md
-(section "Data sets at start-up").
+Prints the section; ``--write`` also keeps the record (``benchmarks/records.py``) and puts
+the section in BENCHMARKS.md ("Data sets at start-up").
 
     .venv/bin/python -m benchmarks.datasets --write
 """
@@ -21,17 +21,14 @@ Prints a markdown table and a JSON line; ``--write`` also puts the table in BENC
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.report import measured_commit, write_section
+from benchmarks.records import Record, publish
 from benchmarks.tables import markdown_table
 from sluice.envs.dataset import Columns, DatasetEnv, DataSource
 
@@ -110,7 +107,9 @@ def measure(path: Path, take: int) -> dict[str, float]:
     }
 
 
-def table(m: dict[str, float], take: int) -> str:
+def render(record: Record) -> str:
+    """The section: the file, then start, streaming and the whole-file read."""
+    m, take = record.data["measured"], record.data["take"]
     rows = [
         ["start (check every prompt, held-out set, first batch)", f"{m['start_s']:.2f} s",
          f"+{m['start_rss_mb']:.0f} MB"],
@@ -120,30 +119,30 @@ def table(m: dict[str, float], take: int) -> str:
         ["for scale: read the file whole (pyarrow)", f"{m['read_whole_s']:.2f} s",
          f"+{m['read_whole_rss_mb']:.0f} MB"],
     ]  # fmt: skip
-    return "\n".join(markdown_table(["step", "time", "driver memory (RSS above the start)"], rows))
+    header = ["step", "time", "driver memory (RSS above the start)"]
+    return "\n".join(
+        [
+            f"{record.measured_on()}; `{record.command}`. A Parquet file of "
+            f"{int(m['rows']):,} rows ({m['file_mb']:.0f} MB).",
+            "",
+            *markdown_table(header, rows),
+        ]
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--take", type=int, default=524_288)
-    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sluice-bench-data-") as folder:
         path = write_file(Path(folder), args.rows)
         m = measure(path, args.take)
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    body = (
-        f"Measured {when} at {measured_commit()} on {platform.node() or 'this machine'} "
-        f"({platform.machine()}, "
-        f"{platform.python_version()}); `.venv/bin/python -m benchmarks.datasets "
-        f"--write`. A Parquet file of {int(m['rows']):,} rows ({m['file_mb']:.0f} MB).\n\n"
-        + table(m, args.take)
-    )
-    print(body)
-    print(json.dumps(m))
-    if args.write:
-        write_section("datasets", "Data sets at start-up", body)
+    data = {"rows": args.rows, "take": args.take, "measured": m}
+    publish(Record.measured("datasets", "Data sets at start-up", render, data), args.write)
 
 
 if __name__ == "__main__":

