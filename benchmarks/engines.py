@@ -9,8 +9,8 @@ engines alike, cancels out. The first ``warmup`` rounds are left out. Also repor
 median step time, its interquartile range, and how long building each engine took; a
 throwaway DeepSpeed engine is built first, so one-time costs (the process group, DeepSpeed's
 first initialisation) are reported on their own. DeepSpeed runs as one rank (a world of one,
-gloo), as it does in a Ray trainer actor. Writes the table into BENCHMARKS.md between
-markers.
+gloo), as it does in a Ray trainer actor. Prints the section; unless ``--no-write``, keeps the
+record (``benchmarks/records.py``) and writes the section in BENCHMARKS.md.
 
     .venv/bin/python -m benchmarks.engines --repeats 15
 """
@@ -25,9 +25,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from benchmarks.report import write_section
-from benchmarks.tables import markdown_table, measured_on
+from benchmarks.records import Record, publish
+from benchmarks.tables import markdown_table
 from sluice.config.tree import PolicyConfig, TrainConfig
 from sluice.engines.train.trainer import PolicyTrainer, build_engine
 from sluice.policy.starting import build_model, build_tokenizer, save_policy
@@ -106,77 +107,71 @@ def step_times(
     return times
 
 
-def measure(cfg: PolicyConfig, repeats: int, warmup: int, threads: int) -> dict[str, dict]:
-    """Per engine: step-time median, quartiles and build time on one policy size."""
+def measure(cfg: PolicyConfig, repeats: int, warmup: int, threads: int) -> dict[str, Any]:
+    """On one policy size: its parameters, and per engine its build seconds and the seconds
+    of each timed step (``step_times``)."""
     with tempfile.TemporaryDirectory(prefix="sluice-bench-engines-") as tmp:
         tok = build_tokenizer()
         model = build_model(cfg, len(tok), seed=0)
         params = sum(p.numel() for p in model.parameters())
         save_policy(model, tok, Path(tmp))
         built = {label: _build(Path(tmp), stage, threads) for label, stage in ENGINES}
-        torch_label = ENGINES[0][0]
         batch = fixed_batch(len(tok), next(iter(built.values()))[0].pad_id)
         times = step_times({label: t for label, (t, _) in built.items()}, batch, repeats, warmup)
-    results = {}
-    for label, samples in times.items():
-        q1, _, q3 = statistics.quantiles(samples, n=4)
-        ratios = [t / base for t, base in zip(samples, times[torch_label], strict=True)]
-        results[label] = {
-            "ratio": statistics.median(ratios),
-            "median": statistics.median(samples),
-            "q1": q1,
-            "q3": q3,
-            "build_s": built[label][1],
-            "params": params,
-            "tokens": int(batch.mask.sum()),
-        }
-    return results
+    return {
+        "params": params,
+        "build_s": {label: seconds for label, (_, seconds) in built.items()},
+        "step_s": times,
+    }
 
 
-def table(
-    results: dict[str, dict[str, dict]],
-    repeats: int,
-    warmup: int,
-    threads: int,
-    one_time_s: float,
-    loads: tuple[float, float],
-) -> str:
-    lines = [
-        f"{measured_on('torch', 'deepspeed', 'transformers')} (cores shared); "
-        f"float32, {threads} torch thread(s), one process (DeepSpeed: a world of one, gloo); "
-        f"batch of {PROMPTS * SAMPLES_PER_PROMPT} samples; median of {repeats} steps per "
-        f"engine after {warmup} warm-up steps, engines interleaved step by step. One-time "
-        f"DeepSpeed costs (process group, first engine): {one_time_s:.1f} s, not in build s. "
-        f"1-minute load average {loads[0]:.1f} at the start, {loads[1]:.1f} at the end.",
-        f"Command: `.venv/bin/python -m benchmarks.engines --repeats {repeats} "
-        f"--warmup {warmup} --threads {threads}`.",
-        "",
-        *markdown_table(
-            [
-                "policy",
-                "params",
-                "engine",
-                "x torch (paired median)",
-                "step s (median)",
-                "IQR s",
-                "build s",
-            ],
-            [
+def table(sizes: dict[str, dict[str, Any]]) -> list[str]:
+    """Per policy size and engine: the median over rounds of its step over torch's, its
+    median step and quartiles, its build time."""
+    torch_label = ENGINES[0][0]
+    rows = []
+    for size, measured in sizes.items():
+        base = measured["step_s"][torch_label]
+        for label, samples in measured["step_s"].items():
+            q1, _, q3 = statistics.quantiles(samples, n=4)
+            ratio = statistics.median(t / b for t, b in zip(samples, base, strict=True))
+            rows.append(
                 [
                     size,
-                    f"{r['params'] / 1e6:.2f}M",
+                    f"{measured['params'] / 1e6:.2f}M",
                     label,
-                    f"{r['ratio']:.2f}",
-                    f"{r['median']:.3f}",
-                    f"{r['q1']:.3f}-{r['q3']:.3f}",
-                    f"{r['build_s']:.2f}",
+                    f"{ratio:.2f}",
+                    f"{statistics.median(samples):.3f}",
+                    f"{q1:.3f}-{q3:.3f}",
+                    f"{measured['build_s'][label]:.2f}",
                 ]
-                for size, rows in results.items()
-                for label, r in rows.items()
-            ],
-        ),
+            )
+    header = [
+        "policy",
+        "params",
+        "engine",
+        "x torch (paired median)",
+        "step s (median)",
+        "IQR s",
+        "build s",
     ]
-    return "\n".join(lines)
+    return markdown_table(header, rows)
+
+
+def render(record: Record) -> str:
+    """The section: the settings and one-time costs, then every size's engines."""
+    data = record.data
+    load_start, load_end = data["load_average"]
+    header = (
+        f"{record.measured_on()} (cores shared); `{record.command}`. Float32, "
+        f"{data['threads']} torch thread(s), one process (DeepSpeed: a world of one, gloo); "
+        f"batch of {data['batch_samples']} samples; median of {data['repeats']} steps per "
+        f"engine after {data['warmup']} warm-up steps, engines interleaved step by step. "
+        f"One-time DeepSpeed costs (process group, first engine): {data['one_time_s']:.1f} s, "
+        f"not in build s. 1-minute load average {load_start:.1f} at the start, "
+        f"{load_end:.1f} at the end."
+    )
+    return "\n".join([header, "", *table(data["sizes"])])
 
 
 def main() -> None:
@@ -184,9 +179,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="timed steps per engine")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per engine first")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (train.threads)")
-    parser.add_argument(
-        "--no-write", action="store_true", help="print the table, leave BENCHMARKS.md alone"
-    )
+    parser.add_argument("--no-write", action="store_true", help="print the section, keep no record")
     args = parser.parse_args()
     if args.repeats < 2:
         parser.error("--repeats must be at least 2 (quartiles need two steps)")
@@ -197,15 +190,24 @@ def main() -> None:
         save_policy(build_model(SIZES[0][1], len(tok), seed=0), tok, Path(tmp))
         _build(Path(tmp), zero_stage=2, threads=args.threads)
     one_time_s = time.perf_counter() - start
-    results = {}
+    sizes = {}
     for size, cfg in SIZES:
         print(f"timing {size} ...", flush=True)
-        results[size] = measure(cfg, args.repeats, args.warmup, args.threads)
-    loads = (load_start, os.getloadavg()[0])
-    section = table(results, args.repeats, args.warmup, args.threads, one_time_s, loads)
-    print(section)
-    if not args.no_write:
-        write_section("engines", "Training engines: torch vs DeepSpeed", section)
+        sizes[size] = measure(cfg, args.repeats, args.warmup, args.threads)
+    data = {
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "threads": args.threads,
+        "batch_samples": PROMPTS * SAMPLES_PER_PROMPT,
+        "one_time_s": one_time_s,
+        "load_average": [load_start, os.getloadavg()[0]],
+        "sizes": sizes,
+    }
+    packages = ["torch", "deepspeed", "transformers"]
+    record = Record.measured(
+        "engines", "Training engines: torch vs DeepSpeed", render, data, packages
+    )
+    publish(record, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ the dtypes the linear layers returned in the steps; the last step's seconds; and
 engine's largest loss gap and its update's gap (a fraction of the update's norm) to the
 torch engine's (the first engine run is the reference: include torch in ``--engines``).
 
-Each shape's results go to ``<--results>/<shape>.json``; ``--table-only --write`` puts every
-shape's there in BENCHMARKS.md (section "The trainer on one GPU"). On a GPU machine with the
-project's packages, then on any:
+Each shape's results go to ``<--results>/<shape>.json``; the section is every shape's there
+(``--table-only``: measure nothing). Prints the section; ``--write`` also keeps the record
+(``benchmarks/records.py``) and writes the section in BENCHMARKS.md ("The trainer on one
+GPU"). On a GPU machine with the project's packages, then on any:
 
     python -m benchmarks.gpu_trainer --shape 0.5b
     .venv/bin/python -m benchmarks.gpu_trainer --table-only --write
@@ -36,7 +37,8 @@ from typing import Any
 import torch
 
 from benchmarks.bf16_ranks import update_gap
-from benchmarks.report import measured_commit, write_section
+from benchmarks.records import Record, publish
+from benchmarks.report import measured_commit
 from benchmarks.startup_memory import ENGINES, MIB, float32_bytes, launch
 from benchmarks.tables import markdown_table
 from sluice.config.tree import TrainConfig
@@ -194,6 +196,35 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(markdown_table(header, rows))
 
 
+def shared_commit(runs: list[dict[str, Any]]) -> str | None:
+    """The commit every run measured, the record's; None when they differ (the record then
+    names the checkout's, each run its own)."""
+    commits = {r["commit"] for r in runs}
+    return commits.pop() if len(commits) == 1 else None
+
+
+def render(record: Record) -> str:
+    """The section: each shape's run (its date, commit, device and torch), the workload,
+    then every shape's engines."""
+    results = record.data["runs"]
+    runs = "; ".join(
+        f"{r['shape']}: {r['date']}, commit {r['commit']}, {r['device']}, torch {r['torch']}"
+        for r in results
+    )
+    intro = (
+        f"{record.measured_on()}; `{record.command}`. The shapes' runs (`python -m "
+        f"benchmarks.gpu_trainer --shape <shape>` on a GPU machine): {runs}. "
+        f"A random model of a Qwen2.5 shape (vocabulary {VOCAB:,}, tied, stored in bf16), "
+        f"each engine at one rank in bf16: {results[0]['steps']} steps of "
+        f"{results[0]['tokens_per_step']:,} tokens ({ROWS} rows of {PROMPT_TOKENS} + "
+        f"{RESPONSE_TOKENS}), then a streamed checkpoint and its resume. GPU peaks are "
+        "`torch.cuda.max_memory_allocated` in each phase, against the float32 weights; the "
+        "gaps are to the torch engine's per-step losses and its update (a fraction of that "
+        "update's norm)."
+    )
+    return intro + "\n\n" + table(results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
@@ -203,33 +234,21 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", choices=labels, default=labels, metavar="LABEL")
     parser.add_argument("--commit", default=None, help="the commit measured (default: git's)")
     parser.add_argument("--table-only", action="store_true", help="read --results, run nothing")
-    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md's section")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()
     if not args.table_only:
         args.results.mkdir(parents=True, exist_ok=True)
         path = args.results / f"{args.shape}.json"
         measure(args.shape, args.steps, args.engines, path, args.commit or measured_commit())
     found = {p.stem: json.loads(p.read_text()) for p in args.results.glob("*.json")}
-    results = [found[shape] for shape in SHAPES if shape in found]
-    body = table(results)
-    print(body)
-    if args.write:
-        runs = "; ".join(
-            f"{r['shape']}: {r['date']}, commit {r['commit']}, {r['device']}, torch {r['torch']}"
-            for r in results
-        )
-        intro = (
-            f"{runs}. A random model of a Qwen2.5 shape (vocabulary {VOCAB:,}, tied, stored "
-            "in bf16), each engine at one rank in bf16: "
-            f"{results[0]['steps']} steps of {results[0]['tokens_per_step']:,} tokens ({ROWS} "
-            f"rows of {PROMPT_TOKENS} + {RESPONSE_TOKENS}), then a streamed checkpoint and its "
-            "resume. GPU peaks are `torch.cuda.max_memory_allocated` in each phase, against "
-            "the float32 weights; the gaps are to the torch engine's per-step losses and its "
-            "update (a fraction of that update's norm). "
-            "`python -m benchmarks.gpu_trainer --shape <shape>` on the GPU machine, then "
-            "`.venv/bin/python -m benchmarks.gpu_trainer --table-only --write`."
-        )
-        write_section("gpu-trainer", "The trainer on one GPU", intro + "\n\n" + body)
+    runs = [found[shape] for shape in SHAPES if shape in found]
+    title = "The trainer on one GPU"
+    record = Record.measured(
+        "gpu-trainer", title, render, {"runs": runs}, commit=shared_commit(runs)
+    )
+    publish(record, args.write)
 
 
 if __name__ == "__main__":

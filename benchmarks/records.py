@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -85,8 +86,10 @@ class Record:
         data: dict[str, Any],
         packages: Sequence[str] = (),
         command: str | None = None,
+        commit: str | None = None,
     ) -> Record:
-        """A record of what was just measured at this checkout on this machine."""
+        """A record of what was just measured on this machine, at this checkout's code
+        (``measured_commit``) or, for a table of runs kept earlier, at their ``commit``."""
         versions = {}
         for name in packages:
             try:
@@ -98,8 +101,8 @@ class Record:
             title=title,
             render=f"{render.__module__}:{render.__qualname__}",
             command=command or command_line(),
-            data=json.loads(json.dumps(data)),  # what the file will hold, tuples as lists
-            commit=measured_commit(),
+            data=_strict(json.loads(json.dumps(data))),  # what the file holds: lists, no NaN
+            commit=commit or measured_commit(),
             date=f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
             machine=machine(),
             versions=versions,
@@ -122,6 +125,18 @@ class Record:
         return function(self)
 
 
+def _strict(value: Any) -> Any:
+    """``value`` with every float that JSON cannot hold (NaN, infinities) as None: a record
+    is strict JSON, and a number that was not measured reads as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return value
+
+
 def record_path(record: Record, root: Path | None = None) -> Path:
     stamp = record.date.replace("-", "").replace(":", "").replace(" ", "T")[:13]
     return (root or RECORDS) / record.section / f"{stamp}-{record.commit}.json"
@@ -132,7 +147,7 @@ def keep(record: Record, root: Path | None = None) -> Path:
     its path."""
     path = record_path(record, root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(record), indent=1) + "\n")
+    path.write_text(json.dumps(asdict(record), indent=1, allow_nan=False) + "\n")
     return path
 
 

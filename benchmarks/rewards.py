@@ -8,8 +8,8 @@ sluice.envs.verifiers:addition``), in one invocation.
 - end to end: ``sluice run configs/default.yaml`` for ``--steps`` steps, once per path and
   repeat, alternating, and its trained samples/s (``summary.json``) and held-out accuracy.
 
-Prints a markdown table and a JSON line; ``--write`` also puts the table in BENCHMARKS.md
-(section "Isolated rewards").
+Prints the section; ``--write`` also keeps the record (``benchmarks/records.py``) and puts
+the section in BENCHMARKS.md ("Isolated rewards").
 
     .venv/bin/python -m benchmarks.rewards --write
 """
@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from benchmarks.report import measured_commit, write_section
-from benchmarks.tables import markdown_table
+from benchmarks.records import Record, publish, run_record
+from benchmarks.tables import markdown_table, spread
 from sluice.envs import make_env
 from sluice.envs.rewards import RewardFunction
 from sluice.envs.scoring import Scorer, VerifierScorer, make_scorer
@@ -53,7 +52,9 @@ def scoring_us(scorer: Scorer, rounds: int = 40) -> float:
     return 1e6 * (time.perf_counter() - start) / (rounds * 8 * len(problems))
 
 
-def run(label: str, steps: int, root: Path, repeat: int) -> dict[str, float]:
+def run(label: str, steps: int, root: Path, repeat: int) -> dict[str, Any]:
+    """One end-to-end run of the path ``label``: its held-out accuracy at the end
+    (``summary.json``) and the whole run (``run_record``, its samples/s among it)."""
     name = f"bench-reward-{'isolated' if PATHS[label] else 'inprocess'}-{repeat}"
     cmd = [sys.executable, "-m", "sluice.flows.cli", "run", CONFIG]
     for setting in (*PATHS[label], f"train.steps={steps}", f"eval.every={steps}", f"name={name}",
@@ -62,12 +63,39 @@ def run(label: str, steps: int, root: Path, repeat: int) -> dict[str, float]:
     print(f"running {label} ({repeat + 1}) for {steps} steps ...", flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((root / name / "summary.json").read_text())
-    return {"samples_per_s": summary["samples_per_s"], "end_accuracy": summary["end_accuracy"]}
+    return {"end_accuracy": summary["end_accuracy"], "run": run_record(root / name, root)}
 
 
-def _spread(values: list[float], fmt: str) -> str:
-    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-" + (
-        f"{format(max(values), fmt)})"
+def render(record: Record) -> str:
+    """The section: how the paths were measured, then per path its scoring cost, trained
+    samples/s (with the ratio of the medians to the in-process verifier's) and held-out
+    accuracy, each as median (min-max) over the rounds or runs."""
+    data = record.data
+    micro, runs = data["micro_us"], data["runs"]
+    base = statistics.median(r["run"]["samples_per_s"] for r in runs["in-process verifier"])
+    rows = []
+    for label in PATHS:
+        rate = [r["run"]["samples_per_s"] for r in runs[label]]
+        rows.append(
+            [
+                label,
+                spread(micro[label], ""),
+                spread(rate, ""),
+                f"{statistics.median(rate) / base:.3f}",
+                spread([100 * r["end_accuracy"] for r in runs[label]], ""),
+            ]
+        )
+    header = ["scoring", "µs per sample, median (min-max)", "trained samples/s",
+              "ratio", "held-out % at the end"]  # fmt: skip
+    return "\n".join(
+        [
+            f"{record.measured_on()}; `{record.command}`. Scoring: "
+            f"{len(micro['in-process verifier'])} interleaved rounds of groups of 8; end to "
+            f"end: `{CONFIG}` for {data['steps']} async steps, {data['repeats']} runs of each "
+            "path, alternating.",
+            "",
+            *markdown_table(header, rows),
+        ]
     )
 
 
@@ -75,7 +103,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()
     env = make_env("addition", digits=2, scratch=True)
     pool = make_scorer(env, [RewardFunction(ISOLATED)])
@@ -86,39 +116,13 @@ def main() -> None:
             micro["isolated reward function"].append(scoring_us(pool))
     finally:
         pool.close()
-    runs: dict[str, list[dict[str, float]]] = {label: [] for label in PATHS}
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in PATHS}
     with tempfile.TemporaryDirectory(prefix="sluice-bench-rewards-") as folder:
         for repeat in range(args.repeats):
             for label in PATHS:
                 runs[label].append(run(label, args.steps, Path(folder), repeat))
-    base = statistics.median(r["samples_per_s"] for r in runs["in-process verifier"])
-    rows = []
-    for label in PATHS:
-        rate = [r["samples_per_s"] for r in runs[label]]
-        rows.append(
-            [
-                label,
-                _spread(micro[label], ".1f"),
-                _spread(rate, ".1f"),
-                f"{statistics.median(rate) / base:.3f}",
-                _spread([100 * r["end_accuracy"] for r in runs[label]], ".1f"),
-            ]
-        )
-    header = ["scoring", "µs per sample, median (min-max)", "trained samples/s",
-              "ratio", "held-out % at the end"]  # fmt: skip
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    commit = measured_commit()
-    body = (
-        f"Measured {when} at {commit} on {platform.node() or 'this machine'} "
-        f"({platform.machine()}); `.venv/bin/python -m benchmarks.rewards --steps "
-        f"{args.steps} --repeats {args.repeats} --write`. Scoring: 5 interleaved rounds of "
-        f"groups of 8; end to end: `{CONFIG}` for {args.steps} async steps, {args.repeats} runs "
-        "of each path, alternating.\n\n" + "\n".join(markdown_table(header, rows))
-    )
-    print(body)
-    print(json.dumps({"micro_us": micro, "runs": runs}))
-    if args.write:
-        write_section("rewards", "Isolated rewards", body)
+    data = {"steps": args.steps, "repeats": args.repeats, "micro_us": micro, "runs": runs}
+    publish(Record.measured("rewards", "Isolated rewards", render, data), args.write)
 
 
 if __name__ == "__main__":

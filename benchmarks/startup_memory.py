@@ -13,8 +13,9 @@ table gives each peak above what the rank held before, against the model's float
 a rank that loads the whole model and then keeps its shard shows about 1.0 at start-up; one
 that materialises only its shard, about 1/ranks. The start-up peak is split into the heap
 (tensors, buffers) and mapped files' pages (libraries, safetensors read by mmap: shared and
-reclaimable), so a peak over target says which it is. ``--write`` puts it in BENCHMARKS.md
-(section "Trainer memory at start-up").
+reclaimable), so a peak over target says which it is. Prints the section; ``--write`` also
+keeps the record (``benchmarks/records.py``) and writes the section in BENCHMARKS.md
+("Trainer memory at start-up").
 
     .venv/bin/python -m benchmarks.startup_memory \\
         --model models/smollm2-135m-instruct --write
@@ -26,18 +27,17 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from safetensors import safe_open
 
-from benchmarks.report import measured_commit, write_section
+from benchmarks.records import Record, publish
 from benchmarks.tables import markdown_table
 from sluice.config.tree import TrainConfig
 from sluice.engines.train.ranks import free_port
@@ -133,26 +133,24 @@ def _mb(b: int, weights: int) -> str:
     return f"{b / MIB:,.0f} MB ({b / weights:.2f}x)"
 
 
-def table(results: dict[tuple[str, int], list[dict[str, int]]], weights: int) -> str:
-    """Per engine and rank count, each phase's peak above what the worst rank held before
-    it; at start-up also the heap (anonymous) and mapped-file parts of that peak and the heap
-    the rank keeps once built, where the records have them."""
+def table(launches: list[dict[str, Any]], weights: int) -> str:
+    """Per launch (engine and rank count), each phase's peak above what the worst rank held
+    before it; at start-up also the heap (anonymous) and mapped-file parts of that peak and
+    the heap the rank keeps once built, where the records have them."""
     rows = []
-    for label, _, _ in ENGINES:
-        for ranks in RANKS:
-            per_rank = results[(label, ranks)]
-            cells = []
-            for phase, before in (
-                ("startup", "base"),
-                ("step", "before_step"),
-                ("checkpoint", "before_checkpoint"),
-                ("resume", "before_resume"),
-            ):
-                m = _worst(per_rank, f"{phase}_peak_bytes", f"{before}_bytes")
-                cells.append(_mb(m[f"{phase}_peak_bytes"] - m[f"{before}_bytes"], weights))
-                if phase == "startup":
-                    cells.append(_split(m, weights))
-            rows.append([label, str(ranks), *cells])
+    for launch in launches:
+        cells = []
+        for phase, before in (
+            ("startup", "base"),
+            ("step", "before_step"),
+            ("checkpoint", "before_checkpoint"),
+            ("resume", "before_resume"),
+        ):
+            m = _worst(launch["per_rank"], f"{phase}_peak_bytes", f"{before}_bytes")
+            cells.append(_mb(m[f"{phase}_peak_bytes"] - m[f"{before}_bytes"], weights))
+            if phase == "startup":
+                cells.append(_split(m, weights))
+        rows.append([launch["engine"], str(launch["ranks"]), *cells])
     header = [
         "engine",
         "ranks",
@@ -174,39 +172,45 @@ def _split(m: dict[str, int], weights: int) -> str:
     return f"{heap / weights:.2f}x / {mapped / weights:.2f}x; {kept / weights:.2f}x"
 
 
+def render(record: Record) -> str:
+    """The section: the model and what each phase's peak is, then every launch's peaks."""
+    data = record.data
+    weights = data["float32_bytes"]
+    intro = (
+        f"{record.measured_on()}; `{record.command}`. `{data['model']}`, float32 weights "
+        f"{weights / MIB:,.0f} MB, one thread a rank. "
+        "Resident memory of each rank (`/proc/self/status`), above what it held before: "
+        "at start-up (the model loaded, sharded and wrapped, AdamW built), in the second "
+        "step (micro-batches of 2 samples out of 8, so a rank accumulates the gradients "
+        "of 2 at two ranks and of 4 at one), while the checkpoint is written after it "
+        "(streamed: each tensor gathered as it is written), and while it is loaded back "
+        "from storage. The start-up peak's "
+        "parts: the peak of the heap (`RssAnon`) and of mapped files' pages (`RssFile`: "
+        "libraries, safetensors read by mmap) above the base, sampled every 2 ms, and the "
+        "heap the rank still holds once built."
+    )
+    return intro + "\n\n" + table(data["launches"], weights)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True, help="model folder")
-    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md's section")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()
     weights = float32_bytes(args.model)
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-memory-"))
-    results = {}
+    launches = []
     for label, engine, stage in ENGINES:
         for ranks in RANKS:
             print(f"{label} x{ranks} ...", flush=True)
-            results[(label, ranks)] = run(args.model.resolve(), engine, stage, ranks, work)
+            per_rank = run(args.model.resolve(), engine, stage, ranks, work)
+            launches.append({"engine": label, "ranks": ranks, "per_rank": per_rank})
     shutil.rmtree(work, ignore_errors=True)
-    body = table(results, weights)
-    print(body)
-    if args.write:
-        now = datetime.now(UTC).strftime("%Y-%m-%d")
-        intro = (
-            f"`{args.model.name}`, float32 weights {weights / MIB:,.0f} MB; "
-            f"{now}, commit {measured_commit()}, {platform.machine()}, one thread a rank. "
-            "Resident memory of each rank (`/proc/self/status`), above what it held before: "
-            "at start-up (the model loaded, sharded and wrapped, AdamW built), in the second "
-            "step (micro-batches of 2 samples out of 8, so a rank accumulates the gradients "
-            "of 2 at two ranks and of 4 at one), while the checkpoint is written after it "
-            "(streamed: each tensor gathered as it is written), and while it is loaded back "
-            "from storage. The start-up peak's "
-            "parts: the peak of the heap (`RssAnon`) and of mapped files' pages (`RssFile`: "
-            "libraries, safetensors read by mmap) above the base, sampled every 2 ms, and the "
-            "heap the rank still holds once built. "
-            "`.venv/bin/python -m benchmarks.startup_memory --model "
-            f"{args.model} --write`."
-        )
-        write_section("startup-memory", "Trainer memory at start-up", intro + "\n\n" + body)
+    data = {"model": args.model.name, "float32_bytes": weights, "launches": launches}
+    title = "Trainer memory at start-up"
+    publish(Record.measured("startup-memory", title, render, data), args.write)
 
 
 if __name__ == "__main__":

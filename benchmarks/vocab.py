@@ -13,7 +13,9 @@ Each micro-batch of 1,024, 4,096 and 8,192 tokens (rows of a 128-token prompt an
 Each setting runs in its own process, under a 20 GiB address-space limit (a setting that
 needs more reports "out of memory" instead of taking the machine): one step allocates the
 optimiser's state, the peak resident memory is reset (``/proc/self/clear_refs``), and the
-next steps give the peak above that baseline and the median step time.
+next steps give the peak above that baseline and the median step time. Prints the section;
+``--write`` also keeps the record (``benchmarks/records.py``) and writes the section in
+BENCHMARKS.md.
 
     .venv/bin/python -m benchmarks.vocab --write
 """
@@ -28,12 +30,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from benchmarks.cpu_meter import resident_bytes
-from benchmarks.report import write_section
-from benchmarks.tables import markdown_table, measured_on
+from benchmarks.records import Record, publish
+from benchmarks.tables import markdown_table
 
 ROOT = Path(__file__).parents[1]
 SMOLLM2 = ROOT / "models" / "smollm2-135m-instruct"
@@ -78,8 +81,9 @@ def whole_logits_forward(trainer, batch):  # type: ignore[no-untyped-def]
     return chosen, entropy
 
 
-def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str, float]:
-    """One setting, in this process: peak bytes above the post-warm-up baseline, step times."""
+def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str, Any]:
+    """One setting, in this process: peak bytes above the post-warm-up baseline, and the
+    seconds of each timed step."""
     from sluice.config.tree import TrainConfig
     from sluice.engines.train.trainer import build_engine
     from sluice.rl.batching import Sample, collate
@@ -109,10 +113,10 @@ def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str,
         start = time.perf_counter()
         trainer.step_batch(collate(samples, trainer.pad_id))
         times.append(time.perf_counter() - start)
-    return {"peak_bytes": resident_bytes("VmHWM") - base, "step_s": statistics.median(times)}
+    return {"peak_bytes": resident_bytes("VmHWM") - base, "step_s": times}
 
 
-def run_setting(model: Path, tokens: int, variant: str, steps: int) -> dict[str, float] | None:
+def run_setting(model: Path, tokens: int, variant: str, steps: int) -> dict[str, Any] | None:
     """``measure_one`` in a child under the address-space limit; None when it ran out."""
     code = (
         "import json, resource, sys\n"
@@ -129,7 +133,10 @@ def run_setting(model: Path, tokens: int, variant: str, steps: int) -> dict[str,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def table(results: dict[tuple[str, int, str], dict[str, float] | None]) -> list[list[str]]:
+def table(settings: list[dict[str, Any]]) -> list[list[str]]:
+    """Per model and micro-batch size: one logits tensor's size, the peak and median step of
+    whole beside chunked ("out of memory" where a setting ran out), chunked over whole."""
+    results = {(s["model"], s["tokens"], s["variant"]): s["result"] for s in settings}
     rows = []
     for (name, tokens, variant), r in results.items():
         if variant != "chunked":
@@ -140,34 +147,17 @@ def table(results: dict[tuple[str, int, str], dict[str, float] | None]) -> list[
         cells = [name, f"{tokens:,}", f"{logits_gib:.2f}"]
         for x in (whole, r):
             cells.append("out of memory" if x is None else f"{x['peak_bytes'] / GIB:.2f}")
-        for x in (whole, r):
-            cells.append("-" if x is None else f"{x['step_s']:.1f}")
-        ok = whole is not None and r is not None
-        cells.append(f"{r['step_s'] / whole['step_s']:.2f}" if ok else "-")  # type: ignore[index]
+        whole_s, chunked_s = (
+            None if x is None else statistics.median(x["step_s"]) for x in (whole, r)
+        )
+        cells.extend("-" if x is None else f"{x:.1f}" for x in (whole_s, chunked_s))
+        cells.append("-" if whole_s is None or chunked_s is None else f"{chunked_s / whole_s:.2f}")
         rows.append(cells)
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per setting")
-    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    parser.add_argument("--write", action="store_true", help="write BENCHMARKS.md's section")
-    args = parser.parse_args()
-    if not SMOLLM2.is_dir():
-        raise SystemExit(f"{SMOLLM2} is missing: `make model` writes it")
-    with tempfile.TemporaryDirectory() as tmp:
-        models = {
-            "SmolLM2-135M": SMOLLM2,
-            "Qwen2.5 vocabulary, 2 layers": qwen_vocab_model(Path(tmp) / "qwen-vocab"),
-        }
-        results: dict[tuple[str, int, str], dict[str, float] | None] = {}
-        for name, folder in models.items():
-            for tokens in args.tokens:
-                for variant in VARIANTS:
-                    r = run_setting(folder, tokens, variant, args.steps)
-                    results[(name, tokens, variant)] = r
-                    print(name, tokens, variant, r, flush=True)
+def render(record: Record) -> str:
+    """The section: the settings, then each model and micro-batch, whole against chunked."""
     header = [
         "model",
         "micro-batch tokens",
@@ -178,20 +168,44 @@ def main() -> None:
         "step s, chunked",
         "chunked / whole",
     ]
-    lines = [
-        f"{measured_on('torch', 'transformers')} "
-        f"({torch.backends.cpu.get_cpu_capability()}); 2 torch threads, {args.steps} timed "
-        "steps per setting after one warm-up, each setting in its own process under a 20 GiB "
-        "address-space limit. Peak: resident memory above the process's after the warm-up "
-        "step (model, gradients and AdamW state excluded).",
-        "Command: `.venv/bin/python -m benchmarks.vocab --write` (`make bench-vocab`).",
-        "",
-        *markdown_table(header, table(results)),
-    ]
-    body = "\n".join(lines)
-    print(body)
-    if args.write:
-        write_section("vocab-memory", "Logits memory at real vocabularies", body)
+    intro = (
+        f"{record.measured_on()}, {record.machine['cpu']}; `{record.command}`. 2 torch "
+        f"threads, {record.data['steps']} timed steps per setting after one warm-up, each "
+        "setting in its own process under a 20 GiB address-space limit. Peak: resident memory "
+        "above the process's after the warm-up step (model, gradients and AdamW state "
+        "excluded)."
+    )
+    return "\n".join([intro, "", *markdown_table(header, table(record.data["settings"]))])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per setting")
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument(
+        "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
+    )
+    args = parser.parse_args()
+    if not SMOLLM2.is_dir():
+        raise SystemExit(f"{SMOLLM2} is missing: `make model` writes it")
+    settings = []
+    with tempfile.TemporaryDirectory() as tmp:
+        models = {
+            "SmolLM2-135M": SMOLLM2,
+            "Qwen2.5 vocabulary, 2 layers": qwen_vocab_model(Path(tmp) / "qwen-vocab"),
+        }
+        for name, folder in models.items():
+            for tokens in args.tokens:
+                for variant in VARIANTS:
+                    r = run_setting(folder, tokens, variant, args.steps)
+                    settings.append(
+                        {"model": name, "tokens": tokens, "variant": variant, "result": r}
+                    )
+                    print(name, tokens, variant, r, flush=True)
+    data = {"steps": args.steps, "settings": settings}
+    title = "Logits memory at real vocabularies"
+    record = Record.measured("vocab-memory", title, render, data, ["torch", "transformers"])
+    publish(record, args.write)
 
 
 if __name__ == "__main__":

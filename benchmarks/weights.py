@@ -26,8 +26,8 @@ not what Ray has yet to free.
 SmolLM2-135M-Instruct, the tied embedding published under both of its names, as Sluice's
 trainer publishes it), into a section of its own.
 
-Prints a markdown table and a JSON line of the numbers; ``--write`` also puts the table
-in BENCHMARKS.md (section "Weights that stream").
+Prints the section and a JSON line of the numbers; ``--write`` also keeps the record
+(``benchmarks/records.py``) and writes the section "Weights that stream" of BENCHMARKS.md.
 
     .venv/bin/python -m benchmarks.weights --write
     .venv/bin/python -m benchmarks.weights --model models/smollm2-135m-instruct --write
@@ -38,14 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import threading
 import time
-from datetime import UTC, datetime
-from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +49,7 @@ import numpy as np
 import ray
 import torch
 
-from benchmarks.report import measured_commit, write_section
+from benchmarks.records import Record, publish
 from benchmarks.tables import markdown_table
 from sluice.storage.params import ParameterService
 
@@ -395,27 +391,32 @@ def main() -> None:
         result = measure(shapes, args.bucket_mib * MIB, args.dtype, args.repeats)
     finally:
         ray.shutdown()
-    s = summary(result)
-    commit = measured_commit()
-    command = " ".join([".venv/bin/python -m benchmarks.weights", *sys.argv[1:]])
-    section = (
-        f"Measured {datetime.now(UTC):%Y-%m-%d} at commit {commit} on "
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"torch {package_version('torch')}, ray {package_version('ray')}; {args.repeats} "
-        f"versions (GB/s: medians of versions {WARMUP + 1}-{args.repeats}; memory: peaks over "
-        f"all); load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after.\n"
-        f"Command: `{command}`.\n\n" + table(result, s)
-    )
-    print(section)
-    line = json.dumps(result | {"summary": s})
-    print(line)
+    data = {
+        "repeats": args.repeats,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "result": result,
+    }
+    line = json.dumps(result | {"summary": summary(result)})
     if args.json:
         args.json.write_text(line)
-    if args.write:
-        key, title = "weights-streaming", "Weights that stream"
-        if args.model:
-            key, title = f"{key}-{args.model.name}", f"{title}: {args.model.name}"
-        write_section(key, title, section)
+    key, title = "weights-streaming", "Weights that stream"
+    if args.model:
+        key, title = f"{key}-{args.model.name}", f"{title}: {args.model.name}"
+    publish(Record.measured(key, title, render, data, ["torch", "ray"]), args.write)
+    print(line)
+
+
+def render(record: Record) -> str:
+    """The section: how the versions were timed, then the table of their summary."""
+    data = record.data
+    result, repeats = data["result"], data["repeats"]
+    return (
+        f"{record.measured_on()}; {repeats} versions (GB/s: medians of versions "
+        f"{WARMUP + 1}-{repeats}; memory: peaks over all); load average "
+        f"{data['load_before']:.1f} before, {data['load_after']:.1f} after.\n"
+        f"Command: `{record.command}`.\n\n" + table(result, summary(result))
+    )
 
 
 if __name__ == "__main__":

@@ -449,27 +449,48 @@ def predict(profile: Profile, variants: list[str] | None = None) -> list[Predict
     return out
 
 
-def calibration_table(profile: Profile) -> str:
-    """Markdown: each measured variant's ratio to sync against the simulator's, with the
-    simulated staleness and trainer idle beside the measured ones."""
+def calibration_rows(profile: Profile) -> list[dict[str, Any]]:
+    """Each measured variant's ratio to sync against the simulator's, with the simulated
+    staleness and trainer idle beside the measured ones (None where not measured)."""
     from sluice.sim.engine import simulate
 
     modes = profile.calibration.get("modes", {})
+    rows = []
+    for p in predict(profile):
+        result = simulate(profile.scenario_for(p.variant))
+        row = modes.get(p.variant, {})
+        rows.append(
+            {
+                "variant": p.variant,
+                "measured": p.measured_ratio,
+                "simulated": p.predicted_ratio,
+                "error": p.error,
+                "fitted": p.variant in profile.fitted,
+                "trainer_idle": [row.get("trainer_idle"), result.trainer_idle],
+                "mean_staleness": [row.get("mean_staleness"), result.mean_staleness],
+            }
+        )
+    return rows
+
+
+def calibration_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown of ``calibration_rows``."""
+
+    def pair(values: list[float | None]) -> str:
+        measured, simulated = values
+        return f"{'-' if measured is None else f'{measured:.2f}'} / {simulated:.2f}"
+
     lines = [
         "| variant | measured x sync | simulated x sync | error | used to fit | "
         "trainer idle (measured / sim) | mean staleness (measured / sim) |",
         "|---|---:|---:|---:|---|---|---|",
     ]
-    for p in predict(profile):
-        result = simulate(profile.scenario_for(p.variant))
-        row = modes.get(p.variant, {})
-        idle = f"{row['trainer_idle']:.2f} / " if "trainer_idle" in row else "- / "
-        stale = f"{row['mean_staleness']:.2f} / " if "mean_staleness" in row else "- / "
-        fitted = "yes" if p.variant in profile.fitted else ""
-        measured = "-" if p.measured_ratio is None else f"{p.measured_ratio:.2f}"
-        error = "-" if p.error is None else f"{100 * p.error:+.0f}%"
+    for r in rows:
+        measured = "-" if r["measured"] is None else f"{r['measured']:.2f}"
+        error = "-" if r["error"] is None else f"{100 * r['error']:+.0f}%"
         lines.append(
-            f"| {p.variant} | {measured} | {p.predicted_ratio:.2f} | {error} | {fitted} "
-            f"| {idle}{result.trainer_idle:.2f} | {stale}{result.mean_staleness:.2f} |"
+            f"| {r['variant']} | {measured} | {r['simulated']:.2f} | {error} "
+            f"| {'yes' if r['fitted'] else ''} | {pair(r['trainer_idle'])} "
+            f"| {pair(r['mean_staleness'])} |"
         )
     return "\n".join(lines)

@@ -1,10 +1,11 @@
 """benchmarks/control_plane.py: the demand it derives from the simulator, the headroom and
 cost arithmetic, the percentiles and profiles it summarises, the clock engine its rollout
-workers run on, and one small real level (Ray, the real rollout workers' stream loop) whose
-ledger comes out exactly once."""
+workers run on, one small real level (Ray, the real rollout workers' stream loop) whose
+ledger comes out exactly once, and the section written from a record of what was measured."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from dataclasses import replace
@@ -21,8 +22,11 @@ from benchmarks.control_plane import (
     ClockEngine,
     Costs,
     Demand,
+    Latency,
     LevelResult,
     Load,
+    Measurement,
+    ProbeResult,
     WorkerHost,
     demand_of,
     find_ceiling,
@@ -34,7 +38,9 @@ from benchmarks.control_plane import (
     projected,
     ramp_levels,
     ramp_text,
+    render,
     run_level,
+    setup,
     simulated_demand,
     summarise,
     take_cost,
@@ -42,6 +48,7 @@ from benchmarks.control_plane import (
     top_frames,
     verdict,
 )
+from benchmarks.records import Record
 from sluice.engines.protocols import Delta
 
 # A 7B-like cell at 1024 accelerators: 418 engines of 256 requests on one accelerator each,
@@ -329,3 +336,99 @@ def test_the_ramp_says_where_it_saturated_and_against_three_times_the_demand():
     )
     kept_up = ramp_text(busy, ramp[:2])
     assert kept_up.endswith("up to 990 samples/s (2.0x the demand): saturation lies above.")
+
+
+def _measured_level(workers: int, offered: float, acked: float, **changes) -> LevelResult:
+    """A level as run_level returns it: every rate and latency the section's table shows."""
+    return replace(
+        _level(workers, offered, acked),
+        rates={"groups": 59.2, "takes": 58.7, "empty takes": 0.4, "puts": 49.0,
+               "reports": 93.0, "checks": 60.0},
+        latency={"take": summarise([0.01, 0.03]), "put": summarise([0.05]),
+                 "lease": summarise([0.04, 0.04]), "ack": summarise([0.06, 0.11]),
+                 "check": summarise([0.005, 0.05])},
+        others_cpu={"workers": 0.87, "driver (trainer)": 0.03, "machine": 1.76},
+        loaded=(0.4, 2 * workers),
+        ledger={"dispatched": 100, "trained": 90, "dropped": 10, "open": 0},
+        **changes,
+    )  # fmt: skip
+
+
+def _measurement() -> Measurement:
+    """A quick run's measurement: two levels, a ramp step at SEVEN_B's demand, the four
+    probes, two simulated cells, their take costs."""
+    small = Demand("7B", 64, "p", 26, 256, 40.0, 30.0, group=16)
+    profile = {"store": [("put (storage/trajectory_store.py)", 0.41)]}
+    return Measurement(
+        levels=[
+            _measured_level(64, 1000.0, 990.0),
+            # the best: 0.39 CPU over 1,950 samples/s, 0.2 ms a sample in the store
+            _measured_level(256, 2000.0, 1950.0, cpu={"store": 0.39, "dispatcher": 0.1,
+                                                      "relay": 0.05}, profile=profile),
+        ],
+        ramp=[_measured_level(418, 640.0, 630.0, window_s=60.0)],
+        probes=[
+            ProbeResult("relay: anything newer?", 64, 5000.0, summarise([0.001]), 0.5),
+            ProbeResult("dispatcher: take, admission holds it back", 64, 2000.0,
+                        summarise([0.002]), 0.6),
+            ProbeResult("dispatcher: report", 64, 1000.0, summarise([0.003]), 0.4),
+            ProbeResult("dispatcher: take of one group", 64, 500.0, summarise([0.01]), 0.9),
+        ],
+        demands=[small, SEVEN_B],
+        takes={(26, 4): 0.01, (418, 4): 0.05},
+        args={"levels": [[64, 1000.0], [256, 2000.0]], "window": 4.0, "step_s": 0.5,
+              "probe_callers": 64, "probe_s": 2.0, "sim_steps": 6, "quick": True,
+              "no_profile": True},
+        setup={**setup(), "hosts": 3},  # not HOSTS: the section states what was recorded
+        elapsed_s=54.6,
+        load_average=(0.3, 12.5),
+    )  # fmt: skip
+
+
+def test_a_measurement_reads_back_from_its_json_as_it_was():
+    measurement = _measurement()
+    data = json.loads(json.dumps(measurement.to_dict(), allow_nan=False))
+    again = Measurement.from_dict(data)
+    assert again == measurement
+    assert again.levels[1].profile["store"] == [("put (storage/trajectory_store.py)", 0.41)]
+    assert again.levels[0].loaded == (0.4, 128) and again.takes[418, 4] == 0.05
+
+
+def test_no_latencies_are_kept_as_nulls_and_read_back_as_empty():
+    empty = summarise([])
+    assert empty.to_dict() == {"count": 0, "p50": None, "p99": None}
+    again = Latency.from_dict(json.loads(json.dumps(empty.to_dict(), allow_nan=False)))
+    assert again.count == 0 and math.isnan(again.p99) and again.ms() == "-"
+
+
+def test_the_section_is_rendered_from_the_record_alone():
+    measured = Record.measured(
+        "control-plane", "Control plane under load", render, _measurement().to_dict(),
+        ["ray", "pyarrow"], command=".venv/bin/python -m benchmarks.control_plane --quick",
+    )  # fmt: skip
+    record = Record(**{**measured.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    assert record.render == "benchmarks.control_plane:render"
+    lines = record.text().splitlines()
+    assert lines[0].startswith("Measured 2026-11-30 at commit abc1234 on ")
+    assert ", ray " in lines[0] and ", pyarrow " in lines[0]
+    assert lines[0].endswith("; load average 0.3 before, 12.5 after; 55 s in all.")
+    assert lines[1] == "Command: `.venv/bin/python -m benchmarks.control_plane --quick`."
+    text = "\n".join(lines)
+    # the recorded settings and arguments, not this code's
+    assert "in 3 processes, room for 32 samples each" in text
+    assert "trains 0.5 s a step" in text and "6 steps a cell" in text
+    assert "Each level is measured for 5 s after a warm-up." in text
+    assert "| 256 | 2,000 | 1,950 | 59 | 59 (0) | 49 | 93 | 10.0 / 30.0 |" in text
+    assert "| 1x | 60 | 418 | 640 | 630 |" in text  # the ramp, at SEVEN_B's 640 samples/s
+    # the costs derived from the best level and the probes
+    assert (
+        "0.20 ms a sample in the store, 0.30 ms a held take, 0.40 ms a report, 0.10 ms a "
+        "relay check" in text
+    )
+    # At 1024: 1,950 / 640 end to end; the store 640 x 0.2 ms; a take 50 ms; the dispatcher
+    # 10 takes/s x 50.3 ms + 100 reports/s x 0.4 ms + 26.1 held takes/s x 0.3 ms.
+    assert "| 7B x1024 | 640 | 3.0x | 0.13 (7.8x) | 50.0 | 10.0, 100, 26.1 | 0.55 (1.8x) |" in text
+    assert text.endswith(
+        "store, 256 workers (py-spy, share of a thread's wall time): "
+        "put (storage/trajectory_store.py) 41%"
+    )

@@ -4,7 +4,8 @@ launches themselves: `make bench-gpu-trainer` on a GPU machine)."""
 
 from __future__ import annotations
 
-from benchmarks.gpu_trainer import MIB, ROWS, VOCAB, long_samples, table
+from benchmarks.gpu_trainer import MIB, ROWS, VOCAB, long_samples, render, shared_commit, table
+from benchmarks.records import Record
 
 GIB = 1024 * MIB
 
@@ -54,3 +55,31 @@ def test_the_samples_are_seeded_token_ids_of_the_vocabulary():
     assert all(len(r.prompt_ids) == 4 and len(r.response_ids) == 6 for r in rows)
     assert all(3 <= t < VOCAB for r in rows for t in r.prompt_ids + r.response_ids)
     assert [r.advantage for r in rows[:2]] == [1.0, -1.0]
+
+
+def test_the_section_names_each_shapes_run_and_device_from_the_record():
+    run = {
+        **_result({"base_bytes": 0, "startup_peak_bytes": GIB, "gpu_steps_peak_bytes": 4 * GIB}),
+        "steps": 2,
+        "tokens_per_step": 8192,
+        "device": "NVIDIA H200",
+        "torch": "2.11.0+cu130",
+        "date": "2026-11-28",
+        "commit": "0be8037",
+    }
+    command = ".venv/bin/python -m benchmarks.gpu_trainer --table-only --write"
+    title = "The trainer on one GPU"
+    record = Record.measured("gpu-trainer", title, render, {"runs": [run]}, command=command)
+    record = Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    text = record.text()
+    first = text.splitlines()[0]
+    assert first.startswith("Measured 2026-11-30 at commit abc1234 on ")
+    assert f"`{command}`" in first
+    assert "0.5b: 2026-11-28, commit 0be8037, NVIDIA H200, torch 2.11.0+cu130" in first
+    assert "2 steps of 8,192 tokens (8 rows of 128 + 896)" in first
+    assert "| 0.5b (2.0 GiB) | torch (DDP) | - | 4.00 GiB (2.00x) | - | - | 1,024 MB" in text
+
+
+def test_the_record_names_the_runs_commit_when_they_share_one():
+    assert shared_commit([{"commit": "0be8037"}, {"commit": "0be8037"}]) == "0be8037"
+    assert shared_commit([{"commit": "0be8037"}, {"commit": "c3a0547"}]) is None

@@ -3,7 +3,8 @@ paired round by round."""
 
 import pytest
 
-from benchmarks.modes import bound_line, median_result, paired, pipeline_bound
+from benchmarks.modes import bound_line, median_result, paired, pipeline_bound, render
+from benchmarks.records import Record
 
 SYNC = {"samples_per_s": 128.0, "step_s": 1.0, "trainer_idle": 0.6}
 
@@ -41,3 +42,32 @@ def test_rounds_are_paired_and_reported_as_median_and_range():
     assert "async k=2 0.94 (0.89-1.03) of it and 0.95x (0.95-1.10) one_step" in line
     assert "(at least one_step in 1 of 3 rounds)" in line
     assert median_result(results["sync"])["samples_per_s"] == 128.0
+
+
+def _result(samples_per_s: float, rollout_idle: float | None) -> dict:
+    return {
+        "samples_per_s": samples_per_s, "tokens_per_s": 10 * samples_per_s,
+        "start_accuracy": 0.2, "end_accuracy": 0.3, "trainer_idle": 0.6,
+        "rollout_idle": rollout_idle, "staleness": 0.0, "step_s": 1.0, "repacked": 0.0,
+        "run": {"run": "x", "steps": [{"wall_s": 1.0}]},  # kept, not a column
+    }  # fmt: skip
+
+
+def test_the_section_is_rendered_from_the_rounds_its_record_holds():
+    data = {
+        "steps": 50,
+        "seeds": [0, 1],
+        "results": {
+            "sync": [_result(128.0, None), _result(256.0, None)],
+            "async k=2": [_result(192.0, 0.1), _result(256.0, 0.2)],
+        },
+    }
+    made = Record.measured("modes", "Modes", render, data, ["torch"])
+    text = Record(**{**made.__dict__, "commit": "abc1234"}).text()
+    first, command = text.splitlines()[:2]
+    assert " at commit abc1234 on " in first and "ran in 2 rounds (seeds 0, 1" in first
+    assert command == f"Command: `make bench-modes` (`{made.command}`)."
+    # paired ratios 1.5 and 1.0: median 1.25; rollout idle: a batch mode has none
+    assert "| async k=2 | 224.0 | 2240 | 1.25 (1.00-1.50) | 1.000 | 0.60 | 0.15 |" in text
+    assert "| sync | 192.0 | 1920 | 1.00 (1.00-1.00) | 1.000 | 0.60 | - |" in text
+    assert median_result(data["results"]["sync"])["rollout_idle"] is None

@@ -12,9 +12,11 @@ from benchmarks.peer_trl import (
     Plan,
     kept_round,
     load_round,
+    render,
     save_round,
     table,
 )
+from benchmarks.records import Record
 from benchmarks.series import Phase, Series
 
 PLAN = Plan(steps=3, every=2, prompts=256, seed=1)
@@ -68,3 +70,34 @@ def test_a_record_is_reused_only_for_its_commit_plan_and_systems(tmp_path):
     assert kept_round(path, "def5678", PLAN, ["async"]) is None
     assert kept_round(path, "abc1234", replace(PLAN, prompts=1024), ["async"]) is None
     assert kept_round(path, "abc1234", PLAN, ["sync", "async"]) is None
+
+
+def test_the_section_is_rendered_from_a_record_of_the_kept_rounds(tmp_path):
+    command = "`.venv/bin/python -m benchmarks.peer_trl --rounds 2`"
+    paths = []
+    for seed in (0, 1):
+        kept = Kept(
+            "abc1234", replace(PLAN, seed=seed), ["async"], _round(), 0.31, 2, {1: 1.1},
+            f"2026-11-29 0{seed}:30", [], command,
+        )  # fmt: skip
+        paths.append(tmp_path / f"round-{seed}.json")
+        save_round(paths[-1], kept)
+    data = {
+        "config": "configs/longtail.yaml",
+        "workload": {"prompts_per_step": 16, "samples_per_prompt": 8, "threads_per_worker": 1,
+                     "train_threads": 1, "micro_batch_tokens": 4096},
+        "gain": 0.03,
+        "micro": False,
+        "rounds": [str(p) for p in paths],
+        "plots": ["benchmarks/plots/peer-trl-curves.png"],
+    }  # fmt: skip
+    made = Record.measured("peer-trl", "Against TRL", render, data, ["trl"], commit="abc1234")
+    text = made.text()
+    first = text.splitlines()[0]
+    assert first.startswith(f"Measured {made.date.split()[0]} at commit abc1234 on ")
+    assert "rounds finished 2026-11-29 00:30, 2026-11-29 01:30 UTC" in first
+    assert "16 prompts x 8 completions each" in first and "2 round(s)" in first
+    assert text.splitlines()[1] == f"Command: {command}."
+    rounds = [load_round(p).round for p in paths]
+    assert table(rounds, 0.03, [0.31, 0.31], PLAN) in text
+    assert text.endswith("![peer-trl-curves](benchmarks/plots/peer-trl-curves.png)")

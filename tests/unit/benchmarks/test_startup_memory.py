@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from safetensors.torch import load_file
 
-from benchmarks.startup_memory import ENGINES, MIB, RANKS, float32_bytes, table
+from benchmarks.records import Record
+from benchmarks.startup_memory import ENGINES, MIB, RANKS, float32_bytes, render, table
+
+
+def _launches(per_rank: list[dict[str, int]]) -> list[dict]:
+    """Every engine at every rank count, its ranks' records the first ``ranks`` of these."""
+    return [
+        {"engine": label, "ranks": n, "per_rank": per_rank[:n]}
+        for label, _, _ in ENGINES
+        for n in RANKS
+    ]
 
 
 def test_float32_bytes_count_every_stored_element_at_four_bytes(tiny_policy):
@@ -26,8 +36,7 @@ def test_the_table_gives_the_worst_ranks_peak_above_its_base():
         "resume_peak_bytes": 1000 * MIB,  # the weights once
     }
     worse = {**ranks, "startup_peak_bytes": 580 * MIB}
-    results = {(label, n): [ranks, worse][:n] for label, _, _ in ENGINES for n in RANKS}
-    rows = table(results, weights).splitlines()
+    rows = table(_launches([ranks, worse]), weights).splitlines()
     assert len(rows) == 2 + len(ENGINES) * len(RANKS)
     one, two = "| 50 MB (0.50x) | - | 200 MB", "| 80 MB (0.80x) | - | 200 MB"  # two: the worse
     assert f"{one} (2.00x) | 300 MB (3.00x) | 100 MB (1.00x) |" in rows[2]
@@ -48,6 +57,26 @@ def test_the_start_up_peak_is_split_into_heap_and_mapped_files():
         **{f"{phase}_bytes": 0 for phase in ("before_checkpoint", "checkpoint_peak")},
         **{f"{phase}_bytes": 0 for phase in ("before_resume", "resume_peak")},
     }
-    results = {(label, n): [rank] * n for label, _, _ in ENGINES for n in RANKS}
-    row = table(results, weights).splitlines()[2]
+    row = table(_launches([rank, rank]), weights).splitlines()[2]
     assert "| 200 MB (2.00x) | 1.50x / 0.50x; 1.00x | 0 MB (0.00x) | 0 MB (0.00x) |" in row
+
+
+def test_the_section_names_the_model_and_its_weights_from_the_record():
+    rank = {
+        "base_bytes": 0,
+        "startup_peak_bytes": 513 * MIB,
+        **{f"{phase}_bytes": 0 for phase in ("before_step", "step_peak", "before_checkpoint")},
+        **{f"{phase}_bytes": 0 for phase in ("checkpoint_peak", "before_resume", "resume_peak")},
+    }
+    data = {"model": "smollm2-135m-instruct", "float32_bytes": 513 * MIB,
+            "launches": _launches([rank, rank])}  # fmt: skip
+    command = ".venv/bin/python -m benchmarks.startup_memory --model models/m --write"
+    title = "Trainer memory at start-up"
+    record = Record.measured("startup-memory", title, render, data, command=command)
+    record = Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    text = record.text()
+    first = text.splitlines()[0]
+    assert first.startswith("Measured 2026-11-30 at commit abc1234 on ")
+    assert f"`{command}`" in first
+    assert "`smollm2-135m-instruct`, float32 weights 513 MB, one thread a rank" in first
+    assert "| torch (DDP) | 2 | 513 MB (1.00x) | - | 0 MB (0.00x) |" in text

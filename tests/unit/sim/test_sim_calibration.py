@@ -17,6 +17,7 @@ import pytest
 
 from sluice.sim.calibrate import (
     CalibrationError,
+    calibration_rows,
     derive_costs,
     load_profile,
     measure_run,
@@ -128,3 +129,22 @@ def test_costs_are_recovered_from_a_runs_files(tmp_path):
 def test_a_folder_without_a_run_is_refused(tmp_path):
     with pytest.raises(CalibrationError, match="finished sync run"):
         measure_run(tmp_path)
+
+
+def test_the_calibration_section_is_rendered_from_its_record(predictions):
+    from benchmarks.records import Record
+    from benchmarks.sim_calibration import render
+
+    rows = calibration_rows(PROFILE)
+    assert [r["variant"] for r in rows] == list(predictions)
+    data = {"profile": PROFILE.name, "notes": "fitted here", "rows": rows,
+            "costs": PROFILE.costs.model_dump(), "stream_factor": 1.13}  # fmt: skip
+    made = Record.measured("simulator-calibration", "t", render, data)
+    text = Record(**{**made.__dict__, "commit": "abc1234"}).text()
+    assert " at commit abc1234 on " in text.splitlines()[0]
+    assert "profile `sim/profiles/cpu2core.json` (fitted here)" in text.splitlines()[0]
+    fitted = PROFILE.calibration["stream_factor_fitted_to"]
+    row = next(line for line in text.splitlines() if line.startswith(f"| {fitted} |"))
+    assert "| yes |" in row
+    assert f"{predictions[fitted].predicted_ratio:.2f}" in row
+    assert "(isolated engine x 1.13)" in text

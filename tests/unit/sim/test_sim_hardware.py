@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.sim_scale import POLICIES, report, run_grid, scenario
+from benchmarks.records import Record
+from benchmarks.sim_scale import POLICIES, render, report, run_grid, scenario
 from sluice.sim.hardware import (
     H100,
     HBM_EFFICIENCY,
@@ -50,9 +51,25 @@ def test_colocated_cells_use_every_accelerator_for_both():
     assert sc.costs.colocated_switch_s > 0
 
 
-def test_report_has_a_row_per_policy_and_a_column_per_cell():
+def test_the_report_is_rendered_from_its_record_with_a_row_per_policy_and_a_column_per_cell():
     grid = run_grid(steps=3, sizes=(64,), groups=32)
-    text = report(grid, steps=3, elapsed=1.0)
+    data = {
+        "steps": 3,
+        "elapsed_s": 1.0,
+        "grid": {n: {str(s): {k: c.kept() for k, c in row.items()} for s, row in by.items()}
+                 for n, by in grid.items()},
+        "full_run": {"steps": 100, "runs": [
+            {"label": "sync (colocated)", "wall_s": 2.0, "cpu_s": 1.9, "trained": 8192,
+             "events": 12345}]},
+    }  # fmt: skip
+    made = Record.measured("simulator-scale", "t", render, data, ["numpy"])
+    record = Record(**{**made.__dict__, "commit": "abc1234"})
+    text = record.text()
+    assert text.startswith("Measured ") and " at commit abc1234 on " in text.splitlines()[0]
+    assert text == report(record, grid, steps=3, elapsed=1.0) + "\n\n" + (
+        "A full 7B run at 1024 accelerators (100 steps) simulated in: sync (colocated): 2.0 s "
+        "wall, 1.9 s CPU for 8,192 trained samples (12,345 events)."
+    )  # the cells read back from the record render as the simulated ones
     for label, _ in POLICIES:
         assert f"| {label} |" in text
     assert "| policy | 7B x64 | 32B x64 |" in text
