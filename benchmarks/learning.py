@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -29,8 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.records import machine
-from benchmarks.report import measured_commit
-from benchmarks.suite import uncommitted
+from benchmarks.report import measured_commit, uncommitted
 from benchmarks.tables import markdown_table, spread
 
 ROOT = Path(__file__).parents[1]
@@ -157,6 +157,53 @@ def load_records(config: str = CONFIG) -> list[dict]:
     """The kept records of ``config``'s runs (a folder's other JSON files left out)."""
     found = [json.loads(p.read_text()) for p in sorted(records_dir(config).glob("*.json"))]
     return [r for r in found if "variant" in r and r.get("config", CONFIG) == config]
+
+
+def quotes(folder: str, steps: int) -> dict[str, str] | None:
+    """What docs may quote of the ``steps``-step runs kept in ``benchmarks/results/<folder>/``
+    (``benchmarks/quotes.py``), per variant (``async--stale-by-last-token``): the seeds and
+    their commits, the held-out accuracy at the start and the end and the gain in points,
+    as median (min-max) over the seeds and per seed (``.s0.gain``), each seed's commit,
+    trained samples/s, wall seconds and minutes of RL; None without records."""
+    found = [json.loads(p.read_text()) for p in sorted((RECORDS.parent / folder).glob("*.json"))]
+    runs = [r for r in found if "variant" in r and r["steps"] == steps]
+    if not runs:
+        return None
+    out = {"commits": ", ".join(sorted({r["commit"] for r in runs}))}
+    for label in VARIANTS:
+        mine = sorted((r for r in runs if r["variant"] == label), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        key = slug(label, 0).removesuffix("-s0")
+        first = [100 * r["heldout"]["0"] for r in mine]
+        last = [100 * r["heldout"][str(steps)] for r in mine]
+        gains = [b - a for a, b in zip(first, last, strict=True)]
+        out |= {
+            f"{key}.seeds": str(len(mine)),
+            f"{key}.commits": ", ".join(sorted({r["commit"] for r in mine})),
+            f"{key}.start": spread(first, "%", 1),
+            f"{key}.end": spread(last, "%", 1),
+            f"{key}.gain": _signed(gains),
+        }
+        for r, a, b in zip(mine, first, last, strict=True):
+            at = f"{key}.s{r['seed']}"
+            out |= {
+                f"{at}.start": f"{a:.1f}%",
+                f"{at}.end": f"{b:.1f}%",
+                f"{at}.gain": f"{b - a:+.1f}",
+                f"{at}.commit": r["commit"],
+                f"{at}.samples-per-s": f"{r['samples_per_s']:.0f}",
+                f"{at}.wall-s": f"{r['wall_s']:,.0f}",
+            }
+            if str(steps) in r.get("rl_seconds", {}):
+                out[f"{at}.minutes"] = f"{r['rl_seconds'][str(steps)] / 60:.0f}"
+    return out
+
+
+def _signed(values: list[float]) -> str:
+    """``+31.2 (+23.8 to +34.0)``: the median and range of signed values, or the one value."""
+    mid = f"{statistics.median(values):+.1f}"
+    return mid if len(values) == 1 else f"{mid} ({min(values):+.1f} to {max(values):+.1f})"
 
 
 def _cell(values: list[float], unit: str, digits: int) -> str:

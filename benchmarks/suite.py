@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.records import Record, newest, publish
 from benchmarks.regenerate import regenerate
-from benchmarks.report import RESULTS, measured_commit, read_section
+from benchmarks.report import measured_commit, read_section, uncommitted
 from benchmarks.tables import markdown_table
 
 ROOT = Path(__file__).parents[1]
@@ -90,19 +90,6 @@ class Row:
     def cells(self, target: str) -> list[str]:
         minutes = "-" if self.minutes is None else f"{self.minutes:.1f}"
         return [f"`make {target}`", self.started, minutes, self.result]
-
-
-def uncommitted() -> list[str]:
-    """Tracked files outside ``RESULTS`` that differ from the checkout's commit."""
-    out = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    paths = [line[3:] for line in out.stdout.splitlines()]
-    return [p for p in paths if not any(p == r or p.startswith(f"{r}/") for r in RESULTS)]
 
 
 def names(body: str | None, commit: str) -> bool:

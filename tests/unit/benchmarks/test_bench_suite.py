@@ -54,13 +54,13 @@ def test_uncommitted_lists_tracked_code_changes_only(tmp_path, monkeypatch):
         (tmp_path / name).write_text("1")
     git(tmp_path, "init", "-q")
     commit_all(tmp_path, "a")
-    monkeypatch.setattr(suite, "ROOT", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path)
     (tmp_path / "new.txt").write_text("untracked")  # outputs a run may leave: not counted
     (tmp_path / "BENCHMARKS.md").write_text("2")  # an earlier sitting's sections
     (tmp_path / "docs/x.md").write_text("2")
-    assert suite.uncommitted() == []
+    assert report.uncommitted() == []
     (tmp_path / "a.txt").write_text("2")
-    assert suite.uncommitted() == ["a.txt"]
+    assert report.uncommitted() == ["a.txt"]
 
 
 def test_the_measured_commit_is_the_newest_that_changed_code(tmp_path):

@@ -4,7 +4,10 @@ sections written from them and from nothing else."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -12,7 +15,7 @@ from benchmarks import records
 from benchmarks.datasets import render as datasets_render
 from benchmarks.records import Record, command_line, keep, newest, read
 from benchmarks.regenerate import NOT_YET_RECORDED
-from benchmarks.report import BENCHMARKS, read_section
+from benchmarks.report import BENCHMARKS, ROOT, read_section
 
 MEASURED = {
     "rows": 1_000_000.0,
@@ -90,3 +93,20 @@ def test_a_file_that_is_not_a_record_is_named(tmp_path):
 def test_the_command_is_written_as_a_reader_types_it():
     argv = ["/repo/benchmarks/datasets.py", "--rows", "1000", "--write"]
     assert command_line(argv) == ".venv/bin/python -m benchmarks.datasets --rows 1000 --write"
+
+
+def test_a_renderer_run_as_a_script_is_named_by_its_module(tmp_path):
+    """``python -m benchmarks.<name>`` runs the module as ``__main__``: the record must still
+    name the module, or nothing could render it again."""
+    (tmp_path / "bench_here.py").write_text(
+        "from benchmarks.records import Record\n"
+        "def render(record):\n"
+        "    return ''\n"
+        "if __name__ == '__main__':\n"
+        "    print(Record.measured('s', 't', render, {}).render)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    out = subprocess.run(
+        [sys.executable, "-m", "bench_here"], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "bench_here:render"

@@ -1,0 +1,84 @@
+"""Numbers quoted outside their tables, tied to the records they come from.
+
+A measured number that README.md, BENCHMARKS.md's hand-written text or a page of docs/
+quotes is written as ``<!-- q:SOURCE:NAME -->VALUE<!-- /q -->`` (the markers do not show
+when the Markdown is rendered). SOURCE is where the number comes from:
+
+- a section of BENCHMARKS.md (``peer-trl-smollm2``): its newest record
+  (``benchmarks/records.py``), whose module names its quotable values in
+  ``quotes(record) -> dict[str, str]``;
+- ``learning/<folder>/<steps>``: the learning runs kept under
+  ``benchmarks/results/<folder>/`` (``benchmarks/learning.py``; the folder may be nested,
+  ``learning/repeats``), their ``quotes``.
+
+``python -m benchmarks.regenerate`` writes every quote's VALUE from its source;
+``tests/unit/benchmarks/test_quotes.py`` fails when a quote differs from its source or
+names a value the source does not have, and when a file listed in ``QUOTED_FILES`` holds
+a number that reads like a measurement (a ratio, a percentage, a rate, milliseconds,
+points) outside a quote, a fenced code block and a generated section. A quote from a
+section still waiting for its first record (``NOT_YET_RECORDED``) waits with it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+from benchmarks import learning
+from benchmarks.records import newest, sections
+from benchmarks.report import ROOT
+
+QUOTE = re.compile(r"<!-- q:([\w./-]+):([\w.+-]+) -->(.*?)<!-- /q -->", re.S)
+# The files whose every measured number is a quote; the others are converted one by one.
+QUOTED_FILES = ("README.md",)
+# A number as a measurement is written: 1.42x, 61.9%, 190.6 samples/s, 6.91 GB/s, 37 ms,
+# +5.5 points.
+MEASUREMENT = re.compile(
+    r"(?<![\w.])[+-]?\d[\d,]*(?:\.\d+)?"
+    r"(?:x\b|%|\s?(?:samples|episodes|tokens|rows|calls|takes)/s\b|\s?[GM]B/s|\s?ms\b"
+    r"|\s(?:points?|pts)\b)"
+)
+_GENERATED = re.compile(r"<!-- ([a-z0-9-]+):begin -->.*?<!-- \1:end -->", re.S)
+_FENCED = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def files() -> list[Path]:
+    """Every file that may quote: README.md, BENCHMARKS.md and docs/."""
+    return [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@cache
+def values(source: str) -> dict[str, str] | None:
+    """What ``source`` quotes, by name; None when it has no records yet."""
+    if source.startswith("learning/"):
+        _, *folder, steps = source.split("/")
+        return learning.quotes("/".join(folder), int(steps))
+    if source not in sections():
+        return None
+    record = newest(source)
+    assert record is not None
+    module = __import__(record.render.split(":")[0], fromlist=["quotes"])
+    quotes: Callable | None = getattr(module, "quotes", None)
+    return quotes(record) if quotes else {}
+
+
+def rewrite(text: str) -> str:
+    """``text`` with every quote whose source has records written from it (a name the
+    source does not have is left for the test to report)."""
+
+    def value(match: re.Match[str]) -> str:
+        source, name, old = match.groups()
+        found = values(source) or {}
+        return f"<!-- q:{source}:{name} -->{found.get(name, old)}<!-- /q -->"
+
+    return QUOTE.sub(value, text)
+
+
+def unquoted(text: str) -> list[str]:
+    """The measurement-like numbers of ``text`` outside quotes, fenced code blocks and
+    generated sections."""
+    for pattern in (_GENERATED, _FENCED, QUOTE):
+        text = pattern.sub("", text)
+    return MEASUREMENT.findall(text)
