@@ -297,8 +297,11 @@ def machine_line(
     probes: dict[int, float | None],
     finished: list[str],
     micro: bool = True,
+    ordered: bool = True,
 ) -> str:
-    """``measured`` (``Record.measured_on``), then how the rounds ran."""
+    """``measured`` (``Record.measured_on``), then how the rounds ran; ``ordered``: the
+    rounds kept the order their systems ran in (rounds kept before it alternated ran
+    Sluice's first)."""
     probed = (
         f" (the faster in a probe of one batch's generation: {_probes(probes)})"
         if probes
@@ -310,9 +313,13 @@ def machine_line(
         f"{work['prompts_per_step']} prompts x {work['samples_per_prompt']} completions each, "
         f"held-out accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} "
         "round(s), round n on seed n - 1 (its own prompt order; a data file's held-out set is "
-        "the same in every round), the systems one after the other, Sluice's first in rounds "
-        "1, 3, 5, ... and TRL's first in rounds 2, 4, ...; "
-        f"Sluice: one rollout worker ({work['threads_per_worker']} torch thread(s)) and one "
+        "the same in every round), the systems one after the other, "
+        + (
+            "Sluice's first in rounds 1, 3, 5, ... and TRL's first in rounds 2, 4, ...; "
+            if ordered
+            else "Sluice's first in every round (kept before the order alternated); "
+        )
+        + f"Sluice: one rollout worker ({work['threads_per_worker']} torch thread(s)) and one "
         f"trainer ({work['train_threads']}); TRL: one process, {threads} torch thread(s)"
         f"{probed}, "
         + (
@@ -814,6 +821,7 @@ def render(record: Record) -> str:
             kept[0].probes,
             [k.finished for k in kept],
             micro=data["micro"],
+            ordered=all(k.order for k in kept),
         ),
         f"Command: `{kept[0].command.strip('`') or record.command}`.",  # what measured them
         "",

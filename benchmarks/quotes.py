@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 
 from benchmarks import learning
@@ -49,7 +48,6 @@ def files() -> list[Path]:
     return [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-@cache
 def values(source: str) -> dict[str, str] | None:
     """What ``source`` quotes, by name; None when it has no records yet."""
     if source.startswith("learning/"):
@@ -64,14 +62,17 @@ def values(source: str) -> dict[str, str] | None:
     return quotes(record) if quotes else {}
 
 
-def rewrite(text: str) -> str:
+def rewrite(text: str, read: dict[str, dict[str, str] | None] | None = None) -> str:
     """``text`` with every quote whose source has records written from it (a name the
-    source does not have is left for the test to report)."""
+    source does not have is left for the test to report); ``read``: the sources' values
+    already read, filled as they are."""
+    read = {} if read is None else read
 
     def value(match: re.Match[str]) -> str:
         source, name, old = match.groups()
-        found = values(source) or {}
-        return f"<!-- q:{source}:{name} -->{found.get(name, old)}<!-- /q -->"
+        if source not in read:
+            read[source] = values(source)
+        return f"<!-- q:{source}:{name} -->{(read[source] or {}).get(name, old)}<!-- /q -->"
 
     return QUOTE.sub(value, text)
 

@@ -25,7 +25,6 @@ NOT_YET_RECORDED = frozenset(
         "micro-batch",
         "peer-trl",
         "trl-generation",
-        "peer-trl-default",
         "peer-trl-agentic",
         "weights-streaming",
         "datasets",
@@ -41,7 +40,6 @@ NOT_YET_RECORDED = frozenset(
         "vocab-memory",
         "weights-streaming-smollm2-135m-instruct",
         "lora-adapters-smollm2",
-        "peer-trl-smollm2",
         "misbehaving-rewards",
         "kill-resume",
     }
@@ -59,10 +57,10 @@ def regenerate() -> list[str]:
         if read_section(section) != text:
             write_section(section, record.title, text)
             changed.append(section)
-    quotes.values.cache_clear()
+    read: dict[str, dict[str, str] | None] = {}
     for path in quotes.files():
         text = path.read_text()
-        if (new := quotes.rewrite(text)) != text:
+        if (new := quotes.rewrite(text, read)) != text:
             path.write_text(new)
             changed.append(str(path.relative_to(ROOT)))
     return changed

@@ -97,6 +97,7 @@ def test_the_section_is_rendered_from_a_record_of_the_kept_rounds(tmp_path):
     assert first.startswith(f"Measured {made.date.split()[0]} at commit abc1234 on ")
     assert "rounds finished 2026-11-29 00:30, 2026-11-29 01:30 UTC" in first
     assert "16 prompts x 8 completions each" in first and "2 round(s)" in first
+    assert "Sluice's first in every round (kept before the order alternated)" in first
     assert text.splitlines()[1] == f"Command: {command}."
     rounds = [load_round(p).round for p in paths]
     assert table(rounds, 0.03, [0.31, 0.31], PLAN) in text

@@ -23,8 +23,9 @@ def _quotes() -> list[tuple[str, str, str, str]]:
 def test_every_quoted_number_is_what_its_source_says():
     found = _quotes()
     assert found, "no quotes found: the pattern or the files moved"
+    read = {source: quotes.values(source) for source in {q[1] for q in found}}
     for where, source, name, value in found:
-        said = quotes.values(source)
+        said = read[source]
         if said is None:  # a section still waiting for its first record waits with its quotes
             assert source in NOT_YET_RECORDED, f"{where}: {source} has no records"
             continue
