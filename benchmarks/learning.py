@@ -299,7 +299,7 @@ def main() -> None:
                 if old["commit"] == commit and old["steps"] == args.steps:
                     print(f"{label}, seed {seed}: already measured at {commit}")
                     continue
-            root = args.root / commit
+            root = args.root / commit / Path(args.config).stem  # run names repeat by config
             record = run_one(label, seed, args.steps, root, commit, args.config, args.train_seed)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record, indent=1) + "\n")
