@@ -19,8 +19,6 @@ NOT_YET_RECORDED = frozenset(
         "bench-run",
         "modes",
         "data-planes",
-        "simulator-calibration",
-        "simulator-scale",
         "engines",
         "micro-batch",
         "peer-trl",
