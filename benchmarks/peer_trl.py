@@ -605,22 +605,25 @@ def table(rounds: list[Round], gain: float, hf_finals: list[float], plan: Plan) 
 
 def quotes(record: Record) -> dict[str, str]:
     """What docs may quote of a comparison (``benchmarks/quotes.py``), per Sluice run
-    (``sluice-async``): its samples/s over TRL's in one pass, paired within a round
-    (``.x-trl``), its final held-out accuracy (``.final``) and the points it is from TRL's
-    (``.vs-trl``), median (min-max) over the rounds; TRL's final accuracy; the rounds."""
+    and TRL's (``sluice-async``, ``trl-grpo``): its trained samples/s (``.samples-per-s``),
+    its time to the threshold (``.time-to``) and its final held-out accuracy (``.final``);
+    for Sluice's also its samples/s over TRL's in one pass, paired within a round
+    (``.x-trl``), and the points it is from TRL's (``.vs-trl``); each the median (min-max)
+    over the rounds; and the rounds."""
     rounds = [load_round(ROOT / path).round for path in record.data["rounds"]]
-    out = {
-        "rounds": str(len(rounds)),
-        "trl.final": spread([100 * r[TRL_LABEL].final_accuracy for r in rounds], "%", 1),
-    }
+    out = {"rounds": str(len(rounds))}
     for label in rounds[0]:
+        key = "-".join("".join(c if c.isalnum() else " " for c in label.lower()).split())
+        out |= {
+            f"{key}.samples-per-s": spread([r[label].series.samples_per_s for r in rounds], "", 1),
+            f"{key}.time-to": _times(_reached(rounds, label, record.data["gain"])),
+            f"{key}.final": spread([100 * r[label].final_accuracy for r in rounds], "%", 1),
+        }
         if label in TRL_LABELS:
             continue
-        key = "-".join("".join(c if c.isalnum() else " " for c in label.lower()).split())
         versus = [100 * (r[label].final_accuracy - r[TRL_LABEL].final_accuracy) for r in rounds]
         out |= {
             f"{key}.x-trl": spread(_pairs(rounds, label, lambda m: m.series.samples_per_s), "x", 2),
-            f"{key}.final": spread([100 * r[label].final_accuracy for r in rounds], "%", 1),
             f"{key}.vs-trl": _signed(versus, " pts"),
         }
     return out
