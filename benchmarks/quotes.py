@@ -22,7 +22,6 @@ section still waiting for its first record (``NOT_YET_RECORDED``) waits with it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import learning
@@ -57,8 +56,7 @@ def values(source: str) -> dict[str, str] | None:
         return None
     record = newest(source)
     assert record is not None
-    module = __import__(record.render.split(":")[0], fromlist=["quotes"])
-    quotes: Callable | None = getattr(module, "quotes", None)
+    quotes = record.beside("quotes")
     return quotes(record) if quotes else {}
 
 

@@ -120,11 +120,17 @@ class Record:
             f"{m['cores']} cores, Python {m['python']}{versions}"
         )
 
+    def beside(self, name: str) -> Callable[..., Any] | None:
+        """The function ``name`` of the module that renders this record, None if it has
+        none (a module's ``quotes``, ``benchmarks/quotes.py``)."""
+        module = importlib.import_module(self.render.split(":")[0])
+        return getattr(module, name, None)
+
     def text(self) -> str:
         """The section this record renders."""
-        module, name = self.render.split(":")
-        function: Render = getattr(importlib.import_module(module), name)
-        return function(self)
+        render = self.beside(self.render.split(":")[1])
+        assert render is not None, f"{self.render} is gone: no renderer for {self.section}"
+        return str(render(self))
 
 
 def _module_of(function: Callable[..., Any]) -> str:
