@@ -2,6 +2,7 @@
 alone, the ratios to sync, and a mode without a rollout idle fraction kept as such."""
 
 import math
+from dataclasses import replace
 
 from benchmarks.agentic import render
 from benchmarks.records import Record, keep, read
@@ -33,7 +34,7 @@ def _record() -> Record:
     data = {"steps": 40, "runs": runs}
     record = Record.measured("agentic", "Agentic workload: modes", render, data, ["torch"],
                              command=COMMAND)  # fmt: skip
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_section_names_the_commit_and_command_and_gives_ratios_to_sync():

@@ -4,7 +4,7 @@ at it is not run again, and one that would end after --stop-by is not started; t
 section keeps the earlier sittings' rows."""
 
 import subprocess
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -38,7 +38,7 @@ def _run_record(targets: list[str], rows: dict[str, suite.Row], commit: str = "a
     data = {"targets": targets, "rows": {t: astuple(r) for t, r in rows.items()}}
     record = records.Record.measured("bench-run", "This run", suite.render, data, ["torch"])
     command = f".venv/bin/python -m benchmarks.suite {' '.join(targets)}"
-    return records.Record(**{**record.__dict__, "commit": commit, "command": command})
+    return replace(record, commit=commit, command=command)
 
 
 def test_a_checkout_with_uncommitted_code_is_refused(monkeypatch):

@@ -4,6 +4,8 @@ norm, and the section rendered from its record (the launches themselves:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ def _record(engines: list[dict]) -> Record:
         "engines": engines,
     }
     record = Record.measured("bf16-ranks", "bf16 at two ranks", render, data, command=COMMAND)
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_update_gap_is_the_difference_over_the_reference_updates_norm():

@@ -406,7 +406,7 @@ def test_the_section_is_rendered_from_the_record_alone():
         "control-plane", "Control plane under load", render, _measurement().to_dict(),
         ["ray", "pyarrow"], command=".venv/bin/python -m benchmarks.control_plane --quick",
     )  # fmt: skip
-    record = Record(**{**measured.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    record = replace(measured, commit="abc1234", date="2026-11-30 17:40 UTC")
     assert record.render == "benchmarks.control_plane:render"
     lines = record.text().splitlines()
     assert lines[0].startswith("Measured 2026-11-30 at commit abc1234 on ")

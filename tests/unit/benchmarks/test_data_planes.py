@@ -1,6 +1,8 @@
 """benchmarks/data_planes.py: its table pairs each ratio's rounds and gives median (min-max);
 its section is rendered from its record."""
 
+from dataclasses import replace
+
 from benchmarks.data_planes import VARIANTS, render, store_table
 from benchmarks.records import Record
 
@@ -38,7 +40,7 @@ def test_the_section_holds_both_tables_from_the_record():
     }
     command = ".venv/bin/python -m benchmarks.data_planes"
     record = Record.measured("data-planes", "Data planes", render, data, ["ray"], command)
-    record = Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    record = replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
     text = record.text()
     first = text.splitlines()[0]
     assert first.startswith("Measured 2026-11-30 at commit abc1234 on ")

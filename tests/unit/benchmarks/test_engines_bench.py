@@ -1,6 +1,8 @@
 """benchmarks/engines.py's section, rendered from its record: each engine against torch
 paired round by round, its median step and quartiles, its build time."""
 
+from dataclasses import replace
+
 from benchmarks.engines import render
 from benchmarks.records import Record
 
@@ -19,7 +21,7 @@ def _record(sizes: dict) -> Record:
     }
     title = "Training engines: torch vs DeepSpeed"
     record = Record.measured("engines", title, render, data, ["torch"], COMMAND)
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_each_engine_is_paired_with_torch_in_its_round():

@@ -4,6 +4,8 @@ launches themselves: `make bench-gpu-trainer` on a GPU machine)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from benchmarks.gpu_trainer import MIB, ROWS, VOCAB, long_samples, render, shared_commit, table
 from benchmarks.records import Record
 
@@ -70,7 +72,7 @@ def test_the_section_names_each_shapes_run_and_device_from_the_record():
     command = ".venv/bin/python -m benchmarks.gpu_trainer --table-only --write"
     title = "The trainer on one GPU"
     record = Record.measured("gpu-trainer", title, render, {"runs": [run]}, command=command)
-    record = Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    record = replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
     text = record.text()
     first = text.splitlines()[0]
     assert first.startswith("Measured 2026-11-30 at commit abc1234 on ")

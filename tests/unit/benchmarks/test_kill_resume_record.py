@@ -1,6 +1,8 @@
 """benchmarks/kill_resume.py: the "Rollouts in flight across a kill and resume" section is
 rendered from its record alone."""
 
+from dataclasses import replace
+
 from benchmarks.kill_resume import render
 from benchmarks.records import Record
 
@@ -30,7 +32,7 @@ def _record() -> Record:
     data = {"steps": 30, "every": 10, "kill_at": 11, "runs": runs}
     title = "Rollouts in flight across a kill and resume"
     record = Record.measured("kill-resume", title, render, data, command=COMMAND)
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_section_names_the_commit_and_command_and_a_row_per_run():

@@ -3,6 +3,7 @@ rendered from its record, reports each setting against the 4096-token one, with 
 tokens/s."""
 
 import statistics
+from dataclasses import replace
 
 from benchmarks.engines import fixed_batch
 from benchmarks.micro_batch import MAX_TOKENS, batch_shape, longtail_length, render
@@ -25,7 +26,7 @@ def _record(step_s: dict[str, list[float]]) -> Record:
     record = Record.measured(
         "micro-batch", "Trainer micro-batches", render, data, ["torch"], command
     )
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_batch_shape_counts_real_tokens_not_padding():

@@ -1,6 +1,8 @@
 """benchmarks/misbehaving_reward.py: the "Misbehaving rewards" section is rendered from its
 record alone, the step times' statistics from each run's steps."""
 
+from dataclasses import replace
+
 from benchmarks.misbehaving_reward import render
 from benchmarks.records import Record
 
@@ -27,7 +29,7 @@ def _record() -> Record:
     record = Record.measured(
         "misbehaving-rewards", "Misbehaving rewards", render, data, command=COMMAND
     )
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_section_names_the_commit_and_command_and_each_runs_step_times():

@@ -1,6 +1,8 @@
 """benchmarks/modes.py: the pipeline bound taken from the sync run, and the ratios to it,
 paired round by round."""
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks.modes import bound_line, median_result, paired, pipeline_bound, render
@@ -63,7 +65,7 @@ def test_the_section_is_rendered_from_the_rounds_its_record_holds():
         },
     }
     made = Record.measured("modes", "Modes", render, data, ["torch"])
-    text = Record(**{**made.__dict__, "commit": "abc1234"}).text()
+    text = replace(made, commit="abc1234").text()
     first, command = text.splitlines()[:2]
     assert " at commit abc1234 on " in first and "ran in 2 rounds (seeds 0, 1" in first
     assert command == f"Command: `make bench-modes` (`{made.command}`)."

@@ -2,6 +2,8 @@
 median of its steps after the warm-up, and each layout's speed-up over the engine's first is
 paired by round."""
 
+from dataclasses import replace
+
 from benchmarks.ranks import render
 from benchmarks.records import Record
 
@@ -18,7 +20,7 @@ def _record(launches: list[dict]) -> Record:
         "launches": launches,
     }
     record = Record.measured("ranks", "Training ranks", render, data, ["torch"], COMMAND)
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_warm_up_steps_are_left_out_and_speed_ups_are_paired_by_round():

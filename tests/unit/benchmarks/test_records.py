@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -36,7 +37,7 @@ def _record(**changes) -> Record:
     record = Record.measured(
         "datasets", "Data sets at start-up", datasets_render, data, ["pyarrow"]
     )
-    return Record(**{**record.__dict__, **changes})
+    return replace(record, **changes)
 
 
 def test_every_recorded_section_is_what_its_newest_record_renders():

@@ -1,5 +1,7 @@
 """benchmarks/rewards.py: the "Isolated rewards" section is rendered from its record alone."""
 
+from dataclasses import replace
+
 from benchmarks.records import Record
 from benchmarks.rewards import render
 
@@ -29,7 +31,7 @@ def _record() -> Record:
         },
     }
     record = Record.measured("rewards", "Isolated rewards", render, data, command=COMMAND)
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_section_names_the_commit_and_command_and_rebuilds_the_table():

@@ -1,6 +1,7 @@
 """The staleness benchmark's counts come from the run's ledger: only 'stale:' drops count;
 its section is rendered from its record alone."""
 
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.records import Record
@@ -52,7 +53,7 @@ def _record() -> Record:
     data = {"steps": 60, "seeds": [0, 1, 2], "runs": runs}
     title = "Staleness: long samples kept or dropped"
     record = Record.measured("staleness", title, render, data, ["torch"], command=COMMAND)
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_section_names_the_commit_and_command_and_gives_medians_of_the_seeds():

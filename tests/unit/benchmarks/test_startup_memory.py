@@ -3,6 +3,8 @@ peaks above each rank's base (the launches themselves: `make bench-startup-memor
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from safetensors.torch import load_file
 
 from benchmarks.records import Record
@@ -73,7 +75,7 @@ def test_the_section_names_the_model_and_its_weights_from_the_record():
     command = ".venv/bin/python -m benchmarks.startup_memory --model models/m --write"
     title = "Trainer memory at start-up"
     record = Record.measured("startup-memory", title, render, data, command=command)
-    record = Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    record = replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
     text = record.text()
     first = text.splitlines()[0]
     assert first.startswith("Measured 2026-11-30 at commit abc1234 on ")

@@ -3,6 +3,8 @@ and the adapter table."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from benchmarks import adapters, weights
 from benchmarks.adapters import table
 from benchmarks.records import Record
@@ -39,7 +41,7 @@ def test_the_adapter_table_gives_each_model_its_sync_and_the_ratio():
 
 def _record(module, section: str, data: dict) -> Record:
     made = Record.measured(section, "t", module.render, data, ["torch"])
-    return Record(**{**made.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(made, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_adapter_section_is_rendered_from_its_record():

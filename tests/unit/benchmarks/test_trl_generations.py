@@ -2,6 +2,8 @@
 its record: the ways that ran, their first steps left out, paired with padded generate within
 a round."""
 
+from dataclasses import replace
+
 from benchmarks.records import Record
 from benchmarks.trl_generations import failure, render
 
@@ -40,7 +42,7 @@ def _record(runs: dict) -> Record:
     data = {"config": "configs/longtail.yaml", "steps": 3, "rounds": 2, "threads": 2, "runs": runs}
     title = "TRL's generation, measured"
     record = Record.measured("trl-generation", title, render, data, ["torch"], COMMAND)
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_section_pairs_each_way_with_generate_and_names_what_failed():

@@ -1,6 +1,8 @@
 """make bench-vocab's pieces: one setting measured in-process, and the section rendered from
 its record."""
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks.records import Record
@@ -24,7 +26,7 @@ def _record(settings: list[dict]) -> Record:
     data = {"steps": 2, "settings": settings}
     title = "Logits memory at real vocabularies"
     record = Record.measured("vocab-memory", title, render, data, ["torch"], command)
-    return Record(**{**record.__dict__, "commit": "abc1234", "date": "2026-11-30 17:40 UTC"})
+    return replace(record, commit="abc1234", date="2026-11-30 17:40 UTC")
 
 
 def test_the_section_sets_chunked_beside_whole_and_says_out_of_memory():

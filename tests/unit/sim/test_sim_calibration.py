@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def test_the_calibration_section_is_rendered_from_its_record(predictions):
     data = {"profile": PROFILE.name, "notes": "fitted here", "rows": rows,
             "costs": PROFILE.costs.model_dump(), "stream_factor": 1.13}  # fmt: skip
     made = Record.measured("simulator-calibration", "t", render, data)
-    text = Record(**{**made.__dict__, "commit": "abc1234"}).text()
+    text = replace(made, commit="abc1234").text()
     assert " at commit abc1234 on " in text.splitlines()[0]
     assert "profile `sim/profiles/cpu2core.json` (fitted here)" in text.splitlines()[0]
     fitted = PROFILE.calibration["stream_factor_fitted_to"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks.records import Record
@@ -63,7 +65,7 @@ def test_the_report_is_rendered_from_its_record_with_a_row_per_policy_and_a_colu
              "events": 12345}]},
     }  # fmt: skip
     made = Record.measured("simulator-scale", "t", render, data, ["numpy"])
-    record = Record(**{**made.__dict__, "commit": "abc1234"})
+    record = replace(made, commit="abc1234")
     text = record.text()
     assert text.startswith("Measured ") and " at commit abc1234 on " in text.splitlines()[0]
     assert text == report(record, grid, steps=3, elapsed=1.0) + "\n\n" + (
