@@ -72,6 +72,19 @@ class TrainBatch:
         )
 
 
+def sequence_ids(batch: TrainBatch) -> torch.Tensor:
+    """Which sample each target position belongs to, [B, T-1] long, unique within the batch:
+    the row of a padded batch; in a packed row (``pack``) the sample whose positions restart
+    at 0 where it starts. Target t is predicted from input position t, so it belongs to the
+    sample that holds input position t."""
+    rows, width = batch.input_ids.shape
+    row = torch.arange(rows, device=batch.input_ids.device).unsqueeze(1)
+    if batch.position_ids is None:
+        return row.expand(rows, width - 1)
+    starts = (batch.position_ids[:, :-1] == 0).long().cumsum(dim=1) - 1
+    return row * width + starts
+
+
 def collate(samples: list[Sample], pad_id: int) -> TrainBatch:
     """Pad samples to one [B, T] batch with response masks aligned to next-token targets."""
     if not samples:

@@ -13,8 +13,16 @@ from typing import Literal, get_args
 import torch
 from torch.utils.checkpoint import checkpoint
 
-LossName = Literal["ppo", "decoupled_ppo", "tis"]
+LossName = Literal["ppo", "decoupled_ppo", "tis", "gspo"]
 LOSS_NAMES: tuple[str, ...] = get_args(LossName)
+# How per-token losses add up to a batch's loss (verl's ``loss_agg_mode`` names):
+# token_mean: every loss token of the batch weighs the same (DAPO, arXiv 2503.14476 §3.3);
+# seq_mean_token_mean: each sequence's token mean, then the mean over sequences (GRPO's
+# original form, arXiv 2402.03300 eq. 3); seq_mean_token_sum: each sequence's token sum,
+# then the mean over sequences (Dr. GRPO's unbiased form divides by a constant instead,
+# arXiv 2503.20783 §3.1).
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,47 @@ def masked_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if not bool(mask.any()):
         return values.new_zeros(())
     return values.detach()[mask.bool()].max()
+
+
+def sequence_sums(
+    values: torch.Tensor, mask: torch.Tensor, sequence_ids: torch.Tensor
+) -> torch.Tensor:
+    """At each token, the sum of ``values`` over the masked tokens of its sequence; all
+    [batch, tokens], ``sequence_ids`` naming each token's sequence (``rl.batching``)."""
+    flat_ids = sequence_ids.reshape(-1)
+    size = int(flat_ids.max()) + 1 if flat_ids.numel() else 0
+    sums = values.new_zeros(size).index_add(0, flat_ids, (values * mask).reshape(-1))
+    return sums[flat_ids].reshape(values.shape)
+
+
+def loss_weights(
+    mask: torch.Tensor,
+    sequence_ids: torch.Tensor,
+    aggregation: str,
+    tokens: torch.Tensor,
+    sequences: torch.Tensor,
+) -> torch.Tensor:
+    """Each token's weight in a batch's loss, [batch, tokens]: summed over every part and
+    rank of the batch the weights add up to 1 (``AGGREGATIONS``). ``tokens`` and
+    ``sequences`` are the whole batch's loss tokens and sequences with any (every rank's)."""
+    if aggregation == "token_mean":
+        return mask / tokens.clamp(min=1.0)
+    if aggregation == "seq_mean_token_sum":
+        return mask / sequences.clamp(min=1.0)
+    if aggregation == "seq_mean_token_mean":
+        length = sequence_sums(torch.ones_like(mask), mask, sequence_ids).clamp(min=1.0)
+        return mask / (length * sequences.clamp(min=1.0))
+    raise ValueError(
+        f"unknown loss aggregation {aggregation!r}; allowed: {', '.join(AGGREGATIONS)}"
+    )
+
+
+def _reduce(
+    per_token: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor | None
+) -> torch.Tensor:
+    """The loss from per-token objectives: minus their ``weights``-weighted sum, or minus
+    their mean over ``mask`` when no weights are given."""
+    return -masked_mean(per_token, mask) if weights is None else -(per_token * weights).sum()
 
 
 def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -80,13 +129,14 @@ def _with_stats(
 
 
 def _clipped_surrogate(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+    ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token min(r A, clip(r, 1-eps, 1+eps) A) and whether the clipped branch won."""
+    """Per-token min(r A, clip(r, 1-low, 1+high) A) and whether the clipped branch won.
+    ``high`` None: ``low`` both ways; a larger ``high`` is DAPO's clip-higher (arXiv
+    2503.14476 §3.1), which leaves low-probability tokens room to grow."""
     unclipped = ratio * advantages
-    surrogate = torch.minimum(
-        unclipped, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    )
+    bounded = torch.clamp(ratio, 1.0 - low, 1.0 + (low if high is None else high))
+    surrogate = torch.minimum(unclipped, bounded * advantages)
     return surrogate, (unclipped != surrogate).float()
 
 
@@ -96,6 +146,8 @@ def ppo_clip_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """PPO's clipped surrogate, averaged over all response tokens of the batch.
 
@@ -104,16 +156,52 @@ def ppo_clip_loss(
     ``logprobs``, ``old_logprobs``, ``mask`` are [batch, tokens]; ``advantages`` is [batch]
     (one per sequence, as GRPO gives) or [batch, tokens].
     Token-level averaging (every token weighs the same, as in DAPO, arXiv 2503.14476 §3.3)
-    keeps long answers from being diluted.
+    keeps long answers from being diluted; ``weights`` ([batch, tokens], ``loss_weights``)
+    replace that mean with another aggregation. ``clip_eps_high``: the upper clip bound, when
+    it differs from the lower (clip-higher).
 
     The ratio r_t is also the importance weight against ``old_logprobs`` (the behaviour policy
     when the trainer passes vLLM's log-probs), so ``weight_*`` report r_t's statistics; with
     no cap, ``truncated_fraction`` is 0.
     """
     ratio = torch.exp(logprobs - old_logprobs)
-    surrogate, was_clipped = _clipped_surrogate(ratio, _per_token(advantages, logprobs), clip_eps)
+    surrogate, was_clipped = _clipped_surrogate(
+        ratio, _per_token(advantages, logprobs), clip_eps, clip_eps_high
+    )
     clip_fraction = masked_mean(was_clipped, mask).detach()
-    return _with_stats(-masked_mean(surrogate, mask), clip_fraction, ratio, mask, cap=None)
+    return _with_stats(_reduce(surrogate, mask, weights), clip_fraction, ratio, mask, cap=None)
+
+
+def gspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    sequence_ids: torch.Tensor,
+    clip_eps: float,
+    clip_eps_high: float | None = None,
+    weights: torch.Tensor | None = None,
+) -> PolicyLoss:
+    """GSPO: PPO's clipped surrogate with one ratio per sequence.
+
+    Zheng et al., "Group Sequence Policy Optimization", arXiv 2507.18071, eq. 5-7:
+    s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|) = exp(mean_t log(pi / pi_old)) over sequence i's
+    loss tokens, L = -E_i[min(s_i A_i, clip(s_i, 1-eps_l, 1+eps_h) A_i)]. Written per token as
+    GSPO-token (eq. 13-14): s_i,t = sg[s_i] pi(y_t) / sg[pi(y_t)], whose value is s_i and
+    whose gradient, token-averaged within each sequence, is GSPO's: with
+    ``seq_mean_token_mean`` ``weights`` this is exactly GSPO (the paper's clip range is
+    3e-4 / 4e-4, not PPO's 0.2). A whole sequence is clipped or not. ``sequence_ids``
+    ([batch, tokens]) names each token's sequence (packed rows hold several).
+    """
+    log_ratio = (logprobs - old_logprobs) * mask
+    length = sequence_sums(torch.ones_like(mask), mask, sequence_ids).clamp(min=1.0)
+    sequence_log_ratio = sequence_sums(log_ratio, mask, sequence_ids) / length
+    ratio = torch.exp(sequence_log_ratio.detach() + logprobs - logprobs.detach())
+    surrogate, was_clipped = _clipped_surrogate(
+        ratio, _per_token(advantages, logprobs), clip_eps, clip_eps_high
+    )
+    clip_fraction = masked_mean(was_clipped, mask).detach()
+    return _with_stats(_reduce(surrogate, mask, weights), clip_fraction, ratio, mask, cap=None)
 
 
 def decoupled_ppo_loss(
@@ -124,6 +212,8 @@ def decoupled_ppo_loss(
     mask: torch.Tensor,
     clip_eps: float,
     weight_cap: float | None,
+    clip_eps_high: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Decoupled PPO: clip against a proximal policy, importance-weight against the behaviour one.
 
@@ -137,13 +227,16 @@ def decoupled_ppo_loss(
     ``weight_cap`` truncates w_t at the cap (None: no cap). AReaL's ``behav_imp_weight_cap``
     instead drops tokens whose weight exceeds it; truncation keeps their signal, bounded.
     ``weight_*`` describe w_t before the cap; ``ratio_mean`` and ``clip_fraction`` describe r_t.
+    ``clip_eps_high`` and ``weights`` as in ``ppo_clip_loss``.
     """
     ratio = torch.exp(logprobs - proximal_logprobs)
     raw_weight = torch.exp(proximal_logprobs - behaviour_logprobs).detach()
     weight = raw_weight if weight_cap is None else raw_weight.clamp(max=weight_cap)
-    surrogate, was_clipped = _clipped_surrogate(ratio, _per_token(advantages, logprobs), clip_eps)
+    surrogate, was_clipped = _clipped_surrogate(
+        ratio, _per_token(advantages, logprobs), clip_eps, clip_eps_high
+    )
     return _with_stats(
-        -masked_mean(weight * surrogate, mask),
+        _reduce(weight * surrogate, mask, weights),
         masked_mean(was_clipped, mask).detach(),
         raw_weight,
         mask,
@@ -158,6 +251,7 @@ def tis_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cap: float,
+    weights: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Policy gradient with truncated importance sampling against the behaviour policy.
 
@@ -167,11 +261,12 @@ def tis_loss(
     All tensors are [batch, tokens] except ``advantages``, [batch] or [batch, tokens].
     The loss value itself carries no meaning (it scales with log pi); only its gradient does.
     No clipping: ``clip_fraction`` is 0, ``ratio_mean`` equals ``weight_mean`` (rho before the
-    cap), and ``truncated_fraction`` is the share of tokens with rho_t > cap.
+    cap), and ``truncated_fraction`` is the share of tokens with rho_t > cap. ``weights`` as
+    in ``ppo_clip_loss``.
     """
     rho = torch.exp(logprobs - behaviour_logprobs).detach()
     weight = rho.clamp(max=cap)
-    loss = -masked_mean(weight * logprobs * _per_token(advantages, logprobs), mask)
+    loss = _reduce(weight * logprobs * _per_token(advantages, logprobs), mask, weights)
     return _with_stats(loss, loss.new_zeros(()).detach(), rho, mask, cap)
 
 
@@ -195,21 +290,36 @@ def policy_loss(
     mask: torch.Tensor,
     clip_eps: float,
     is_cap: float,
+    clip_eps_high: float | None = None,
+    weights: torch.Tensor | None = None,
+    sequence_ids: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """The policy loss called ``name`` (one of ``LOSS_NAMES``), so a trainer need not know which.
 
     ppo: ``ppo_clip_loss`` with the ratio against the behaviour policy. decoupled_ppo:
     ``decoupled_ppo_loss`` with the behaviour weight capped at ``is_cap``. tis: ``tis_loss``
-    truncated at ``is_cap``. Shapes as in those functions.
+    truncated at ``is_cap``. gspo: ``gspo_loss`` against the behaviour policy (needs
+    ``sequence_ids``). ``clip_eps_high``, ``weights``: as in ``ppo_clip_loss``. Shapes as in
+    those functions.
     """
     if name == "ppo":
-        return ppo_clip_loss(logprobs, behaviour_logprobs, advantages, mask, clip_eps)
+        return ppo_clip_loss(
+            logprobs, behaviour_logprobs, advantages, mask, clip_eps, clip_eps_high, weights
+        )
     if name == "decoupled_ppo":
         return decoupled_ppo_loss(
-            logprobs, proximal_logprobs, behaviour_logprobs, advantages, mask, clip_eps, is_cap
-        )
+            logprobs, proximal_logprobs, behaviour_logprobs, advantages, mask, clip_eps, is_cap,
+            clip_eps_high, weights,
+        )  # fmt: skip
     if name == "tis":
-        return tis_loss(logprobs, behaviour_logprobs, advantages, mask, is_cap)
+        return tis_loss(logprobs, behaviour_logprobs, advantages, mask, is_cap, weights)
+    if name == "gspo":
+        if sequence_ids is None:
+            raise ValueError("the gspo loss needs each token's sequence (sequence_ids)")
+        return gspo_loss(
+            logprobs, behaviour_logprobs, advantages, mask, sequence_ids, clip_eps,
+            clip_eps_high, weights,
+        )  # fmt: skip
     raise ValueError(f"unknown policy loss {name!r}; allowed: {', '.join(LOSS_NAMES)}")
 
 

@@ -5,14 +5,18 @@ import pytest
 import torch
 
 from sluice.rl.losses import (
+    AGGREGATIONS,
     LOSS_NAMES,
     chunked_token_stats,
     decoupled_ppo_loss,
+    gspo_loss,
     kl_k3,
     logprob_mismatch,
+    loss_weights,
     masked_mean,
     policy_loss,
     ppo_clip_loss,
+    sequence_sums,
     tis_loss,
     token_stats,
 )
@@ -388,16 +392,147 @@ def test_logprob_mismatch_closed_form(prox, behav, mask, expected):
 @pytest.mark.parametrize("name", LOSS_NAMES, ids=LOSS_NAMES)
 def test_policy_loss_dispatches_by_name(name):
     logp, behav, adv, mask = _random_case(0)
+    rows = torch.arange(3).unsqueeze(1).expand_as(mask)
     direct = {
         "ppo": lambda: ppo_clip_loss(logp, behav, adv, mask, 0.2),
         "decoupled_ppo": lambda: decoupled_ppo_loss(logp, logp, behav, adv, mask, 0.2, 1.5),
         "tis": lambda: tis_loss(logp, behav, adv, mask, 1.5),
+        "gspo": lambda: gspo_loss(logp, behav, adv, mask, rows, 0.2),
     }[name]()
-    out = policy_loss(name, logp, logp, behav, adv, mask, clip_eps=0.2, is_cap=1.5)
+    out = policy_loss(
+        name, logp, logp, behav, adv, mask, clip_eps=0.2, is_cap=1.5, sequence_ids=rows
+    )
     for field in dataclasses.fields(out):
         torch.testing.assert_close(getattr(out, field.name), getattr(direct, field.name))
 
 
 def test_policy_loss_rejects_unknown_names():
-    with pytest.raises(ValueError, match="allowed: ppo, decoupled_ppo, tis"):
+    with pytest.raises(ValueError, match="allowed: ppo, decoupled_ppo, tis, gspo"):
         policy_loss("a2c", *(torch.zeros(1, 1),) * 3, torch.zeros(1), torch.ones(1, 1), 0.2, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("log_ratio", "adv", "high", "expected_ratio_term", "clipped"),
+    [
+        # ratio e^0.25 = 1.284, A > 0: symmetric 0.2 clips at 1.2
+        (0.25, 1.0, None, 1.2, 1.0),
+        # clip-higher 0.28 clips at 1.28 instead
+        (0.25, 1.0, 0.28, 1.28, 1.0),
+        # ratio e^0.2 = 1.221 < 1.28: left alone under clip-higher
+        (0.2, 1.0, 0.28, math.exp(0.2), 0.0),
+        # the low side is clip_eps's whatever the high one: ratio e^-0.5 = 0.607, A < 0
+        (-0.5, -1.0, 0.28, 0.8, 1.0),
+    ],
+    ids=["symmetric", "clip-higher", "under-the-higher-bound", "low-side"],
+)
+def test_clip_higher_closed_form(log_ratio, adv, high, expected_ratio_term, clipped):
+    shape = (1, 2)
+    out = ppo_clip_loss(
+        torch.full(shape, log_ratio),
+        torch.zeros(shape),
+        torch.tensor([adv]),
+        torch.ones(shape),
+        clip_eps=0.2,
+        clip_eps_high=high,
+    )
+    assert out.loss.item() == pytest.approx(-expected_ratio_term * adv, abs=1e-6)
+    assert out.clip_fraction.item() == clipped
+
+
+# Two sequences of 2 and 3 loss tokens (the first padded by one masked token).
+_MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+_ROWS = torch.arange(2).unsqueeze(1).expand(2, 3)
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"),
+    [
+        # every token of the batch: 1/5 each
+        ("token_mean", [[0.2, 0.2, 0.0], [0.2, 0.2, 0.2]]),
+        # each sequence weighs 1/2, split over its own tokens
+        ("seq_mean_token_mean", [[0.25, 0.25, 0.0], [1 / 6, 1 / 6, 1 / 6]]),
+        # each sequence's token sum, over 2 sequences
+        ("seq_mean_token_sum", [[0.5, 0.5, 0.0], [0.5, 0.5, 0.5]]),
+    ],
+    ids=list(AGGREGATIONS),
+)
+def test_loss_weights_closed_form(aggregation, expected):
+    weights = loss_weights(_MASK, _ROWS, aggregation, torch.tensor(5.0), torch.tensor(2.0))
+    torch.testing.assert_close(weights, torch.tensor(expected))
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"),
+    # on-policy (ratio 1), A = +1 for the 2-token sequence, -1 for the 3-token one:
+    # token mean -(2 - 3) / 5; sequence means -(1 - 1) / 2; sequence sums -(2 - 3) / 2
+    [("token_mean", 0.2), ("seq_mean_token_mean", 0.0), ("seq_mean_token_sum", 0.5)],
+    ids=list(AGGREGATIONS),
+)
+def test_aggregation_changes_the_ppo_loss_as_by_hand(aggregation, expected):
+    weights = loss_weights(_MASK, _ROWS, aggregation, torch.tensor(5.0), torch.tensor(2.0))
+    zeros = torch.zeros(2, 3)
+    out = ppo_clip_loss(zeros, zeros, torch.tensor([1.0, -1.0]), _MASK, 0.2, weights=weights)
+    assert out.loss.item() == pytest.approx(expected, abs=1e-7)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS, ids=AGGREGATIONS)
+def test_a_batch_cut_in_parts_adds_up_to_its_whole_loss(aggregation):
+    logp, behav, adv, mask = _random_case(3)
+    mask[:, 0] = 1.0  # every sequence has a loss token
+    rows = torch.arange(3).unsqueeze(1).expand_as(mask)
+    tokens, sequences = mask.sum(), torch.tensor(3.0)
+
+    def loss(index):
+        part = mask[index]
+        weights = loss_weights(part, rows[index], aggregation, tokens, sequences)
+        return ppo_clip_loss(logp[index], behav[index], adv[index], part, 0.2, weights=weights)
+
+    whole = loss(torch.arange(3)).loss
+    split = loss(torch.tensor([0, 2])).loss + loss(torch.tensor([1])).loss
+    assert split.item() == pytest.approx(whole.item(), abs=1e-6)
+
+
+def test_loss_weights_reject_unknown_aggregations():
+    with pytest.raises(ValueError, match="allowed: token_mean, seq_mean_token_mean"):
+        loss_weights(_MASK, _ROWS, "sum", torch.tensor(5.0), torch.tensor(2.0))
+
+
+def test_sequence_sums_keep_packed_samples_apart():
+    # one packed row: sample 0 on tokens 0-1, sample 1 on tokens 2-4 (token 3 masked)
+    ids = torch.tensor([[0, 0, 1, 1, 1]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0, 1.0]])
+    sums = sequence_sums(torch.tensor([[1.0, 2.0, 3.0, 100.0, 5.0]]), mask, ids)
+    assert sums.tolist() == [[3.0, 3.0, 8.0, 8.0, 8.0]]
+
+
+def test_gspo_takes_one_ratio_per_sequence():
+    # log ratios 0.1 and 0.3: s = exp(mean) = e^0.2 = 1.2214, inside [0.8, 1.28]
+    logp = torch.tensor([[0.1, 0.3]], requires_grad=True)
+    mask = torch.ones(1, 2)
+    rows = torch.zeros(1, 2, dtype=torch.long)
+    weights = loss_weights(mask, rows, "seq_mean_token_mean", torch.tensor(2.0), torch.tensor(1.0))
+    out = gspo_loss(logp, torch.zeros(1, 2), torch.tensor([1.0]), mask, rows, 0.2, 0.28, weights)
+    s = math.exp(0.2)
+    assert out.loss.item() == pytest.approx(-s, rel=1e-6)
+    assert out.ratio_mean.item() == pytest.approx(s, rel=1e-6)  # every token carries s
+    out.loss.backward()
+    # GSPO's gradient: -A s (1/|y|) grad log pi for each token
+    torch.testing.assert_close(logp.grad, torch.full((1, 2), -s / 2))
+
+
+def test_gspo_clips_a_whole_sequence_and_no_token_of_another():
+    # sequence 0: log ratios 0.4, 0.0 -> s = e^0.2 = 1.22 > 1 + 4e-4, A > 0: clipped whole;
+    # sequence 1: log ratios 0.4, -0.4 -> s = 1, inside: no token clipped although each
+    # token's own ratio is far outside the band
+    logp = torch.tensor([[0.4, 0.0], [0.4, -0.4]], requires_grad=True)
+    mask = torch.ones(2, 2)
+    rows = torch.arange(2).unsqueeze(1).expand(2, 2)
+    weights = loss_weights(mask, rows, "seq_mean_token_mean", torch.tensor(4.0), torch.tensor(2.0))
+    out = gspo_loss(
+        logp, torch.zeros(2, 2), torch.tensor([1.0, 1.0]), mask, rows, 3e-4, 4e-4, weights
+    )
+    assert out.clip_fraction.item() == pytest.approx(0.5)
+    assert out.loss.item() == pytest.approx(-((1 + 4e-4) + 1.0) / 2, rel=1e-6)
+    out.loss.backward()
+    # the clipped sequence carries no gradient; the other -s A / (|y| * 2 sequences) each
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.0], [-0.25, -0.25]]))
