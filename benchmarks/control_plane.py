@@ -95,6 +95,7 @@ from sluice.engines.rollout.stream_loop import PUT_EVERY_S, PUT_GROUPS, REFILL_A
 from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs import Problem, RewardResult
 from sluice.envs.scoring import VerifierScorer
+from sluice.rl.advantages import Credit
 from sluice.sim.engine import simulate
 from sluice.sim.lengths import draw_lengths
 from sluice.sim.results import SimResult
@@ -137,7 +138,7 @@ WEIGHTS_MB = 4
 WEIGHT_CHECK_S = 1.0
 # The real worker's timing, as the flow leaves it (driver/stream.py: stream_settings).
 _REAL = StreamSettings(worker=0, samples_per_prompt=GROUP, max_new_tokens=1, temperature=1.0,
-                       scale_by_std=False, concurrency=1)  # fmt: skip
+                       credit=Credit(scale_by_std=False), concurrency=1)  # fmt: skip
 REAL_WEIGHT_CHECK_S = _REAL.weight_check_s
 REPORT_EVERY_S = _REAL.report_every_s
 # A clock engine's longest step: a decode step of a large engine takes tens of ms; 0.1 s
@@ -834,7 +835,8 @@ class WorkerHost:
             )
             settings = StreamSettings(
                 worker=worker, samples_per_prompt=load.group, max_new_tokens=MAX_NEW_TOKENS,
-                temperature=1.0, scale_by_std=False, concurrency=load.slots * load.group,
+                temperature=1.0, credit=Credit(scale_by_std=False),
+                concurrency=load.slots * load.group,
                 weight_check_s=load.weight_check_s,
             )  # fmt: skip
             rollout.stream(_TimedSource(dispatcher, calls), settings)

@@ -26,6 +26,7 @@ from sluice.engines.rollout.messages import BatchShard, RolloutStats, Served
 from sluice.engines.rollout.worker import RolloutWorkerClient
 from sluice.envs import Problem
 from sluice.envs.prompts import PromptSource
+from sluice.rl.advantages import Credit
 
 log = logging.getLogger("sluice")
 
@@ -55,6 +56,16 @@ def _shards(problems: list[Problem], workers: int) -> list[list[int]]:
     return [s for s in (list(range(len(problems)))[i::workers] for i in range(workers)) if s]
 
 
+def credit_of(cfg: RunConfig) -> Credit:
+    """How a run's groups turn rewards into advantages, from its ``train`` section; the
+    rollout workers apply it as each group finishes (both kinds of rollout)."""
+    t = cfg.train
+    return Credit(
+        t.advantage, t.scale_adv_by_std, t.overlong_buffer, t.overlong_penalty,
+        cfg.rollout.max_new_tokens,
+    )  # fmt: skip
+
+
 def submit(
     workers: list[RolloutWorkerClient],
     problems: list[Problem],
@@ -62,7 +73,7 @@ def submit(
     max_new_tokens: int,
     temperature: float,
     seed: int,
-    scale_by_std: bool,
+    credit: Credit,
     tag: str = "",
     version: int = 0,
     pull_timeout_s: float = 120.0,
@@ -78,7 +89,7 @@ def submit(
         temperature,
         seed,
         f"{tag}r{seed}",
-        scale_by_std,
+        credit,
         version,
         pull_timeout_s,
     )
@@ -151,7 +162,7 @@ class BatchRollouts:
             self.r.max_new_tokens,
             self.r.temperature,
             seed=self.cfg.seed * 1_000_003 + step,
-            scale_by_std=self.cfg.train.scale_adv_by_std,
+            credit=credit_of(self.cfg),
             tag=self.tag,
             version=max(0, step - 1 - self.lag),
             pull_timeout_s=self.cfg.weights.pull_timeout_s,

@@ -562,6 +562,7 @@ class Session:
             stale_by=cfg.stale_by,
             max_restarts=cfg.store.max_restarts,
             carried=carried,
+            drop_uniform=cfg.train.dynamic_sampling,
         )
         self.store = StoreClient(
             handle,

@@ -21,6 +21,7 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from sluice.config.tree import RunConfig
+from sluice.driver.batch import credit_of
 from sluice.driver.restarts import Restarts, Waiter
 from sluice.driver.rollout_metrics import (
     EPISODE_COUNTERS,
@@ -250,7 +251,7 @@ def stream_settings(cfg: RunConfig, worker: int) -> StreamSettings:
         samples_per_prompt=r.samples_per_prompt,
         max_new_tokens=r.max_new_tokens,
         temperature=r.temperature,
-        scale_by_std=cfg.train.scale_adv_by_std,
+        credit=credit_of(cfg),
         concurrency=r.concurrency or r.prompts_per_step * r.samples_per_prompt,
         partial_rollout=r.partial_rollout,
         pull_timeout_s=cfg.weights.pull_timeout_s,

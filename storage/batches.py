@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
+from sluice.rl.advantages import whiten
 from sluice.rl.batching import TrainBatch
 
-# The columns a training step reads; ``loss_mask`` (multi-turn episodes) may be absent.
+# The columns a training step reads; ``loss_mask`` (multi-turn episodes) may be absent, and
+# ``reason`` (a failed reward's) is read by ``batch_normalised``.
 NEEDED = ("prompt_ids", "response_ids", "behaviour_logprobs", "advantage")
-TRAIN_FIELDS = (*NEEDED, "loss_mask")
+TRAIN_FIELDS = (*NEEDED, "loss_mask", "reason")
 
 
 def _lists(column: pa.ChunkedArray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -40,6 +43,26 @@ def _masks(table: pa.Table, size: int) -> list[np.ndarray | None]:
             values[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(chunk))
         )
     return out
+
+
+def batch_normalised(table: pa.Table) -> pa.Table:
+    """``table`` with its ``advantage`` column normalised over the batch's loss tokens
+    (REINFORCE++, ``rl.advantages.whiten``): each row weighs by its loss tokens, and a row
+    whose reward failed (it has a ``reason``) is left out and keeps advantage 0."""
+    size = table.num_rows
+    lengths = pc.list_value_length(table.column("response_ids")).to_numpy(zero_copy_only=False)
+    tokens = [
+        float(length) if mask is None else float(mask.sum())
+        for length, mask in zip(lengths, _masks(table, size), strict=True)
+    ]
+    if "reason" in table.column_names:
+        valid = pc.is_null(table.column("reason")).to_numpy(zero_copy_only=False)
+    else:
+        valid = np.ones(size, dtype=bool)
+    i = table.schema.get_field_index("advantage")
+    advantages = torch.tensor(table.column(i).to_numpy(zero_copy_only=False), dtype=torch.float64)
+    out = whiten(advantages, torch.tensor(tokens), torch.from_numpy(np.asarray(valid)))
+    return table.set_column(i, table.schema.field(i), pa.array(out.numpy(), pa.float32()))
 
 
 def to_train_batch(table: pa.Table | pa.RecordBatch, pad_id: int) -> TrainBatch:

@@ -110,9 +110,13 @@ class TrajectoryIndex:
         ledger: EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         stale_by: StaleBy = "last_token",
+        drop_uniform: bool = False,
     ) -> None:
         self._ledger = ledger
         self._stale_by = stale_by
+        # Dynamic sampling (DAPO): a group whose rewards are all equal is dropped as it
+        # completes, so the batch fills with groups that carry a learning signal.
+        self._drop_uniform = drop_uniform
         self._clock = clock
         self._entries: dict[str, _Entry] = {}  # live (non-terminal) samples only
         self._seen: set[str] = set()  # every sample id ever added, to refuse duplicates
@@ -193,6 +197,9 @@ class TrajectoryIndex:
         live = [self._entries[s] for s in group.samples if s in self._entries]
         arrived = len(group.samples)
         if arrived >= group.size and live and all(e.status == "scored" for e in live):
+            if self._drop_uniform and (reason := _uniform(live)):
+                self._finish([e.meta.sample_id for e in live], "dropped", reason=reason)
+                return
             self._ready[group_id] = None
 
     # -- consumers -------------------------------------------------------------------------
@@ -387,6 +394,17 @@ class TrajectoryIndex:
             "blocks": len(self._blocks),
             **self.counts,
         }
+
+
+def _uniform(live: list[_Entry]) -> str | None:
+    """Why a complete group teaches nothing (its samples whose reward did not fail all
+    scored the same), or None. DAPO: Yu et al., arXiv 2503.14476, §3.2, eq. 11."""
+    rewards = {e.meta.reward for e in live if e.meta.reason is None}
+    if len(rewards) > 1:
+        return None
+    if not rewards:
+        return f"dynamic sampling: every reward of the group's {len(live)} samples failed"
+    return f"dynamic sampling: all {len(live)} rewards equal ({rewards.pop():g})"
 
 
 def _group_sizes(metas: list[SampleMeta]) -> dict[str, int]:

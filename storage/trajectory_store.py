@@ -142,13 +142,14 @@ class TrajectoryStore:
         credentials: Credentials | None = None,
         stale_by: StaleBy = "last_token",
         carried: dict[str, str] | None = None,
+        drop_uniform: bool = False,
     ) -> None:
         if credentials:
             credentials.apply()  # the ledger under an s3:// url needs them
         if capacity < 1:
             raise ValueError(f"store capacity must be >= 1 sample, got {capacity}")
         self._ledger = Ledger(url) if url else None
-        self._index = TrajectoryIndex(self._ledger, stale_by=stale_by)
+        self._index = TrajectoryIndex(self._ledger, stale_by=stale_by, drop_uniform=drop_uniform)
         self._capacity = capacity
         self._draining = False
         # Samples that ended before their rows came (dropped; after a restart in place,
@@ -548,6 +549,7 @@ def create_store(
     stale_by: StaleBy = "last_token",
     max_restarts: int = 0,
     carried: dict[str, str] | None = None,
+    drop_uniform: bool = False,
 ) -> Any:
     """Start the controller actor (no CPU slot: it only does bookkeeping).
 
@@ -559,6 +561,8 @@ def create_store(
     see the module docstring), retrying the calls on their way to it.
     ``carried``: with ``restore="checkpoint"``, the samples the checkpoint kept in flight
     (``engines/rollout/in_flight.py``) and the reason their old ids end with.
+    ``drop_uniform``: dynamic sampling; a group whose rewards are all equal is dropped as it
+    completes, with the reason (``trajectory_index._uniform``).
 
     It gets this process's storage credentials, since it writes the ledger under ``url``.
     """
@@ -567,7 +571,7 @@ def create_store(
         scheduling_strategy=scheduling_strategy,
         max_restarts=restarts,
         max_task_retries=-1 if restarts else 0,
-    ).remote(url, capacity, lease_s, restore, Credentials.here(), stale_by, carried)
+    ).remote(url, capacity, lease_s, restore, Credentials.here(), stale_by, carried, drop_uniform)
 
 
 @dataclass(frozen=True)

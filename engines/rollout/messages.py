@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from sluice.engines.protocols import Completion
 from sluice.envs import Problem, RewardResult
+from sluice.rl.advantages import Credit
 
 # Reasons of failed rewards carried to the flow per batch or drain (it shows the first few).
 MESSAGES_KEPT = 3
@@ -75,7 +76,7 @@ class BatchShard:
     temperature: float
     seed: int
     tag: str  # sample ids are <prompt id>@<tag>.<place in the shard>/<j>
-    scale_by_std: bool
+    credit: Credit  # how its groups' rewards become advantages
     # The policy version the batch is generated with: a worker holding an older one (Ray
     # restarted it) loads it first, waiting up to pull_timeout_s for the relay.
     version: int = 0
@@ -90,7 +91,7 @@ class StreamSettings:
     samples_per_prompt: int
     max_new_tokens: int
     temperature: float
-    scale_by_std: bool
+    credit: Credit  # how its groups' rewards become advantages
     concurrency: int  # samples in flight at most: vLLM's running batch
     partial_rollout: bool = True
     weight_check_s: float = 0.1

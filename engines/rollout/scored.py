@@ -22,7 +22,7 @@ from sluice.engines.rollout.messages import (
 )
 from sluice.envs import Problem, RewardResult
 from sluice.envs.scoring import RecordedScorer, Scorer
-from sluice.rl.advantages import group_advantages
+from sluice.rl.advantages import Credit
 from sluice.storage.block_builder import VersionRuns, trajectory_block
 
 Scored = tuple[pa.RecordBatch, RolloutStats]
@@ -56,29 +56,34 @@ def score_groups(
     groups: list[list[Completion]],
     version_runs: list[list[VersionRuns]],
     group_ids: list[str],
-    scale_by_std: bool,
+    credit: Credit,
     loss_masks: list[list[list[int] | None]] | None = None,
     sample_prompts: list[list[list[int] | None]] | None = None,
 ) -> tuple[ScoredRows, RolloutStats]:
-    """Score every completion, compute GRPO advantages, and lay the groups out as rows.
+    """Score every completion, compute its advantage (``credit``: the estimator and any
+    overlong shaping), and lay the groups out as rows.
 
     ``version_runs[g][j]`` gives the policy versions of completion j of group g as runs of
     ``(first token, version)``. Rows of one group are contiguous; sample ids are
     ``<group id>/<j>``. ``block_of`` builds the block column by column
     (``trajectory_block``); the store checks it against the schema when it is put. A sample
     whose reward failed keeps its reason in the row (the ledger records it) and gets
-    advantage 0. ``loss_masks[g][j]`` marks the sampled tokens of a multi-turn episode
-    (None: all of them); ``sample_prompts[g][j]`` is a sample's own prompt (an agent's;
-    None: its group's).
+    advantage 0. The ``rewards`` column holds the scorer's rewards; overlong shaping changes
+    the advantages only (its sum is the ``overlong_penalty`` reward metric).
+    ``loss_masks[g][j]`` marks the sampled tokens of a multi-turn episode (None: all of
+    them); ``sample_prompts[g][j]`` is a sample's own prompt (an agent's; None: its group's).
     """
-    results = scorer.score(
-        problems,
-        [[c.text for c in group] for group in groups],
-        [[len(c.token_ids) for c in group] for group in groups],
-    )
+    lengths = [[len(c.token_ids) for c in group] for group in groups]
+    results = scorer.score(problems, [[c.text for c in group] for group in groups], lengths)
     rewards = torch.tensor([[r.reward for r in row] for row in results])
     valid = torch.tensor([[r.error is None for r in row] for row in results])
-    advantages = group_advantages(rewards, scale_by_std=scale_by_std, valid=valid)
+    # An episode's length is not one generation's: overlong shaping is for single turns.
+    single_turn = torch.tensor(
+        [[not loss_masks or loss_masks[g][j] is None for j in range(len(group))]
+         for g, group in enumerate(groups)]
+    )  # fmt: skip
+    penalty = credit.shaping(lengths) * single_turn
+    advantages = credit.advantages(rewards + penalty, valid)
     # One entry per sample, group by group: (group index, sample index in its group).
     order = [(g, j) for g, group in enumerate(groups) for j in range(len(group))]
     completions = [groups[g][j] for g, j in order]
@@ -116,13 +121,18 @@ def score_groups(
         truncated=sum(not c.finished for c in completions),
         reward_errors=sum(r.error is not None for r in flat_results),
         behaviour_version=oldest,
-        reward_metrics=_summed(r.metrics for r in flat_results),
+        reward_metrics=_summed(
+            [
+                *(r.metrics for r in flat_results),
+                *([{"overlong_penalty": float(penalty.sum())}] if credit.overlong_buffer else []),
+            ]
+        ),
         reward_messages=tuple(r.error for r in flat_results if r.error)[:MESSAGES_KEPT],
     )
     return ScoredRows(env_name, columns, datetime.now(UTC)), stats
 
 
-def played_block(env_name: str, played: dict[str, PartialGroup], scale_by_std: bool) -> Scored:
+def played_block(env_name: str, played: dict[str, PartialGroup], credit: Credit) -> Scored:
     """Finished episodes as trajectory rows, with the verdicts their environment gave."""
     groups = list(played.values())
     rows, stats = score_groups(
@@ -133,7 +143,7 @@ def played_block(env_name: str, played: dict[str, PartialGroup], scale_by_std: b
         [[s.done for s in g.samples if s.done is not None] for g in groups],
         [[s.marks for s in g.samples] for g in groups],
         list(played),
-        scale_by_std,
+        credit,
         [[s.mask for s in g.samples] for g in groups],
         [[s.prompt_ids for s in g.samples] for g in groups],
     )

@@ -399,7 +399,7 @@ class StreamLoop(SampleRunner):
             [completions],
             [marks],
             [group_id],
-            self.s.scale_by_std,
+            self.s.credit,
             [[s.mask for s in group.samples]],
             [[s.prompt_ids for s in group.samples]],
         )

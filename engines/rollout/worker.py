@@ -229,7 +229,7 @@ class RolloutWorker:
                 shard.seed,
                 shard.tag,
             )
-            block, stats = played_block(self.env.name, played, shard.scale_by_std)
+            block, stats = played_block(self.env.name, played, shard.credit)
             self.store.put(block)
             counts = {k: v - before.get(k, 0.0) for k, v in self.stream_counters.items()}
             return replace(stats, episode_counts=counts)
@@ -246,7 +246,7 @@ class RolloutWorker:
             groups,
             [[[(0, version)] for _ in group] for group in groups],
             [f"{p.prompt_id}@{shard.tag}.{i}" for i, p in enumerate(problems)],
-            shard.scale_by_std,
+            shard.credit,
         )
         self.store.put(block_of([rows]))
         return stats

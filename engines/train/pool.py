@@ -42,8 +42,9 @@ from sluice.engines.cluster.ray_cluster import gpus_each, pool_dtype, thread_env
 from sluice.engines.protocols import TrainEngine
 from sluice.engines.train.ranks import Rendezvous, free_port, join, shares
 from sluice.engines.train.trainer import build_engine
+from sluice.rl.advantages import BATCH_NORMALISED
 from sluice.rl.batching import Sample, TrainBatch
-from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
+from sluice.storage.batches import TRAIN_FIELDS, batch_normalised, to_train_batch
 from sluice.storage.checkpoints import CheckpointStore
 from sluice.storage.params import ParameterService
 from sluice.storage.safetensors_stream import drain
@@ -105,6 +106,8 @@ class Trainer:
         the new version and returns the step's metrics (over every rank)."""
         t0 = time.monotonic()
         table = materialize(lease, list(TRAIN_FIELDS))  # zero-copy out of the object store
+        if self.train_cfg.advantage in BATCH_NORMALISED:  # REINFORCE++: over the whole batch
+            table = batch_normalised(table)
         metrics = self.engine.step_batch(rank_batch(table, self.rank, world, self.engine.pad_id))
         t1 = time.monotonic()
         publish_s = self._publish()

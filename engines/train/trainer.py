@@ -43,11 +43,12 @@ from sluice.engines.train.parallel import (
     meta_layout,
 )
 from sluice.engines.train.ranks import all_max, all_sum, rank_and_world
-from sluice.rl.batching import Sample, TrainBatch, collate, micro_batches, pack
+from sluice.rl.batching import Sample, TrainBatch, collate, micro_batches, pack, sequence_ids
 from sluice.rl.losses import (
     chunked_token_stats,
     kl_k3,
     logprob_mismatch,
+    loss_weights,
     masked_mean,
     policy_loss,
 )
@@ -88,6 +89,14 @@ def default_device() -> str:
     """The trainer's device: the GPU Ray gave this actor (it sets CUDA_VISIBLE_DEVICES, so
     it is ``cuda:0`` here), else the CPU."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A step's whole batch over every rank: its loss tokens and its sequences with any."""
+
+    tokens: torch.Tensor
+    sequences: torch.Tensor
 
 
 @dataclass
@@ -286,16 +295,21 @@ class PolicyTrainer:
         """Forward and backward over this rank's share of a step's batch (all of it in a
         pool of one); returns the step's metrics and its loss tokens, over every rank.
 
-        Each part's loss weighs by its share of the whole batch's tokens, times the world
-        size (the ranks' gradients are averaged), so the reduced gradient is the batch's
-        token mean whichever rank trained which row. Every rank runs as many backward
-        passes (DDP, FSDP2 and ZeRO-2/3 reduce inside them: a collective), a rank short of parts
-        running ones that add nothing.
+        Each token's loss weighs by ``train.loss_agg`` over the whole batch (its share of
+        the batch's tokens, or of its sequences), times the world size (the ranks'
+        gradients are averaged), so the reduced gradient is the batch's aggregate whichever
+        rank trained which row. Every rank runs as many backward passes (DDP, FSDP2 and
+        ZeRO-2/3 reduce inside them: a collective), a rank short of parts running ones that
+        add nothing.
         """
         parts = self.parts(batch)
         tokens = float(batch.mask.sum())
-        (tokens,), (count,) = all_sum([tokens], self.device), all_max([len(parts)], self.device)
-        total = torch.tensor(max(tokens, 1.0))
+        sequences = float((batch.mask.sum(dim=1) > 0).sum())  # a padded row is one sample
+        (tokens, sequences), (count,) = (
+            all_sum([tokens, sequences], self.device),
+            all_max([len(parts)], self.device),
+        )
+        total = Totals(torch.tensor(max(tokens, 1.0)), torch.tensor(max(sequences, 1.0)))
         step = StepSums()
         backward = self.parallel.backward
         for i in range(int(count)):
@@ -308,11 +322,12 @@ class PolicyTrainer:
             sums = all_sum(list(step.sums.values()), self.device)
             (top,) = all_max([step.weight_max], self.device)
             step = StepSums(dict(zip(step.sums, sums, strict=True)), top)
-        return step, float(total)
+        return step, float(total.tokens)
 
-    def _pass(self, part: TrainBatch, total_tokens: torch.Tensor, step: StepSums) -> None:
-        """Forward and backward over one part, its loss weighted by its share of the
-        batch's ``total_tokens`` (times the world size); adds its metrics to ``step``."""
+    def _pass(self, part: TrainBatch, total: Totals, step: StepSums) -> None:
+        """Forward and backward over one part, its tokens' losses weighted as
+        ``train.loss_agg`` says over the ``total`` batch (times the world size); adds its
+        metrics to ``step``, each a token mean weighted by the part's share of tokens."""
         train, sums = self.train, step.sums
         logprobs, entropies = self._forward(part)
         # The proximal policy is this trainer's before the update. One optimiser step per
@@ -321,6 +336,15 @@ class PolicyTrainer:
         # before the first.) Then r = 1 at the gradient and decoupled PPO's gradient is
         # tis's: min(pi/pi_behav, cap) * A * grad log pi.
         proximal = logprobs.detach()
+        sequences = sequence_ids(part)
+        device = part.mask.device
+        weights = loss_weights(
+            part.mask,
+            sequences,
+            train.loss_agg,
+            total.tokens.to(device),
+            total.sequences.to(device),
+        )
         out = policy_loss(
             train.loss,
             logprobs,
@@ -330,13 +354,17 @@ class PolicyTrainer:
             part.mask,
             train.clip_eps,
             train.is_cap,
+            train.clip_eps_high,
+            weights,
+            sequences,
         )
         entropy = masked_mean(entropies, part.mask)
-        # Each micro-batch weighs by its share of tokens: the sum is the batch token mean.
-        share = part.mask.sum() / total_tokens.to(part.mask.device)
-        self.parallel.backward((out.loss - train.entropy_coef * entropy) * share * self._world)
+        # The metrics (and the entropy bonus) weigh each micro-batch by its share of tokens:
+        # their sum is the batch's token mean. The loss is weighted already.
+        share = part.mask.sum() / total.tokens.to(device)
+        self.parallel.backward((out.loss - train.entropy_coef * entropy * share) * self._world)
         with torch.no_grad():
-            sums["loss"] += float(out.loss * share)
+            sums["loss"] += float(out.loss)
             # KL(behaviour || trainer), estimated on the behaviour policy's own samples.
             kl = kl_k3(part.old_logprobs, proximal, part.mask)
             sums["kl_behaviour"] += float(kl * share)

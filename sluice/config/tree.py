@@ -574,15 +574,67 @@ class TrainConfig(_Section):
     entropy_coef: float = Field(
         0.0, ge=0.0, description="Weight of an entropy bonus in the loss (0 = none)."
     )
-    loss: Literal["ppo", "decoupled_ppo", "tis"] = Field(
+    loss: Literal["ppo", "decoupled_ppo", "tis", "gspo"] = Field(
         "ppo",
         description="Policy loss (rl.losses). ppo: PPO-clip with the ratio taken against the "
-        "behaviour (generating) policy. decoupled_ppo: PPO-clip against the trainer's policy "
-        "before the step, times the behaviour weight pi_prox/pi_behav capped at is_cap "
-        "(AReaL). tis: plain policy gradient weighted by pi/pi_behav truncated at is_cap "
-        "(IMPALA).",
+        "behaviour (generating) policy (Schulman et al., arXiv 1707.06347). decoupled_ppo: "
+        "PPO-clip against the trainer's policy before the step, times the behaviour weight "
+        "pi_prox/pi_behav capped at is_cap (AReaL, arXiv 2505.24298). tis: plain policy "
+        "gradient weighted by pi/pi_behav truncated at is_cap (IMPALA, arXiv 1802.01561). "
+        "gspo: PPO-clip with one ratio per sequence, the geometric mean of its tokens' "
+        "(GSPO, arXiv 2507.18071; use loss_agg seq_mean_token_mean and clip_eps 3e-4, "
+        "clip_eps_high 4e-4 as the paper does).",
     )
-    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip range epsilon.")
+    clip_eps: float = Field(
+        0.2,
+        gt=0.0,
+        lt=1.0,
+        description="PPO clip range epsilon: the ratio is clipped to [1 - clip_eps, "
+        "1 + clip_eps_high].",
+    )
+    clip_eps_high: float | None = Field(
+        None,
+        gt=0.0,
+        description="The upper clip bound's epsilon when it differs from clip_eps (DAPO's "
+        "clip-higher, arXiv 2503.14476 §3.1: 0.28 beside clip_eps 0.2 leaves rare tokens room "
+        "to grow and keeps entropy from collapsing). None: clip_eps. Unused by tis.",
+    )
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = Field(
+        "token_mean",
+        description="How per-token losses make a batch's loss (verl's loss_agg_mode). "
+        "token_mean: every loss token of the batch weighs the same (DAPO §3.3, arXiv "
+        "2503.14476). seq_mean_token_mean: each sequence's token mean, then the mean over "
+        "sequences (GRPO as published, arXiv 2402.03300 eq. 3; GSPO). seq_mean_token_sum: each "
+        "sequence's token sum, then the mean over sequences.",
+    )
+    advantage: Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = Field(
+        "grpo",
+        description="Advantage estimator (rl.advantages). grpo: the group's mean subtracted, "
+        "divided by its std under scale_adv_by_std (arXiv 2402.03300). rloo: each sample "
+        "against the mean of the others of its group (arXiv 2402.14740). reinforce_pp: the "
+        "reward normalised over the training batch's tokens, no per-prompt baseline "
+        "(REINFORCE++, arXiv 2501.03262). reinforce_pp_baseline: the group's mean subtracted, "
+        "then normalised over the batch the same way.",
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling (arXiv 2503.14476 §3.2): a group whose rewards "
+        "are all equal (no learning signal under a group baseline) is dropped as it "
+        "completes, recorded in the ledger with the reason, and its place in the admission "
+        "window goes back to the dispatcher, so the stream fills the batch with another "
+        "prompt. mode: async only (a batch mode generates a fixed batch).",
+    )
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO's overlong shaping (arXiv 2503.14476 §3.4): an answer longer than "
+        "rollout.max_new_tokens minus this many tokens loses up to overlong_penalty of its "
+        "reward, linearly to the whole penalty at max_new_tokens. 0: none. Single-turn "
+        "samples only (an episode's length is not one generation's).",
+    )
+    overlong_penalty: float = Field(
+        1.0, gt=0.0, description="The reward an answer at rollout.max_new_tokens loses."
+    )
     is_cap: float = Field(
         2.0,
         ge=1.0,
@@ -604,7 +656,9 @@ class TrainConfig(_Section):
         "much larger moves it by about the rate whatever its size.",
     )
     scale_adv_by_std: bool = Field(
-        True, description="GRPO's std scaling of advantages (False: Dr. GRPO, centred only)."
+        True,
+        description="GRPO's std scaling of advantages (False: Dr. GRPO, centred only, arXiv "
+        "2503.20783).",
     )
     micro_batch: int = Field(256, ge=1, description="Sequences per forward/backward pass.")
     micro_batch_tokens: int = Field(
@@ -659,6 +713,15 @@ class TrainConfig(_Section):
         "placed only on a node that advertises them (the infra/terraform trainer group "
         "advertises `trainer`). Empty: any node with CPUs.",
     )
+
+    @model_validator(mode="after")
+    def _scale_by_std_is_grpo(self) -> TrainConfig:
+        if not self.scale_adv_by_std and self.advantage != "grpo":
+            raise ValueError(
+                f"train.scale_adv_by_std: false applies to train.advantage: grpo only; "
+                f"{self.advantage!r} does not divide by a group's std (leave it true)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _betas_below_one(self) -> TrainConfig:
@@ -932,6 +995,25 @@ class RunConfig(_Section):
         if set(name) == {"."}:
             raise ValueError(f"{name!r} is not a folder name: the run would write outside root")
         return name
+
+    @model_validator(mode="after")
+    def _dynamic_sampling_streams(self) -> RunConfig:
+        if self.train.dynamic_sampling and self.mode != "async":
+            raise ValueError(
+                f"train.dynamic_sampling needs mode: async (mode {self.mode!r} generates a "
+                "fixed batch, which dropped groups would leave short); set mode: async"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_buffer_fits(self) -> RunConfig:
+        if self.train.overlong_buffer >= self.rollout.max_new_tokens:
+            raise ValueError(
+                f"train.overlong_buffer ({self.train.overlong_buffer}) must be below "
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): the penalty starts "
+                "that many tokens before the limit"
+            )
+        return self
 
     @model_validator(mode="after")
     def _responses_fit_the_context(self) -> RunConfig:

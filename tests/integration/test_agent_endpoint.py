@@ -20,6 +20,7 @@ from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
 from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs import AdditionEnv
 from sluice.envs.scoring import RecordedScorer
+from sluice.rl.advantages import Credit
 from sluice.storage.schema import validate_batch
 from tests.support.sampled import record_sampled
 
@@ -101,7 +102,7 @@ def test_an_openai_client_agent_plays_token_exact_episodes(
             assert sample.token_ids == one + added + two
             assert two in sampled.values()
             assert sample.mask == [1] * len(one) + [0] * len(added) + [1] * len(two)
-    block, stats = played_block("addition", played, scale_by_std=False)
+    block, stats = played_block("addition", played, credit=Credit(scale_by_std=False))
     validate_batch(block)
     assert stats.reward_errors == 0
 
@@ -124,6 +125,6 @@ def test_an_agent_that_misuses_its_endpoint_fails_its_episode(
         worker.agents.close()
     for sample in next(iter(played.values())).samples:
         assert sample.result.error is not None and reason in sample.result.error
-    block, stats = played_block("addition", played, scale_by_std=False)
+    block, stats = played_block("addition", played, credit=Credit(scale_by_std=False))
     validate_batch(block)
     assert stats.reward_errors == 2

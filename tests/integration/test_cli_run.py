@@ -145,7 +145,9 @@ def _a_foreign_schema_fails_the_resume_at_once(run_dir: Path) -> None:
 
 def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
     """Two streaming workers, a dispatcher's admission control and repack, and the store's
-    staleness bound."""
+    staleness bound. The run also trains with options that travel through the actors: the
+    workers' advantages (REINFORCE++-baseline, overlong shaping), the trainer pool's batch
+    normalisation, sequence-mean aggregation and clip-higher."""
     # Repacks come in bursts, mostly when both workers restart together after an eval: 20
     # steps give several such chances (10 steps once gave none). On a loaded machine async
     # may start before Ray has placed the second worker, and the first steps (under a
@@ -163,6 +165,10 @@ def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
         # Every worker straggles whenever admission holds it back: repack on every chance.
         "rollout.repack_max_stragglers=16",
         "rollout.repack_min_age_s=0",
+        "train.advantage=reinforce_pp_baseline",
+        "train.loss_agg=seq_mean_token_mean",
+        "train.clip_eps_high=0.28",
+        "train.overlong_buffer=8",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"in {steps} async steps" in result.stdout
@@ -187,11 +193,18 @@ def test_async_run_keeps_the_staleness_bound(tmp_path, shared_cache):
         (repacked,) = db.execute(
             "SELECT SUM(value) FROM metrics WHERE key='rollout/repacked_groups'"
         ).fetchone()
+        penalties = [
+            v
+            for (v,) in db.execute(
+                "SELECT value FROM metrics WHERE key='rollout/reward/overlong_penalty'"
+            )
+        ]
     assert len(worst) == steps and max(worst) <= bound
     assert len(first) == steps and max(first) >= max(worst)
     assert weights == (steps,) and loads[0] >= 1  # the worker pulled new weights itself
     # Groups moved between the workers, and were trained (below).
     assert repacked >= 1, result.stdout[-3000:]
+    assert penalties and max(penalties) <= 0.0  # the workers shaped their groups
     table = Ledger(run_dir.as_uri()).read()
     assert check_exactly_once(table) == []
     summary = summarize(table)

@@ -22,6 +22,7 @@ from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
 from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.scoring import RecordedScorer
+from sluice.rl.advantages import Credit
 from sluice.storage.schema import validate_batch
 from tests.support.envs import OBSERVATION, ChatEcho, Echo, spec
 from tests.support.sampled import record_sampled
@@ -72,7 +73,7 @@ def test_an_episode_trains_on_exactly_the_sampled_tokens_and_the_environments(
                 group.prompt_ids + sample.token_ids
             )
     assert retokenized_differs > 0  # re-tokenizing would have changed the trained tokens
-    block, stats = played_block("echo", played, scale_by_std=False)
+    block, stats = played_block("echo", played, credit=Credit(scale_by_std=False))
     validate_batch(block)
     assert block.column("loss_mask").to_pylist() == [
         s.mask for g in played.values() for s in g.samples

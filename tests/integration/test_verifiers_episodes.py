@@ -20,6 +20,7 @@ from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
 from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs.scoring import RecordedScorer
 from sluice.envs.verifiers_tasksets import VerifiersEnv, task_messages
+from sluice.rl.advantages import Credit
 from sluice.storage.schema import validate_batch
 
 pytestmark = pytest.mark.integration
@@ -44,7 +45,7 @@ def play(taskset: str, bpe_policy: Path, monkeypatch) -> tuple[dict, object]:
         played = worker.play(problems, 2, 64, 1.0, seed=0)
     finally:
         worker.agents.close()
-    block, stats = played_block(env.name, played, scale_by_std=False)
+    block, stats = played_block(env.name, played, credit=Credit(scale_by_std=False))
     validate_batch(block)
     assert stats.reward_errors == 0
     return played, tokenizer

@@ -150,6 +150,25 @@ def test_a_full_store_holds_producers_back(ray_local, tmp_path):
         client.put(block("d", "e", "f"))
 
 
+def test_dynamic_sampling_drops_uniform_groups_and_makes_room(ray_local, tmp_path):
+    """A group whose rewards are all equal is dropped as it arrives, its reason in the
+    ledger, and frees its room at once: a full store takes the next producer's block."""
+    url = f"file://{tmp_path}"
+    client = StoreClient(create_store(url, capacity=8, drop_uniform=True), url)
+    uniform = batch_from_rows([{**r, "reward": 1.0} for r in rows("same")])
+    client.put(uniform)
+    client.put(block("a", "b"))  # rewards 0, 1/4, 2/4, 3/4: kept (8 of 8 places)
+    assert client.stats()["dropped"] == GROUP and client.stats()["ready"] == 2 * GROUP
+    lease = client.lease(2 * GROUP, 0, 0)
+    assert sorted(lease.sample_ids) == [f"{g}/{j}" for g in "ab" for j in range(GROUP)]
+    client.ack(lease, 1)  # the ledger is written at every ack
+    events = Ledger(url).read()
+    dropped = [e for e in events.to_pylist() if e["event"] == "dropped"]
+    assert [e["sample_id"] for e in dropped] == [f"same/{j}" for j in range(GROUP)]
+    assert {e["reason"] for e in dropped} == {"dynamic sampling: all 4 rewards equal (1)"}
+    assert check_exactly_once(events) == []
+
+
 def test_a_draining_store_lets_producers_finish(ray_local, tmp_path):
     """Held-out evaluation and the end of a run consume nothing: a worker finishing what it
     holds must not block on a full store then."""

@@ -5,7 +5,8 @@ from typing import get_args
 import pytest
 
 from sluice.config.tree import MOVED, ConfigError, RunConfig, TrainConfig, cautions, load_config
-from sluice.rl.losses import LOSS_NAMES
+from sluice.rl.advantages import ESTIMATORS
+from sluice.rl.losses import AGGREGATIONS, LOSS_NAMES
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 
@@ -49,7 +50,22 @@ def test_a_reward_written_as_a_path_takes_overrides_of_its_section(tmp_path):
         (["nosuch.x=1"], r"nosuch: unknown key"),
         (["train.steps"], "not of the form"),
         (["train.steps=5", "train.steps.x=1"], "is a value, not a section"),
-        (["train.loss=a2c"], r"train\.loss: .*'ppo', 'decoupled_ppo' or 'tis'.*'a2c'"),
+        (["train.loss=a2c"], r"train\.loss: .*'ppo', 'decoupled_ppo', 'tis' or 'gspo'.*'a2c'"),
+        (["train.loss_agg=sum"], r"train\.loss_agg: .*'token_mean', 'seq_mean_token_mean' or"),
+        (["train.advantage=gae"], r"train\.advantage: .*'grpo', 'rloo', 'reinforce_pp' or"),
+        (
+            ["train.advantage=rloo", "train.scale_adv_by_std=false"],
+            r"scale_adv_by_std: false applies to train\.advantage: grpo only; 'rloo'",
+        ),
+        (["train.clip_eps_high=0"], r"train\.clip_eps_high: Input should be greater than 0"),
+        (
+            ["train.dynamic_sampling=true", "mode=one_step"],
+            r"train\.dynamic_sampling needs mode: async \(mode 'one_step' generates a fixed",
+        ),
+        (
+            ["train.overlong_buffer=64", "rollout.max_new_tokens=64"],
+            r"train\.overlong_buffer \(64\) must be below rollout\.max_new_tokens \(64\)",
+        ),
         (["train.is_cap=0.5"], r"train\.is_cap: Input should be greater than or equal to 1"),
         (["train.zero_stage=5"], r"train\.zero_stage: Input should be 1, 2 or 3 \(got 5\)"),
         (["train.engine=megatron"], r"train\.engine: .*'torch', 'fsdp' or 'deepspeed'.*'megatron'"),
@@ -75,6 +91,12 @@ def test_a_reward_written_as_a_path_takes_overrides_of_its_section(tmp_path):
         "no-equals",
         "into-value",
         "unknown-loss",
+        "unknown-aggregation",
+        "unknown-estimator",
+        "std-scaling-off-grpo",
+        "clip-high-zero",
+        "dynamic-sampling-in-a-batch-mode",
+        "overlong-buffer-too-long",
         "cap-below-one",
         "zero-stage-5",
         "unknown-engine",
@@ -123,6 +145,8 @@ def test_missing_and_malformed_files(tmp_path):
 
 def test_loss_choices_are_the_losses_rl_losses_knows():
     assert get_args(TrainConfig.model_fields["loss"].annotation) == LOSS_NAMES
+    assert get_args(TrainConfig.model_fields["loss_agg"].annotation) == AGGREGATIONS
+    assert get_args(TrainConfig.model_fields["advantage"].annotation) == ESTIMATORS
 
 
 def test_loss_defaults_and_overrides():

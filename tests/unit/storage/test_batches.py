@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sluice.rl.batching import Sample, collate
-from sluice.storage.batches import to_train_batch
+from sluice.storage.batches import batch_normalised, to_train_batch
 
 SAMPLES = [
     Sample([1, 5, 6], [7, 8], [-0.5, -0.25], 1.5),
@@ -71,3 +71,18 @@ def test_slices_and_chunks_match_collate():
 def test_bad_tables_are_named(table, match):
     with pytest.raises(ValueError, match=match):
         to_train_batch(table, 0)
+
+
+def test_batch_normalised_weighs_rows_by_loss_tokens_and_leaves_failed_ones_at_zero():
+    # advantages 1.5 (2 tokens), -1 (4 tokens, 2 of them the environment's), 3 (failed):
+    # mean (2 x 1.5 - 2) / 4 = 0.25, variance (2 x 1.25^2 + 2 x 1.25^2) / 4 = 1.25^2:
+    # advantages 1 and -1, the failed row 0
+    rows = [
+        SAMPLES[0],
+        Sample([1], [9, 10, 11, 2], [-1.0] * 4, -1.0, loss_mask=[1, 0, 0, 1]),
+        Sample([1], [3], [-0.75], 3.0),
+    ]
+    table = table_of(rows).append_column("reason", pa.array([None, None, "reward timed out"]))
+    out = batch_normalised(table).column("advantage").to_pylist()
+    assert out == pytest.approx([1.0, -1.0, 0.0], abs=1e-5)
+    assert batch_normalised(table).column("prompt_ids") == table.column("prompt_ids")

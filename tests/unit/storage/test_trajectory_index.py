@@ -191,3 +191,42 @@ def test_samples_trained_under_a_lease_of_a_dead_store_are_acknowledged_by_id(pa
     grant = index.take(4, current_version=2, max_staleness=4, lease_s=60)
     assert index.ack_samples(grant.sample_ids, 3, 2) == 0  # leased: the lease acks them
     assert index.has_lease(grant.lease_id)
+
+
+def _scored(
+    name: str, rewards: list[float], failed: frozenset[int] = frozenset()
+) -> list[SampleMeta]:
+    return [
+        SampleMeta(
+            f"{name}/{j}", f"p-{name}", name, 0, reward=r, advantage=0.0,
+            reason="reward timed out" if j in failed else None,
+        )
+        for j, r in enumerate(rewards)
+    ]  # fmt: skip
+
+
+def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal():
+    sink = Sink()
+    index = TrajectoryIndex(sink, Clock(), drop_uniform=True)
+    index.add("block", _scored("same", [1.0, 1.0, 1.0]) + _scored("mixed", [1.0, 0.0, 1.0]))
+    # the failed sample's reward is no verdict: its group's others all scored 0
+    index.add("block-2", _scored("failed", [0.0, 5.0, 0.0], failed=frozenset({1})))
+    index.add("block-3", _scored("all-failed", [0.0, 0.0], failed=frozenset({0, 1})))
+    dropped = {e.sample_id: e.reason for e in sink.of("dropped")}
+    assert dropped == {
+        **{f"same/{j}": "dynamic sampling: all 3 rewards equal (1)" for j in range(3)},
+        **{f"failed/{j}": "dynamic sampling: all 3 rewards equal (0)" for j in range(3)},
+        **{
+            f"all-failed/{j}": "dynamic sampling: every reward of the group's 2 samples failed"
+            for j in range(2)
+        },
+    }
+    assert index.stats()["ready"] == 3 and index.counts["dropped"] == 8
+    grant = index.take(3, current_version=0, max_staleness=1, lease_s=60)
+    assert grant.sample_ids == [f"mixed/{j}" for j in range(3)]
+
+
+def test_without_dynamic_sampling_a_uniform_group_trains():
+    index = TrajectoryIndex(Sink(), Clock())
+    index.add("block", _scored("same", [1.0, 1.0]))
+    assert index.take(2, current_version=0, max_staleness=1, lease_s=60) is not None

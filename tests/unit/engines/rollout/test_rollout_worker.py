@@ -25,6 +25,7 @@ from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.prompts import PromptStream
 from sluice.envs.scoring import VerifierScorer
+from sluice.rl.advantages import Credit
 from sluice.storage.params import PullFailed
 from sluice.storage.schema import validate_batch
 
@@ -49,7 +50,7 @@ def test_groups_become_contiguous_scored_rows_with_token_versions():
         groups,
         runs,
         ["a@t", "b@t"],
-        scale_by_std=False,
+        credit=Credit(scale_by_std=False),
     )
     block = block_of([rows])
     validate_batch(block)
@@ -68,7 +69,7 @@ def test_groups_become_contiguous_scored_rows_with_token_versions():
     # the same rows as scoring them together.
     one_by_one = [
         score_groups(VerifierScorer(env), env.name, [problems[g]], [ids], [groups[g]],
-                     [runs[g]], [group_id], scale_by_std=False)[0]
+                     [runs[g]], [group_id], credit=Credit(scale_by_std=False))[0]
         for g, (ids, group_id) in enumerate([([1, 2], "a@t"), ([1, 3, 4], "b@t")])
     ]  # fmt: skip
     merged = block_of(one_by_one)
@@ -78,6 +79,34 @@ def test_groups_become_contiguous_scored_rows_with_token_versions():
         assert merged.column(name).to_pylist() == block.column(name).to_pylist(), name
     assert (stats.correct, stats.truncated, stats.reward_sum) == (2, 2, 2.0)
     assert stats.behaviour_version == 2  # the oldest version of any token
+
+
+def test_overlong_shaping_moves_advantages_and_leaves_the_rewards_as_scored():
+    """Two right answers of 2 and 4 tokens with max_new_tokens 4 and a buffer of 2: the
+    longer loses the whole penalty (0.5). Shaped rewards 1 and 0.5, centred on their mean
+    0.75 (Dr. GRPO): +0.25 and -0.25."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    [problem] = env.problems("train", 1, seed=0)
+    group = [
+        Completion([5, 6], [-0.5, -0.25], problem.answer, True),
+        Completion([5, 6, 7, 8], [-0.5] * 4, problem.answer, False),
+    ]
+    credit = Credit(scale_by_std=False, overlong_buffer=2, overlong_penalty=0.5, max_new_tokens=4)
+    rows, stats = score_groups(
+        VerifierScorer(env), env.name, [problem], [[1, 2]], [group], [[[(0, 1)], [(0, 1)]]],
+        ["a@t"], credit,
+    )  # fmt: skip
+    block = block_of([rows])
+    assert block.column("reward").to_pylist() == [1.0, 1.0]
+    assert block.column("advantage").to_pylist() == [0.25, -0.25]
+    assert stats.reward_metrics == {"overlong_penalty": -0.5}
+
+    # An episode's turns are not one generation: no penalty, whatever its length.
+    rows, _ = score_groups(
+        VerifierScorer(env), env.name, [problem], [[1, 2]], [group], [[[(0, 1)], [(0, 1)]]],
+        ["a@t"], credit, loss_masks=[[[1, 1], [1, 0, 0, 1]]],
+    )  # fmt: skip
+    assert block_of([rows]).column("advantage").to_pylist() == [0.0, 0.0]
 
 
 def test_a_handed_over_group_keeps_only_marks_within_its_reported_tokens():
@@ -155,7 +184,7 @@ def test_a_group_is_reported_done_only_once_the_store_took_its_rows():
     the dispatcher's hands unrecorded: nobody would drop it when the worker died."""
     store, source = _Store(), _Source()
     worker = _worker(store=store)
-    stream = StreamLoop(worker, source, StreamSettings(0, 4, 8, 1.0, False, 8))
+    stream = StreamLoop(worker, source, StreamSettings(0, 4, 8, 1.0, Credit(scale_by_std=False), 8))
     stream.unsent, stream.unsent_done = [_rows("g0")], [_done("g0")]
     stream.send()
     stream.unsent, stream.unsent_done = [_rows("g1")], [_done("g1")]
@@ -209,7 +238,7 @@ def test_a_restarted_worker_loads_the_batchs_version_before_it_generates():
     env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
     puts, engine = _Puts(), _Engine()
     worker = RolloutWorker(lambda: engine, env, lambda: VerifierScorer(env), puts, _Relay())
-    shard = BatchShard(2, 4, 1.0, 0, "t", False, version=3, pull_timeout_s=5.0)
+    shard = BatchShard(2, 4, 1.0, 0, "t", Credit(scale_by_std=False), version=3, pull_timeout_s=5.0)
     worker.rollout(env.problems("train", 1, seed=0), shard)
     assert engine.loaded == [3] and worker.served_digest == "d" * 32
     assert puts.blocks[0].column("token_versions").to_pylist() == [[3], [3]]
@@ -226,7 +255,7 @@ def test_a_prompt_twice_in_a_batch_gets_sample_ids_of_its_own_each_time():
     worker = RolloutWorker(lambda: _Engine(), env, lambda: VerifierScorer(env), puts, _Relay())
     a, b = env.problems("train", 2, seed=0)
     client = SimpleNamespace(rollout=worker.rollout)  # two workers, one process
-    submit([client, client], [a, b, a, a], 2, 4, 1.0, seed=5, scale_by_std=False)
+    submit([client, client], [a, b, a, a], 2, 4, 1.0, seed=5, credit=Credit(scale_by_std=False))
     ids = [i for block in puts.blocks for i in block.column("sample_id").to_pylist()]
     groups = {i.rpartition("/")[0] for i in ids}
     assert len(ids) == len(set(ids)) == 8 and len(groups) == 4
@@ -272,7 +301,9 @@ def test_an_isolated_scorer_scores_off_the_decoding_thread_and_a_slow_group_hold
     scorer = _HeldScorer(env, held=problems[0].prompt_id)
     with ThreadPoolExecutor(2) as scoring:
         worker = _worker(env=env, scorer=scorer, scoring=scoring)
-        stream = StreamLoop(worker, _Source(), StreamSettings(0, 1, 8, 1.0, False, 8))
+        stream = StreamLoop(
+            worker, _Source(), StreamSettings(0, 1, 8, 1.0, Credit(scale_by_std=False), 8)
+        )
         for g, problem in enumerate(problems):
             done = Completion([5], [-1.0], problem.answer, True)
             sample = PartialSample(f"g{g}", 0, 1.0, token_ids=[5], marks=[(0, 0)], done=done)
@@ -315,7 +346,9 @@ def test_a_weight_load_marks_the_token_where_it_lands_in_a_continued_sample():
     env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
     [problem] = env.problems("train", 1, seed=0)
     worker = _worker(engine=_Counting(), env=env, stream_counters={"weight_loads": 0.0})
-    stream = StreamLoop(worker, _Source(), StreamSettings(0, 1, 32, 1.0, False, 8))
+    stream = StreamLoop(
+        worker, _Source(), StreamSettings(0, 1, 32, 1.0, Credit(scale_by_std=False), 8)
+    )
     sample = PartialSample("g", 0, 1.0, token_ids=list(range(10)), marks=[(0, 0)])
     stream.groups["g"] = PartialGroup(problem, [1], [sample], seed=0)
     stream.begin("g", stream.groups["g"], sample)
@@ -336,7 +369,9 @@ def test_a_version_lost_before_any_of_it_is_read_is_skipped_and_asked_again(capl
     [problem] = env.problems("train", 1, seed=0)
     counters = {"weight_loads": 0.0, "weight_pull_failures": 0.0}
     worker = _worker(engine=_Lost(), env=env, stream_counters=counters)
-    stream = StreamLoop(worker, _Source(), StreamSettings(0, 1, 32, 1.0, False, 8))
+    stream = StreamLoop(
+        worker, _Source(), StreamSettings(0, 1, 32, 1.0, Credit(scale_by_std=False), 8)
+    )
     sample = PartialSample("g", 0, 1.0, token_ids=list(range(10)), marks=[(0, 0)])
     stream.groups["g"] = PartialGroup(problem, [1], [sample], seed=0)
     stream.begin("g", stream.groups["g"], sample)
@@ -387,7 +422,7 @@ def test_a_held_worker_asks_again_only_at_the_version_it_waits_for_or_when_told(
     dispatcher = GroupDispatcher(ledger, PromptStream(env, 8, seed=0), env.name, 2, 1, 0, 0)
     source, engine = _Dispatching(ray_local, dispatcher), _Starts()
     worker = _worker(engine=engine, env=env)
-    stream = StreamLoop(worker, source, StreamSettings(0, 1, 8, 1.0, False, 8))
+    stream = StreamLoop(worker, source, StreamSettings(0, 1, 8, 1.0, Credit(scale_by_std=False), 8))
     stream.refill()
     assert len(stream.running) == 2 and source.takes == 1  # the whole window at version 0
     stream.running.clear()  # they finished: room again
@@ -419,7 +454,9 @@ def test_a_checkpoint_gets_every_group_whose_rows_are_not_stored_without_waiting
     store, source = _Store(), _Source()
     kept: list = []
     source.keep = SimpleNamespace(remote=lambda worker, n, groups: kept.append((worker, n, groups)))
-    stream = StreamLoop(_worker(store=store), source, StreamSettings(3, 2, 8, 1.0, False, 8))
+    stream = StreamLoop(
+        _worker(store=store), source, StreamSettings(3, 2, 8, 1.0, Credit(scale_by_std=False), 8)
+    )
     running = PartialSample("g", 0, 9.0, token_ids=[5, 6], marks=[(0, 1), (4, 2)])
     stream.groups["g"] = PartialGroup(problem, [1], [running], seed=0)
     scoring = PartialGroup(problem, [1], [PartialSample("h", 0, 9.0, token_ids=[7])], seed=1)

@@ -13,6 +13,7 @@ from sluice.engines.rollout.messages import PartialGroup, PartialSample
 from sluice.engines.rollout.sample_runner import Play
 from sluice.engines.rollout.scored import played_block
 from sluice.envs.multi_turn import EpisodeLimits
+from sluice.rl.advantages import Credit
 from sluice.storage.schema import validate_batch
 from tests.support.envs import Broken, Endless, TwoTurns, spec
 
@@ -99,7 +100,7 @@ def test_an_episode_is_the_sampled_tokens_then_the_environments_masked_tokens():
 
 def test_played_episodes_become_rows_with_a_loss_mask_and_the_environments_reward():
     played, _, _ = play(TwoTurns())
-    block, stats = played_block("two-turns", played, scale_by_std=False)
+    block, stats = played_block("two-turns", played, credit=Credit(scale_by_std=False))
     validate_batch(block)
     assert block.column("loss_mask").to_pylist() == [[1, 1, 1, 0, 0, 0, 1, 1, 1]] * 4
     assert block.column("reward").to_pylist() == [1.0] * 4

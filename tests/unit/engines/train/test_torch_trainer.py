@@ -127,20 +127,22 @@ def test_decoupled_ppo_and_tis_take_the_same_step(trainer):
 
 
 def test_unknown_loss_is_refused(trainer):
-    refused = r"loss\n  Input should be 'ppo', 'decoupled_ppo' or 'tis'"
+    refused = r"loss\n  Input should be 'ppo', 'decoupled_ppo', 'tis' or 'gspo'"
     with pytest.raises(ValueError, match=refused):
         _trainer(trainer._model_dir, loss="a2c")
 
 
-def test_micro_batches_give_the_same_step_as_one_batch(tmp_path, trainer):
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_micro_batches_give_the_same_step_as_one_batch(tmp_path, trainer, loss_agg):
     samples = _samples(trainer, [1.0, -0.5, 0.25])
-    whole = _trainer(trainer._model_dir, micro_batch=64)
-    step(trainer, samples)  # micro_batch=2: two passes
+    parts = _trainer(trainer._model_dir, micro_batch=2, loss_agg=loss_agg)
+    whole = _trainer(trainer._model_dir, micro_batch=64, loss_agg=loss_agg)
+    step(parts, samples)  # micro_batch=2: two passes
     step(whole, samples)
     # Equal up to float32 rounding: the output head multiplies each pass's response rows
     # as one matrix, so its sums run in another order when the rows are split (2e-6 seen).
     for name, tensor in whole.model.state_dict().items():
-        torch.testing.assert_close(trainer.model.state_dict()[name], tensor, atol=5e-6, rtol=1e-5)
+        torch.testing.assert_close(parts.model.state_dict()[name], tensor, atol=5e-6, rtol=1e-5)
 
 
 def test_weights_blob_round_trips(trainer):
@@ -221,11 +223,22 @@ def _loss_and_grads(trainer, batch):
     return sums.sums["loss"], {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
 
 
-@pytest.mark.parametrize("loss", ["ppo", "decoupled_ppo", "tis"])
-def test_packed_rows_give_the_padded_loss_and_gradients(trainer, loss):
+@pytest.mark.parametrize(
+    ("loss", "loss_agg"),
+    [
+        ("ppo", "token_mean"),
+        ("decoupled_ppo", "token_mean"),
+        ("tis", "token_mean"),
+        ("gspo", "seq_mean_token_mean"),  # a ratio per sample: packed rows hold several
+        ("ppo", "seq_mean_token_sum"),
+    ],
+    ids=["ppo", "decoupled_ppo", "tis", "gspo", "ppo-seq-sum"],
+)
+def test_packed_rows_give_the_padded_loss_and_gradients(trainer, loss, loss_agg):
     folder = trainer._model_dir
-    padded = _trainer(folder, loss=loss, micro_batch=256, micro_batch_tokens=96)
-    packed = _trainer(folder, loss=loss, micro_batch=256, micro_batch_tokens=96, packing=True)
+    cut = {"loss": loss, "loss_agg": loss_agg, "micro_batch": 256, "micro_batch_tokens": 96}
+    padded = _trainer(folder, **cut)
+    packed = _trainer(folder, **cut, packing=True)
     batch = _ragged(padded, [1, 30, 2, 3, 17, 5, 1, 40, 8, 2, 2, 11])
     assert len(packed.parts(batch)) < len(padded.parts(batch))  # fewer, fuller passes
     loss_padded, grads_padded = _loss_and_grads(padded, batch)
