@@ -323,6 +323,26 @@ def policy_loss(
     raise ValueError(f"unknown policy loss {name!r}; allowed: {', '.join(LOSS_NAMES)}")
 
 
+KlEstimator = Literal["k1", "k2", "k3"]
+KL_ESTIMATORS: tuple[str, ...] = get_args(KlEstimator)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimates of KL(pi || ref) from tokens sampled from pi, [batch, tokens] in
+    and out, differentiable in ``logprobs``; d = log pi - log ref. Schulman, "Approximating
+    KL Divergence" (http://joschu.net/blog/kl-approx.html): k1 = d (unbiased, high
+    variance, can be negative); k2 = d^2 / 2 (biased, low variance); k3 = e^-d + d - 1
+    (unbiased, non-negative, low variance: verl's ``low_var_kl``)."""
+    d = logprobs - ref_logprobs
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d**2
+    if estimator == "k3":
+        return torch.exp(-d) + d - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi || ref) from samples of pi: E[e^d - d - 1], d = ref - pi.
 

@@ -43,10 +43,12 @@ from sluice.engines.train.parallel import (
     meta_layout,
 )
 from sluice.engines.train.ranks import all_max, all_sum, rank_and_world
+from sluice.engines.train.reference import AdaptersOff, FrozenCopy, Reference
 from sluice.rl.batching import Sample, TrainBatch, collate, micro_batches, pack, sequence_ids
 from sluice.rl.losses import (
     chunked_token_stats,
     kl_k3,
+    kl_penalty,
     logprob_mismatch,
     loss_weights,
     masked_mean,
@@ -222,6 +224,13 @@ class PolicyTrainer:
             self._head = OutputHead.of(self.model, self.device)
             if train.packing:
                 check_packing(self.model, self.device)
+            # The policy train.kl_coef holds this one to (engines/train/reference.py).
+            self._reference: Reference | None = None
+            if train.kl_coef and self.lora is not None:  # the frozen base itself
+                self._reference = AdaptersOff(self._forward, self.model.disable_adapter)
+            elif train.kl_coef:
+                dtype = self._autocast or torch.float32
+                self._reference = FrozenCopy(self._model_dir, self.device, dtype, self._forward_of)
             parallel.settle()
 
     def version(self) -> int:
@@ -245,8 +254,15 @@ class PolicyTrainer:
         return cut(batch, self.train.micro_batch, self.train.micro_batch_tokens)
 
     def _forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The log-prob of each target and the entropy of the policy where it was sampled,
-        [B, T-1] float32 on the trainer's device, 0 where ``batch.mask`` is 0.
+        """The policy's ``_forward_of``: what the loss and the metrics read."""
+        return self._forward_of(self._network, self._head, batch)
+
+    def _forward_of(
+        self, network: Callable[..., Any], head_of: OutputHead | None, batch: TrainBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The log-prob of each target and the entropy of ``network``'s distribution where
+        it was sampled, [B, T-1] float32 on the trainer's device, 0 where ``batch.mask`` is
+        0; ``head_of``: its output head, applied here (None: its logits are used whole).
 
         Logits are computed at the masked (response) positions only, never the prompt's,
         and ``train.logits_chunk_tokens`` of them at a time (``rl.losses.chunked_token_stats``):
@@ -256,13 +272,13 @@ class PolicyTrainer:
             self.device.type, dtype=self._autocast or torch.float32, enabled=bool(self._autocast)
         ):
             at = batch.mask.bool()
-            if self._head is None:  # the model's own logits, whole
-                out = self._network(**model_inputs(batch))
+            if head_of is None:  # the model's own logits, whole
+                out = network(**model_inputs(batch))
                 head: Callable[[torch.Tensor], torch.Tensor] = torch.nn.Identity()
             else:
-                with self._head.bypassed():
-                    out = self._network(**model_inputs(batch))
-                head = self._head.module
+                with head_of.bypassed():
+                    out = network(**model_inputs(batch))
+                head = head_of.module
             logprobs, entropy = chunked_token_stats(
                 head,
                 out.logits[:, :-1][at],
@@ -311,6 +327,8 @@ class PolicyTrainer:
         )
         total = Totals(torch.tensor(max(tokens, 1.0)), torch.tensor(max(sequences, 1.0)))
         step = StepSums()
+        if self._reference is not None:  # every rank sums the same metrics, in one order
+            step.sums["kl_reference"] = 0.0
         backward = self.parallel.backward
         for i in range(int(count)):
             with self.parallel.no_sync() if i < count - 1 else nullcontext():
@@ -362,7 +380,12 @@ class PolicyTrainer:
         # The metrics (and the entropy bonus) weigh each micro-batch by its share of tokens:
         # their sum is the batch's token mean. The loss is weighted already.
         share = part.mask.sum() / total.tokens.to(device)
-        self.parallel.backward((out.loss - train.entropy_coef * entropy * share) * self._world)
+        loss = out.loss - train.entropy_coef * entropy * share
+        if self._reference is not None:  # a KL penalty toward the frozen reference policy
+            kl = kl_penalty(logprobs, self._reference.logprobs(part), train.kl_estimator)
+            loss = loss + train.kl_coef * (kl * weights).sum()
+            sums["kl_reference"] += float(masked_mean(kl.detach(), part.mask) * share)
+        self.parallel.backward(loss * self._world)
         with torch.no_grad():
             sums["loss"] += float(out.loss)
             # KL(behaviour || trainer), estimated on the behaviour policy's own samples.

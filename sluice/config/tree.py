@@ -616,6 +616,21 @@ class TrainConfig(_Section):
         "(REINFORCE++, arXiv 2501.03262). reinforce_pp_baseline: the group's mean subtracted, "
         "then normalised over the batch the same way.",
     )
+    kl_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of a KL penalty toward a frozen reference policy, the starting "
+        "one (0: none), added to the loss with loss_agg's weights and logged per step as "
+        "train/kl_reference. Under lora the reference is the base with the adapters off (no "
+        "second copy); otherwise a frozen copy of the starting policy on every training rank, "
+        "in the forward passes' dtype (parameters x 4 bytes in float32, x 2 in bfloat16).",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description="The per-token KL(pi || ref) estimate kl_coef weighs (Schulman, "
+        "http://joschu.net/blog/kl-approx.html; d = log pi - log ref): k1 = d; k2 = d^2 / 2; "
+        "k3 = e^-d + d - 1 (unbiased, non-negative: verl's low_var_kl).",
+    )
     dynamic_sampling: bool = Field(
         False,
         description="DAPO's dynamic sampling (arXiv 2503.14476 §3.2): a group whose rewards "

@@ -6,7 +6,7 @@ import pytest
 
 from sluice.config.tree import MOVED, ConfigError, RunConfig, TrainConfig, cautions, load_config
 from sluice.rl.advantages import ESTIMATORS
-from sluice.rl.losses import AGGREGATIONS, LOSS_NAMES
+from sluice.rl.losses import AGGREGATIONS, KL_ESTIMATORS, LOSS_NAMES
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 
@@ -58,6 +58,8 @@ def test_a_reward_written_as_a_path_takes_overrides_of_its_section(tmp_path):
             r"scale_adv_by_std: false applies to train\.advantage: grpo only; 'rloo'",
         ),
         (["train.clip_eps_high=0"], r"train\.clip_eps_high: Input should be greater than 0"),
+        (["train.kl_estimator=k4"], r"train\.kl_estimator: Input should be 'k1', 'k2' or 'k3'"),
+        (["train.kl_coef=-1"], r"train\.kl_coef: Input should be greater than or equal to 0"),
         (
             ["train.dynamic_sampling=true", "mode=one_step"],
             r"train\.dynamic_sampling needs mode: async \(mode 'one_step' generates a fixed",
@@ -95,6 +97,8 @@ def test_a_reward_written_as_a_path_takes_overrides_of_its_section(tmp_path):
         "unknown-estimator",
         "std-scaling-off-grpo",
         "clip-high-zero",
+        "unknown-kl-estimator",
+        "negative-kl-coef",
         "dynamic-sampling-in-a-batch-mode",
         "overlong-buffer-too-long",
         "cap-below-one",
@@ -147,6 +151,7 @@ def test_loss_choices_are_the_losses_rl_losses_knows():
     assert get_args(TrainConfig.model_fields["loss"].annotation) == LOSS_NAMES
     assert get_args(TrainConfig.model_fields["loss_agg"].annotation) == AGGREGATIONS
     assert get_args(TrainConfig.model_fields["advantage"].annotation) == ESTIMATORS
+    assert get_args(TrainConfig.model_fields["kl_estimator"].annotation) == KL_ESTIMATORS
 
 
 def test_loss_defaults_and_overrides():

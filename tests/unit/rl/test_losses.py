@@ -11,6 +11,7 @@ from sluice.rl.losses import (
     decoupled_ppo_loss,
     gspo_loss,
     kl_k3,
+    kl_penalty,
     logprob_mismatch,
     loss_weights,
     masked_mean,
@@ -536,3 +537,30 @@ def test_gspo_clips_a_whole_sequence_and_no_token_of_another():
     out.loss.backward()
     # the clipped sequence carries no gradient; the other -s A / (|y| * 2 sequences) each
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.0], [-0.25, -0.25]]))
+
+
+@pytest.mark.parametrize(
+    ("estimator", "expected"),
+    # d = log pi - log ref = [0, 1, -1]
+    [
+        ("k1", [0.0, 1.0, -1.0]),
+        ("k2", [0.0, 0.5, 0.5]),
+        ("k3", [0.0, 1.0 / E, E - 2.0]),  # e^-d + d - 1
+    ],
+    ids=["k1", "k2", "k3"],
+)
+def test_kl_penalty_closed_form(estimator, expected):
+    out = kl_penalty(torch.tensor([[0.0, 1.0, -1.0]]), torch.zeros(1, 3), estimator)
+    torch.testing.assert_close(out, torch.tensor([expected]))
+
+
+def test_kl_penalty_k3_gradient_pulls_toward_the_reference():
+    # d/d(log pi) of e^-d + d - 1 is 1 - e^-d: positive above the reference, negative below
+    logp = torch.tensor([[1.0, -1.0]], requires_grad=True)
+    kl_penalty(logp, torch.zeros(1, 2), "k3").sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[1.0 - 1.0 / E, 1.0 - E]]))
+
+
+def test_kl_penalty_rejects_unknown_estimators():
+    with pytest.raises(ValueError, match="allowed: k1, k2, k3"):
+        kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4")

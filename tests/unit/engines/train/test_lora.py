@@ -164,3 +164,12 @@ def test_weight_shapes_come_from_the_folders_safetensors_headers(tmp_path):
 
     save_file({"a.weight": torch.zeros(3, 5), "b": torch.zeros(2)}, tmp_path / "model.safetensors")
     assert weight_shapes(tmp_path) == {"a.weight": (3, 5), "b": (2,)}
+
+
+def test_the_reference_of_a_lora_policy_is_its_base_with_the_adapters_off(tiny_policy):
+    """No second copy: the KL is 0 while the adapters are new (B = 0), and grows once they
+    have moved the policy."""
+    trainer = make_trainer(str(tiny_policy), lora=LORA, kl_coef=0.1, **SETTINGS)
+    assert not hasattr(trainer._reference, "model")  # the trainer's own model, adapters off
+    assert step(trainer, _samples())["kl_reference"] == pytest.approx(0.0, abs=1e-7)
+    assert step(trainer, _samples())["kl_reference"] > 1e-6

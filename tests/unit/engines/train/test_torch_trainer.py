@@ -280,3 +280,19 @@ def test_packing_is_refused_for_a_model_whose_attention_crosses_samples():
 
     with pytest.raises(ValueError, match=r"set train\.packing: false"):
         check_packing(_SeesEverything(), torch.device("cpu"))
+
+
+def test_a_kl_penalty_holds_the_policy_near_its_start(trainer):
+    """kl_coef against a frozen copy of the starting policy: 0 at the first step (the
+    policy is the reference), and the penalised policy drifts less than one whose penalty
+    is too small to act."""
+    folder = trainer._model_dir
+    free = _trainer(folder, micro_batch=8, kl_coef=1e-9)
+    held = _trainer(folder, micro_batch=8, kl_coef=5.0)
+    samples = _samples(free, [1.0, 1.0])
+    first = [step(engine, samples)["kl_reference"] for engine in (free, held)]
+    assert first == [pytest.approx(0.0, abs=1e-7)] * 2
+    for _ in range(4):
+        drift = step(free, samples)["kl_reference"], step(held, samples)["kl_reference"]
+    assert 0.0 < drift[1] < drift[0], drift
+    assert "kl_reference" not in step(trainer, samples)  # no penalty, no reference
