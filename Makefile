@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: model test-real setup run test test-fast test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-examples bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-misbehaving bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs bench-kill-resume \
+  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-algorithms bench-learning-examples bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-misbehaving bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs bench-kill-resume \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -238,6 +238,14 @@ bench-learning: setup
 # here; records in benchmarks/results/smollm2/, the table in docs/results.md; needs `make model`).
 bench-learning-real: model
 	$(PY) -m benchmarks.learning --config configs/smollm2.yaml --steps 40 --seeds 0 1 2 --write
+
+# The algorithms of docs/algorithms.md on the default task beside the default (GRPO, async),
+# 400 steps, seeds 0-2 each (8 variants of ~9 minutes a seed: ~3.6 hours here; records in
+# benchmarks/results/learning/, the table in docs/results.md; not part of `make bench`).
+bench-learning-algorithms: setup
+	$(PY) -m benchmarks.learning --steps 400 --seeds 0 1 2 --variants \
+	  "async, stale_by last_token" "Dr. GRPO" DAPO GSPO RLOO REINFORCE++ REINFORCE++-baseline \
+	  "KL k3 0.01" --write
 
 # The learning claims of docs/results.md besides the default run and the real model: the
 # guessing game, the calculator, the agent example and LoRA, seeds 0-2 each, at one commit

@@ -44,7 +44,22 @@ VARIANTS: dict[str, list[str]] = {
     "async, stale_by first_token": ["mode=async", "stale_by=first_token"],
     "one_step": ["mode=one_step"],
     "as configured": [],
-}
+    # The algorithms of docs/algorithms.md, each beside the default (async, last_token,
+    # GRPO with PPO's clip): `make bench-learning-algorithms`.
+    "Dr. GRPO": ["mode=async", "train.scale_adv_by_std=false", "train.loss_agg=seq_mean_token_sum"],
+    "DAPO": [
+        "mode=async", "train.clip_eps_high=0.28", "train.dynamic_sampling=true",
+        "train.overlong_buffer=8",
+    ],
+    "GSPO": [
+        "mode=async", "train.loss=gspo", "train.loss_agg=seq_mean_token_mean",
+        "train.clip_eps=0.0003", "train.clip_eps_high=0.0004",
+    ],
+    "RLOO": ["mode=async", "train.advantage=rloo"],
+    "REINFORCE++": ["mode=async", "train.advantage=reinforce_pp"],
+    "REINFORCE++-baseline": ["mode=async", "train.advantage=reinforce_pp_baseline"],
+    "KL k3 0.01": ["mode=async", "train.kl_coef=0.01"],
+}  # fmt: skip
 DEFAULT_VARIANTS = list(VARIANTS)[:3]
 """What the default config's grid runs; another config's runs "as configured"."""
 

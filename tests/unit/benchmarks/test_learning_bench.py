@@ -1,6 +1,13 @@
 """The learning-curve table: the median and range over seeds at each mark, per variant."""
 
-from benchmarks.learning import record_path, rl_seconds, slug, table
+from functools import reduce
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.learning import VARIANTS, record_path, rl_seconds, slug, table
+from sluice.config.tree import load_config
 
 
 def _record(variant: str, seed: int, curve: dict[int, float], steps: int = 400) -> dict:
@@ -92,3 +99,13 @@ def test_an_examples_runs_name_the_pythonpath_its_code_needs():
     assert record_path("as configured", 0, 200, "examples/my_project/agent.yaml").parent.name == (
         "agent"
     )
+
+
+@pytest.mark.parametrize("label", list(VARIANTS), ids=[slug(v, 0) for v in VARIANTS])
+def test_every_variant_is_a_valid_run_of_the_default_config(label):
+    """Each variant's settings load (a typo or a refused combination raises) and take."""
+    cfg = load_config(Path("configs/default.yaml"), VARIANTS[label])
+    for setting in VARIANTS[label]:
+        key, value = setting.split("=", 1)
+        got = reduce(getattr, key.split("."), cfg)
+        assert got == yaml.safe_load(value), setting
