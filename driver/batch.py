@@ -58,10 +58,12 @@ def _shards(problems: list[Problem], workers: int) -> list[list[int]]:
 
 def credit_of(cfg: RunConfig) -> Credit:
     """How a run's groups turn rewards into advantages, from its ``train`` section; the
-    rollout workers apply it as each group finishes (both kinds of rollout)."""
+    rollout workers apply it as each group finishes (both kinds of rollout). With a critic
+    the rows carry each sample's (shaped) reward, which the trainer's GAE starts from."""
     t = cfg.train
+    estimator = "reinforce_pp" if t.critic is not None else t.advantage  # the reward itself
     return Credit(
-        t.advantage, t.scale_adv_by_std, t.overlong_buffer, t.overlong_penalty,
+        estimator, t.scale_adv_by_std, t.overlong_buffer, t.overlong_penalty,
         cfg.rollout.max_new_tokens,
     )  # fmt: skip
 

@@ -103,6 +103,48 @@ def overlong_penalty(
     return -scale * over / buffer
 
 
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    sequence_ids: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over each sequence's loss tokens, [batch, tokens]
+    in and out: the advantages and the returns (advantage + value) the critic learns.
+
+    Schulman et al., "High-Dimensional Continuous Control Using Generalized Advantage
+    Estimation", arXiv 1506.02438, eq. 16: delta_t = r_t + gamma V_{t+1} - V_t,
+    A_t = sum_l (gamma lam)^l delta_{t+l}. An outcome reward: ``rewards`` holds each
+    sequence's reward (at every token, or one per row [batch]), credited at its last loss
+    token; V after a sequence's last loss token is 0. Tokens ``mask`` leaves out (an
+    environment's, padding) are stepped over: the next loss token follows the one before.
+    ``sequence_ids`` names each token's sequence (``rl.batching.sequence_ids``).
+    """
+    per_token = rewards.unsqueeze(1).expand_as(values) if rewards.dim() == 1 else rewards
+    rows, width = values.shape
+    advantages = torch.zeros_like(values)
+    next_value = values.new_zeros(rows)
+    next_advantage = values.new_zeros(rows)
+    seen = torch.zeros(rows, dtype=torch.bool, device=values.device)  # a later loss token
+    for t in reversed(range(width)):
+        if t + 1 < width:  # the next token starts another sequence: start afresh
+            fresh = sequence_ids[:, t + 1] != sequence_ids[:, t]
+            next_value = torch.where(fresh, 0.0, next_value)
+            next_advantage = torch.where(fresh, 0.0, next_advantage)
+            seen = seen & ~fresh
+        here = mask[:, t].bool()
+        reward = torch.where(here & ~seen, per_token[:, t], 0.0)
+        delta = reward + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = torch.where(here, advantage, 0.0)
+        next_value = torch.where(here, values[:, t], next_value)
+        next_advantage = torch.where(here, advantage, next_advantage)
+        seen = seen | here
+    return advantages, (advantages + values) * mask
+
+
 @dataclass(frozen=True)
 class Credit:
     """How the rewards of a finished group become its samples' advantages: the estimator

@@ -323,6 +323,23 @@ def policy_loss(
     raise ValueError(f"unknown policy loss {name!r}; allowed: {', '.join(LOSS_NAMES)}")
 
 
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """PPO's clipped value loss, all [batch, tokens]: 0.5 max((V - R)^2, (V_clip - R)^2),
+    V_clip = V_old + clip(V - V_old, -clip, clip) (Schulman et al., arXiv 1707.06347, as
+    OpenAI's baselines ppo2 writes it), averaged over ``mask`` or weighted by ``weights``
+    (``loss_weights``)."""
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    per_token = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    return -_reduce(per_token, mask, weights)
+
+
 KlEstimator = Literal["k1", "k2", "k3"]
 KL_ESTIMATORS: tuple[str, ...] = get_args(KlEstimator)
 

@@ -65,9 +65,13 @@ def batch_normalised(table: pa.Table) -> pa.Table:
     return table.set_column(i, table.schema.field(i), pa.array(out.numpy(), pa.float32()))
 
 
-def to_train_batch(table: pa.Table | pa.RecordBatch, pad_id: int) -> TrainBatch:
+def to_train_batch(
+    table: pa.Table | pa.RecordBatch, pad_id: int, skip_failed: bool = False
+) -> TrainBatch:
     """Right-padded tensors from trajectory rows (needs the ``NEEDED`` columns). The loss
-    mask is 1 on response tokens, times the row's ``loss_mask`` when it has one.
+    mask is 1 on response tokens, times the row's ``loss_mask`` when it has one;
+    ``skip_failed``: 0 on every token of a row whose reward failed (it has a ``reason``),
+    for a loss that would read its reward of 0 as a verdict (a critic's).
 
     One pass over the rows, each copied with slice assignments (a few microseconds per row;
     fancy indexing over every token was ten times slower for long responses).
@@ -113,6 +117,9 @@ def to_train_batch(table: pa.Table | pa.RecordBatch, pad_id: int) -> TrainBatch:
         # Response token j sits at input position p + j and is predicted from p + j - 1.
         mask[row, p - 1 : p - 1 + r] = 1.0 if masks[row] is None else masks[row]
         old[row, p - 1 : p - 1 + r] = logprobs
+    if skip_failed and "reason" in table.column_names:
+        failed = pc.is_valid(table.column("reason")).to_numpy(zero_copy_only=False)
+        mask[np.asarray(failed, dtype=bool)] = 0.0
     ids = torch.from_numpy(input_ids)
     return TrainBatch(
         input_ids=ids,

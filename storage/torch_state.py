@@ -149,18 +149,24 @@ def files_to_deferred_state(files: Mapping[str, bytes], json_name: str, tensors_
     return _decode(json.loads(files[json_name]), _Deferred(tensors_of(files, tensors_name)))
 
 
-def optimizer_to_files(optimizer: torch.optim.Optimizer) -> dict[str, bytes | Streamed]:
-    """The optimizer's state dict as ``optimizer.json`` + ``optimizer.safetensors``, the
-    tensors streamed from the live ones (no copy of the whole state is made)."""
-    return streamed_state_files(optimizer.state_dict(), OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+def optimizer_to_files(
+    optimizer: torch.optim.Optimizer, name: str = "optimizer"
+) -> dict[str, bytes | Streamed]:
+    """The optimizer's state dict as ``<name>.json`` + ``<name>.safetensors``
+    (``optimizer.json`` + ``optimizer.safetensors`` by default), the tensors streamed from
+    the live ones (no copy of the whole state is made)."""
+    return streamed_state_files(optimizer.state_dict(), f"{name}.json", f"{name}.safetensors")
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, files: Mapping[str, bytes]) -> None:
-    """Restore state written by ``optimizer_to_files``, one tensor in flight: torch's
-    ``load_state_dict`` checks the groups, sets their hyper-parameters and drops the state
-    the optimizer held, then each parameter's state is read from storage when its turn
-    comes and placed as torch places it (its dtype and device; ``step`` as it was)."""
-    saved = files_to_deferred_state(files, OPTIMIZER_JSON, OPTIMIZER_TENSORS)
+def load_optimizer(
+    optimizer: torch.optim.Optimizer, files: Mapping[str, bytes], name: str = "optimizer"
+) -> None:
+    """Restore state written by ``optimizer_to_files`` under ``name``, one tensor in
+    flight: torch's ``load_state_dict`` checks the groups, sets their hyper-parameters and
+    drops the state the optimizer held, then each parameter's state is read from storage
+    when its turn comes and placed as torch places it (its dtype and device; ``step`` as it
+    was)."""
+    saved = files_to_deferred_state(files, f"{name}.json", f"{name}.safetensors")
     groups = saved["param_groups"]
     optimizer.load_state_dict({"state": {}, "param_groups": groups})
     ids = [i for group in groups for i in group["params"]]

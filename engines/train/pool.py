@@ -108,7 +108,10 @@ class Trainer:
         table = materialize(lease, list(TRAIN_FIELDS))  # zero-copy out of the object store
         if self.train_cfg.advantage in BATCH_NORMALISED:  # REINFORCE++: over the whole batch
             table = batch_normalised(table)
-        metrics = self.engine.step_batch(rank_batch(table, self.rank, world, self.engine.pad_id))
+        batch = rank_batch(
+            table, self.rank, world, self.engine.pad_id, self.train_cfg.critic is not None
+        )
+        metrics = self.engine.step_batch(batch)
         t1 = time.monotonic()
         publish_s = self._publish()
         if self.params is None:
@@ -213,18 +216,21 @@ class Trainer:
 TrainerActor = ray.remote(Trainer)
 
 
-def rank_batch(table: pa.Table, rank: int, world: int, pad_id: int) -> TrainBatch:
+def rank_batch(
+    table: pa.Table, rank: int, world: int, pad_id: int, skip_failed: bool = False
+) -> TrainBatch:
     """Rank ``rank``'s token-balanced share of the leased rows, as training tensors. A rank
     left without rows (a batch smaller than the pool) trains on a row with no loss tokens,
-    so it still takes part in the step's collectives."""
+    so it still takes part in the step's collectives. ``skip_failed``: rows whose reward
+    failed get no loss tokens (``to_train_batch``)."""
     if world == 1:
-        return to_train_batch(table, pad_id)
+        return to_train_batch(table, pad_id, skip_failed)
     lengths = pc.add(
         pc.list_value_length(table.column("prompt_ids")),
         pc.list_value_length(table.column("response_ids")),
     ).to_pylist()
     rows = shares(lengths, world)[rank]
-    batch = to_train_batch(table.take(rows or [0]), pad_id)
+    batch = to_train_batch(table.take(rows or [0]), pad_id, skip_failed)
     return batch if rows else replace(batch, mask=torch.zeros_like(batch.mask))
 
 

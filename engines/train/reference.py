@@ -21,8 +21,15 @@ from sluice.engines.train.output_head import OutputHead
 from sluice.engines.train.parallel import load_policy
 from sluice.rl.batching import TrainBatch
 
-# What a trainer's forward is: the log-prob of each target and the entropy, [B, T-1] each.
-Forward = Callable[[TrainBatch], tuple[torch.Tensor, torch.Tensor]]
+
+class Passed(Protocol):
+    """What a trainer's forward pass gives: the log-prob of each target, [B, T-1]."""
+
+    @property
+    def logprobs(self) -> torch.Tensor: ...
+
+
+Forward = Callable[[TrainBatch], Passed]
 
 
 class Reference(Protocol):
@@ -41,7 +48,7 @@ class AdaptersOff:
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         with self._disabled():
-            return self._forward(batch)[0]
+            return self._forward(batch).logprobs
 
 
 class FrozenCopy:
@@ -53,7 +60,7 @@ class FrozenCopy:
         folder: Path,
         device: torch.device,
         dtype: torch.dtype,
-        forward: Callable[[Any, OutputHead | None, TrainBatch], tuple[torch.Tensor, torch.Tensor]],
+        forward: Callable[[Any, OutputHead | None, TrainBatch], Passed],
     ) -> None:
         self.model = load_policy(folder, device, dtype).eval().requires_grad_(False)
         self._head = OutputHead.of(self.model, device)
@@ -61,7 +68,7 @@ class FrozenCopy:
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        return self._forward(self.model, self._head, batch)[0]
+        return self._forward(self.model, self._head, batch).logprobs
 
     def bytes(self) -> int:
         """What its weights hold, for the start-up line."""

@@ -9,7 +9,9 @@ wraps the model, reduces and applies gradients, gathers the full weights and mov
 optimiser's state in and out. The loss is picked by name from ``rl.losses`` (``train.loss``
 in the config), so no engine knows which algorithm it runs. With ``train.lora`` the model
 carries peft adapters (``engines/train/lora.py``) and the policy's outward forms (``state``, the
-checkpoint's weights, the saved folder) are the adapter's alone.
+checkpoint's weights, the saved folder) are the adapter's alone. ``train.critic`` adds a value
+head (``engines/train/critic.py``) and ``train.kl_coef`` a reference policy
+(``engines/train/reference.py``), both held here.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import fsspec
 import torch
 
 from sluice.config.tree import TrainConfig
+from sluice.engines.train.critic import ValueHead
 from sluice.engines.train.heap import returned_heap
 from sluice.engines.train.lora import (
     ADAPTER_FILE,
@@ -44,6 +47,7 @@ from sluice.engines.train.parallel import (
 )
 from sluice.engines.train.ranks import all_max, all_sum, rank_and_world
 from sluice.engines.train.reference import AdaptersOff, FrozenCopy, Reference
+from sluice.rl.advantages import gae
 from sluice.rl.batching import Sample, TrainBatch, collate, micro_batches, pack, sequence_ids
 from sluice.rl.losses import (
     chunked_token_stats,
@@ -53,6 +57,7 @@ from sluice.rl.losses import (
     loss_weights,
     masked_mean,
     policy_loss,
+    value_loss,
 )
 from sluice.storage.checkpoints import tensors_of
 from sluice.storage.fsio import write_chunks
@@ -91,6 +96,26 @@ def default_device() -> str:
     """The trainer's device: the GPU Ray gave this actor (it sets CUDA_VISIBLE_DEVICES, so
     it is ``cuda:0`` here), else the CPU."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Passed(NamedTuple):
+    """A forward pass's log-prob and entropy of each target, and the critic's value there
+    (None without one), [B, T-1] each."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class CriticTerms:
+    """A part's GAE advantages and returns (no gradient), its weighted value loss, and
+    that times ``train.critic.vf_coef`` (what the loss adds)."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    value_loss: torch.Tensor
+    loss: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -222,6 +247,17 @@ class PolicyTrainer:
             # The vocabulary projection, applied outside the model's forward to the trained
             # positions alone, a chunk at a time (None: the model's logits are used whole).
             self._head = OutputHead.of(self.model, self.device)
+            # PPO's value head on the final hidden states (engines/train/critic.py).
+            self._critic: ValueHead | None = None
+            if train.critic is not None:
+                if self._head is None:
+                    raise ValueError(
+                        f"train.critic reads the final hidden states, which "
+                        f"{type(self.model).__name__} changes after its output head; "
+                        "this model cannot carry a value head"
+                    )
+                hidden = int(self.model.config.hidden_size)
+                self._critic = ValueHead(hidden, self.device, train.critic, train.lr, seed)
             if train.packing:
                 check_packing(self.model, self.device)
             # The policy train.kl_coef holds this one to (engines/train/reference.py).
@@ -253,16 +289,24 @@ class PolicyTrainer:
         cut = pack if self.train.packing else micro_batches
         return cut(batch, self.train.micro_batch, self.train.micro_batch_tokens)
 
-    def _forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy's ``_forward_of``: what the loss and the metrics read."""
-        return self._forward_of(self._network, self._head, batch)
+    def _forward(self, batch: TrainBatch) -> Passed:
+        """The policy's ``_forward_of``, with the critic's values when it has one: what the
+        loss and the metrics read."""
+        critic = None if self._critic is None else self._critic.values
+        return self._forward_of(self._network, self._head, batch, critic)
 
     def _forward_of(
-        self, network: Callable[..., Any], head_of: OutputHead | None, batch: TrainBatch
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        network: Callable[..., Any],
+        head_of: OutputHead | None,
+        batch: TrainBatch,
+        values_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> Passed:
         """The log-prob of each target and the entropy of ``network``'s distribution where
         it was sampled, [B, T-1] float32 on the trainer's device, 0 where ``batch.mask`` is
         0; ``head_of``: its output head, applied here (None: its logits are used whole).
+        ``values_of``: a value head, given the final hidden states at the same positions
+        (it needs ``head_of``).
 
         Logits are computed at the masked (response) positions only, never the prompt's,
         and ``train.logits_chunk_tokens`` of them at a time (``rl.losses.chunked_token_stats``):
@@ -279,16 +323,22 @@ class PolicyTrainer:
                 with head_of.bypassed():
                     out = network(**model_inputs(batch))
                 head = head_of.module
+            hidden = out.logits[:, :-1][at]  # the final hidden states under head_of
             logprobs, entropy = chunked_token_stats(
                 head,
-                out.logits[:, :-1][at],
+                hidden,
                 batch.targets[at],
                 self.train.logits_chunk_tokens,
                 entropy_grad=bool(self.train.entropy_coef),
                 temperature=self._temperature,
             )
+            values = None if values_of is None else values_of(hidden)
         blank = torch.zeros(at.shape, dtype=torch.float32, device=at.device)
-        return blank.masked_scatter(at, logprobs), blank.masked_scatter(at, entropy)
+        return Passed(
+            blank.masked_scatter(at, logprobs),
+            blank.masked_scatter(at, entropy),
+            None if values is None else blank.masked_scatter(at, values),
+        )
 
     def step_batch(self, batch: TrainBatch) -> dict[str, float]:
         """One optimiser step on this rank's share of a batch (``rl.batching.TrainBatch``):
@@ -297,11 +347,33 @@ class PolicyTrainer:
         sums, total_tokens = self._passes(batch)
         grad_norm, lr = self.parallel.apply(self._before_update)
         if not math.isfinite(grad_norm):
+            if self._critic is not None:
+                self._critic.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(
                 f"non-finite gradient norm at version {self._version}; the step was skipped"
             )
+        metrics = sums.metrics(grad_norm, lr, total_tokens)
+        if self._critic is not None:  # the value head's own AdamW, after the policy's
+            metrics["value_grad_norm"] = self._critic.step(self.train.grad_clip)
         self._version += 1
-        return sums.metrics(grad_norm, lr, total_tokens)
+        return metrics
+
+    def _critic_terms(
+        self,
+        part: TrainBatch,
+        values: torch.Tensor,
+        sequences: torch.Tensor,
+        weights: torch.Tensor,
+    ) -> CriticTerms:
+        """GAE from each sample's reward (``part.advantages`` holds it under a critic:
+        ``driver.batch.credit_of``) and the critic's values before the step (this very
+        forward, detached: one optimiser step per batch), and the clipped value loss."""
+        cfg = self.train.critic
+        assert cfg is not None
+        old = values.detach()
+        advantages, returns = gae(part.advantages, old, part.mask, sequences, cfg.gamma, cfg.lam)
+        loss = value_loss(values, old, returns, part.mask, cfg.value_clip, weights)
+        return CriticTerms(advantages, returns, loss, cfg.vf_coef * loss)
 
     def _before_update(self) -> None:
         if self.before_update is not None:
@@ -327,8 +399,11 @@ class PolicyTrainer:
         )
         total = Totals(torch.tensor(max(tokens, 1.0)), torch.tensor(max(sequences, 1.0)))
         step = StepSums()
-        if self._reference is not None:  # every rank sums the same metrics, in one order
+        # Every rank sums the same metrics, in one order.
+        if self._reference is not None:
             step.sums["kl_reference"] = 0.0
+        if self._critic is not None:
+            step.sums |= {"value_loss": 0.0, "value_mean": 0.0, "return_mean": 0.0}
         backward = self.parallel.backward
         for i in range(int(count)):
             with self.parallel.no_sync() if i < count - 1 else nullcontext():
@@ -347,7 +422,7 @@ class PolicyTrainer:
         ``train.loss_agg`` says over the ``total`` batch (times the world size); adds its
         metrics to ``step``, each a token mean weighted by the part's share of tokens."""
         train, sums = self.train, step.sums
-        logprobs, entropies = self._forward(part)
+        logprobs, entropies, values = self._forward(part)
         # The proximal policy is this trainer's before the update. One optimiser step per
         # batch means every micro-batch sees those weights, so it is this very forward pass,
         # detached: no extra forward. (Several steps per batch would need a no-grad pass
@@ -363,12 +438,16 @@ class PolicyTrainer:
             total.tokens.to(device),
             total.sequences.to(device),
         )
+        advantages = part.advantages
+        if values is not None:  # the critic's GAE from each sample's reward (the rows')
+            critic = self._critic_terms(part, values, sequences, weights)
+            advantages = critic.advantages
         out = policy_loss(
             train.loss,
             logprobs,
             proximal,
             part.old_logprobs,
-            part.advantages,
+            advantages,
             part.mask,
             train.clip_eps,
             train.is_cap,
@@ -381,6 +460,11 @@ class PolicyTrainer:
         # their sum is the batch's token mean. The loss is weighted already.
         share = part.mask.sum() / total.tokens.to(device)
         loss = out.loss - train.entropy_coef * entropy * share
+        if values is not None:
+            loss = loss + critic.loss
+            sums["value_loss"] += float(critic.value_loss.detach())
+            sums["value_mean"] += float(masked_mean(values.detach(), part.mask) * share)
+            sums["return_mean"] += float(masked_mean(critic.returns, part.mask) * share)
         if self._reference is not None:  # a KL penalty toward the frozen reference policy
             kl = kl_penalty(logprobs, self._reference.logprobs(part), train.kl_estimator)
             loss = loss + train.kl_coef * (kl * weights).sum()
@@ -404,7 +488,7 @@ class PolicyTrainer:
     def logprobs(self, samples: list[Sample]) -> list[list[float]]:
         """The current policy's log-prob of each response token (for checks and tests)."""
         batch = collate(samples, self._pad_id).to(self.device)
-        logprobs, _ = self._forward(batch)
+        logprobs = self._forward(batch).logprobs
         self.parallel.settle()
         return [logprobs[i][batch.mask[i].bool()].tolist() for i in range(len(batch))]
 
@@ -444,6 +528,8 @@ class PolicyTrainer:
             name = ADAPTER_FILE if self.lora else MODEL_FILE
             weights[name] = Streamed(stream(self.layout(), self.gathered()))
         files = {**weights, **optimizer, **rng_state_files()}
+        if self._critic is not None and self._rank == 0:  # every rank holds the same head
+            files |= self._critic.files()
         return files, {"version": self._version, "scheduler": schedule}
 
     def load_checkpoint(self, files: Mapping[str, bytes], counters: dict[str, Any]) -> None:
@@ -458,6 +544,8 @@ class PolicyTrainer:
         else:
             self.parallel.load_weights(weights)
         self.parallel.load_optimizer_state(files, counters["scheduler"])
+        if self._critic is not None:
+            self._critic.load(files)
         restore_rng(files)
         self._version = int(counters["version"])
 

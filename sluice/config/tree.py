@@ -482,6 +482,32 @@ class RolloutConfig(_Section):
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+class CriticConfig(_Section):
+    """PPO's learned value function: a value head on the policy's last hidden state, whose
+    generalised advantage estimates replace the group's (engines/train/critic.py)."""
+
+    gamma: float = Field(
+        1.0, ge=0.0, le=1.0, description="GAE's discount per token (arXiv 1506.02438)."
+    )
+    lam: float = Field(
+        0.95,
+        ge=0.0,
+        le=1.0,
+        description="GAE's lambda: 1 is the Monte Carlo return less the value, 0 the "
+        "one-token TD error.",
+    )
+    vf_coef: float = Field(0.5, gt=0.0, description="Weight of the value loss in the loss.")
+    value_clip: float = Field(
+        0.2,
+        gt=0.0,
+        description="PPO's value clipping: the value moves at most this far from the "
+        "critic's before the step (arXiv 1707.06347, as OpenAI's baselines ppo2 clips it).",
+    )
+    lr: float | None = Field(
+        None, gt=0.0, description="The value head's AdamW learning rate (None: train.lr)."
+    )
+
+
 class LoraConfig(_Section):
     """LoRA adapters (peft): the trainer trains and publishes only these, and every rollout
     worker hot-loads each published adapter into vLLM over the frozen base model."""
@@ -616,6 +642,13 @@ class TrainConfig(_Section):
         "(REINFORCE++, arXiv 2501.03262). reinforce_pp_baseline: the group's mean subtracted, "
         "then normalised over the batch the same way.",
     )
+    critic: CriticConfig | None = Field(
+        None,
+        description="PPO with a learned value function (train.critic: {} for the "
+        "defaults): a value head on the policy, its advantages by GAE from each sample's "
+        "reward at its last token, its clipped value loss added to the policy loss. Unset: "
+        "the group's advantages (train.advantage).",
+    )
     kl_coef: float = Field(
         0.0,
         ge=0.0,
@@ -728,6 +761,15 @@ class TrainConfig(_Section):
         "placed only on a node that advertises them (the infra/terraform trainer group "
         "advertises `trainer`). Empty: any node with CPUs.",
     )
+
+    @model_validator(mode="after")
+    def _one_advantage(self) -> TrainConfig:
+        if self.critic is not None and self.advantage != "grpo":
+            raise ValueError(
+                f"train.critic computes the advantages (GAE); train.advantage "
+                f"{self.advantage!r} would be ignored: leave it unset"
+            )
+        return self
 
     @model_validator(mode="after")
     def _scale_by_std_is_grpo(self) -> TrainConfig:

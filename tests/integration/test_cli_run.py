@@ -50,7 +50,8 @@ def _smoke(
 def test_smoke_run_end_to_end(tmp_path, shared_cache):
     """``sync`` (``one_step`` runs in tests/integration/test_gpu_placement.py, ``async``
     below) into a root with a space, '#', '%' and non-ASCII: everything lands where it
-    says."""
+    says. The trainer carries a critic and a KL penalty toward a frozen reference: both
+    run in the training pool, log per step and travel in the checkpoint."""
     mode, staleness, runs = "sync", [0, 0, 0, 0], "runs #1 100% é"
     steps = 4
     result = _smoke(
@@ -59,6 +60,8 @@ def test_smoke_run_end_to_end(tmp_path, shared_cache):
         f"train.steps={steps}",
         f"mode={mode}",
         "checkpoint.every=3",
+        "train.critic={}",
+        "train.kl_coef=0.01",
         runs=runs,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -93,6 +96,9 @@ def test_smoke_run_end_to_end(tmp_path, shared_cache):
         "train/entropy",
         "perf/tokens_per_s",
         "perf/step_s",
+        "train/value_loss",
+        "train/value_grad_norm",
+        "train/kl_reference",
     ):
         assert counts.get(key) == steps, f"{key}: {counts.get(key)} values, want {steps}"
     assert counts["eval/accuracy"] >= 2  # start and end
@@ -121,7 +127,7 @@ def test_smoke_run_end_to_end(tmp_path, shared_cache):
     latest = store.load_latest()
     assert latest.meta["version"] == steps and latest.meta["ledger_watermark"] > 0
     assert len(latest.meta["data_cursor"]["prompts"]["order"]) > 0
-    assert {"model.safetensors", "optimizer.json"} <= set(latest.files)
+    assert {"model.safetensors", "optimizer.json", "critic.safetensors"} <= set(latest.files)
     # every trained block also has its Parquet copy (what a restarted store re-offers)
     assert len(list((run_dir / "trajectories").glob("*.parquet"))) == steps
     _a_foreign_schema_fails_the_resume_at_once(run_dir)  # the finished run, reused

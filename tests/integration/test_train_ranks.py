@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sluice.config.tree import LoraConfig
+from sluice.config.tree import CriticConfig, LoraConfig
 from sluice.rl.batching import Sample
 from sluice.storage.checkpoints import CheckpointStore
 from tests.support.cli import child_env
@@ -67,10 +67,17 @@ def _torchrun(
     stage: int,
     lora: LoraConfig | None = None,
     packing: bool = False,
+    critic: CriticConfig | None = None,
 ) -> dict:
     samples, train = tmp_path / "samples.json", tmp_path / "train.json"
     samples.write_text(json.dumps([asdict(s) for s in _samples()]))
-    section = {**SETTINGS, "engine": engine, "lora": lora and lora.model_dump(), "packing": packing}
+    section = {
+        **SETTINGS,
+        "engine": engine,
+        "lora": lora and lora.model_dump(),
+        "packing": packing,
+        "critic": critic and critic.model_dump(),
+    }
     train.write_text(json.dumps({**section, **({"zero_stage": stage} if stage else {})}))
     out = tmp_path / "out"
     command = [
@@ -170,3 +177,16 @@ def test_two_ranks_train_lora_adapters_as_one_process(tiny_policy, tmp_path):
     resumed.load_checkpoint(saved.files, saved.meta)
     for name, tensor in reference.state().items():
         torch.testing.assert_close(resumed.state()[name], tensor, atol=ATOL, rtol=RTOL)
+
+
+def test_two_ranks_train_a_critic_as_one_process(tiny_policy, tmp_path):
+    """The value loss reaches the shared trunk through DDP and the value head averages its
+    own gradients over the ranks: the steps, and the critic's metrics, are one process's."""
+    critic = CriticConfig(lr=1e-2)
+    ranks = _torchrun(tiny_policy, tmp_path, "torch", 0, critic=critic)
+    reference = make_trainer(str(tiny_policy), **SETTINGS, critic=critic)
+    for got in ranks["steps"]:
+        want = step(reference, _samples())
+        assert {"value_loss", "value_grad_norm"} <= set(want) and set(got) == set(want)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=RTOL, abs=ATOL), key

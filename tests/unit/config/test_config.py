@@ -59,6 +59,11 @@ def test_a_reward_written_as_a_path_takes_overrides_of_its_section(tmp_path):
         ),
         (["train.clip_eps_high=0"], r"train\.clip_eps_high: Input should be greater than 0"),
         (["train.kl_estimator=k4"], r"train\.kl_estimator: Input should be 'k1', 'k2' or 'k3'"),
+        (
+            ["train.critic={}", "train.advantage=rloo"],
+            r"train\.critic computes the advantages \(GAE\); train\.advantage 'rloo' would",
+        ),
+        (["train.critic.lam=1.5"], r"train\.critic\.lam: Input should be less than or equal to 1"),
         (["train.kl_coef=-1"], r"train\.kl_coef: Input should be greater than or equal to 0"),
         (
             ["train.dynamic_sampling=true", "mode=one_step"],
@@ -98,6 +103,8 @@ def test_a_reward_written_as_a_path_takes_overrides_of_its_section(tmp_path):
         "std-scaling-off-grpo",
         "clip-high-zero",
         "unknown-kl-estimator",
+        "critic-and-an-estimator",
+        "gae-lambda-over-one",
         "negative-kl-coef",
         "dynamic-sampling-in-a-batch-mode",
         "overlong-buffer-too-long",

@@ -6,6 +6,7 @@ import torch
 from sluice.rl.advantages import (
     STD_EPS,
     Credit,
+    gae,
     group_advantages,
     overlong_penalty,
     rloo_advantages,
@@ -133,3 +134,42 @@ def test_credit_shapes_by_length_against_max_new_tokens():
 def test_credit_refuses_an_unknown_estimator():
     with pytest.raises(ValueError, match="allowed: grpo, rloo, reinforce_pp"):
         Credit("ppo")  # type: ignore[arg-type]
+
+
+def _gae(values, mask, rewards, ids=None, gamma=1.0, lam=1.0):
+    v, m = torch.tensor([values]), torch.tensor([mask])
+    ids = torch.zeros_like(v, dtype=torch.long) if ids is None else torch.tensor([ids])
+    # one reward for the row, or one per token
+    r = torch.tensor(rewards) if len(rewards) == 1 else torch.tensor([rewards])
+    return gae(r, v, m, ids, gamma, lam)
+
+
+@pytest.mark.parametrize(
+    ("values", "mask", "gamma", "lam", "expected"),
+    [
+        # gamma = lam = 1: Monte Carlo, R - V at every token
+        ([0.5, 0.5, 0.5], [1.0, 1.0, 1.0], 1.0, 1.0, [0.5, 0.5, 0.5]),
+        # lam = 0: one-step TD errors, the reward only at the last token
+        ([0.5, 0.5, 0.5], [1.0, 1.0, 1.0], 1.0, 0.0, [0.0, 0.0, 0.5]),
+        # t2: 1 - 0.6 = 0.4; t1: 0.9 x 0.6 - 0.4 + 0.45 x 0.4 = 0.32;
+        # t0: 0.9 x 0.4 - 0.2 + 0.45 x 0.32 = 0.304
+        ([0.2, 0.4, 0.6], [1.0, 1.0, 1.0], 0.9, 0.5, [0.304, 0.32, 0.4]),
+        # an environment's token between: stepped over (its value 9 unread)
+        ([0.2, 9.0, 0.6], [1.0, 0.0, 1.0], 0.9, 0.5, [0.34 + 0.45 * 0.4, 0.0, 0.4]),
+        # padding after the sequence: the reward is at its last loss token
+        ([0.5, 0.5, 7.0], [1.0, 1.0, 0.0], 1.0, 1.0, [0.5, 0.5, 0.0]),
+    ],
+    ids=["monte-carlo", "td0", "gamma-lambda", "environment-token", "padding"],
+)
+def test_gae_closed_form(values, mask, gamma, lam, expected):
+    advantages, returns = _gae(values, mask, [1.0], gamma=gamma, lam=lam)
+    torch.testing.assert_close(advantages, torch.tensor([expected]), atol=1e-6, rtol=0)
+    want = [(a + v) * m for a, v, m in zip(expected, values, mask, strict=True)]
+    torch.testing.assert_close(returns, torch.tensor([want]), atol=1e-6, rtol=0)
+
+
+def test_gae_keeps_packed_sequences_apart():
+    # one packed row: sequence 0 (reward 1) on tokens 0-1, sequence 1 (reward 0) on 2-3;
+    # sequence 0 must not bootstrap from sequence 1's values of 5
+    advantages, _ = _gae([0.0, 0.0, 5.0, 5.0], [1.0] * 4, [1.0, 1.0, 0.0, 0.0], ids=[0, 0, 1, 1])
+    torch.testing.assert_close(advantages, torch.tensor([[1.0, 1.0, -5.0, -5.0]]))

@@ -20,6 +20,7 @@ from sluice.rl.losses import (
     sequence_sums,
     tis_loss,
     token_stats,
+    value_loss,
 )
 
 E = math.e
@@ -564,3 +565,22 @@ def test_kl_penalty_k3_gradient_pulls_toward_the_reference():
 def test_kl_penalty_rejects_unknown_estimators():
     with pytest.raises(ValueError, match="allowed: k1, k2, k3"):
         kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
+
+
+@pytest.mark.parametrize(
+    ("value", "old", "ret", "expected"),
+    [
+        # V moved 0.5 past V_old: clipped to 0.7, farther from R = 2: 0.5 x 1.3^2
+        (1.0, 0.5, 2.0, 0.5 * 1.3**2),
+        # inside the clip range: 0.5 x (1 - 0)^2
+        (1.0, 0.9, 0.0, 0.5),
+        # clipped toward R: the unclipped error is the larger one
+        (1.0, 0.5, 0.0, 0.5),
+    ],
+    ids=["clipped-farther", "inside", "clipped-nearer"],
+)
+def test_value_loss_closed_form(value, old, ret, expected):
+    out = value_loss(
+        torch.tensor([[value]]), torch.tensor([[old]]), torch.tensor([[ret]]), torch.ones(1, 1), 0.2
+    )
+    assert out.item() == pytest.approx(expected)

@@ -86,3 +86,10 @@ def test_batch_normalised_weighs_rows_by_loss_tokens_and_leaves_failed_ones_at_z
     out = batch_normalised(table).column("advantage").to_pylist()
     assert out == pytest.approx([1.0, -1.0, 0.0], abs=1e-5)
     assert batch_normalised(table).column("prompt_ids") == table.column("prompt_ids")
+
+
+def test_skip_failed_takes_a_failed_rows_tokens_out_of_the_loss():
+    table = table_of(SAMPLES[:2]).append_column("reason", pa.array([None, "reward raised"]))
+    kept = to_train_batch(table, 0, skip_failed=True)
+    assert kept.mask[0].sum() == 2 and kept.mask[1].sum() == 0
+    assert to_train_batch(table, 0).mask[1].sum() == 4  # by default every row trains

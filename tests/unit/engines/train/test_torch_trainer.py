@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from sluice.config.tree import PolicyConfig
+from sluice.config.tree import CriticConfig, PolicyConfig
 from sluice.engines.protocols import TrainEngine
 from sluice.engines.rollout.vllm_engine import VLLMRolloutEngine
 from sluice.policy.starting import build_model, build_tokenizer, save_policy
@@ -296,3 +296,50 @@ def test_a_kl_penalty_holds_the_policy_near_its_start(trainer):
         drift = step(free, samples)["kl_reference"], step(held, samples)["kl_reference"]
     assert 0.0 < drift[1] < drift[0], drift
     assert "kl_reference" not in step(trainer, samples)  # no penalty, no reference
+
+
+def _critic_trainer(folder, **overrides):
+    return _trainer(folder, micro_batch=8, critic=CriticConfig(lr=1e-2), **overrides)
+
+
+def test_a_critic_learns_the_returns_and_stays_out_of_the_published_weights(trainer):
+    """Rewards 1 and 0 (a critic's rows carry the reward): the value loss falls as the
+    head learns them, the metrics say so, and the head is not among the weights a rollout
+    loads."""
+    critic = _critic_trainer(trainer._model_dir)
+    samples = _samples(critic, [1.0, 0.0])
+    first = step(critic, samples)
+    assert {"value_loss", "value_mean", "return_mean", "value_grad_norm"} <= set(first)
+    later = [step(critic, samples)["value_loss"] for _ in range(8)]
+    assert later[-1] < first["value_loss"]
+    assert set(critic.state()) == set(trainer.state())  # the policy's tensors alone
+
+
+def test_a_critics_checkpoint_resumes_the_same_trajectory(trainer):
+    samples = _samples(trainer, [1.0, 0.0, 0.5])
+    original, fresh = _critic_trainer(trainer._model_dir), _critic_trainer(trainer._model_dir)
+    step(original, samples)
+    files, counters = checkpoint(original)
+    assert "critic.safetensors" in files and "critic_optimizer.json" in files
+    step(original, samples)
+    fresh.load_checkpoint(files, counters)
+    step(fresh, samples)
+    for name, tensor in original._critic.module.state_dict().items():
+        torch.testing.assert_close(fresh._critic.module.state_dict()[name], tensor, atol=0, rtol=0)
+    for name, tensor in original.model.state_dict().items():
+        torch.testing.assert_close(fresh.model.state_dict()[name], tensor, atol=0, rtol=0)
+    plain_files, plain_counters = checkpoint(trainer)
+    with pytest.raises(ValueError, match="holds no critic"):
+        _critic_trainer(trainer._model_dir).load_checkpoint(plain_files, plain_counters)
+
+
+def test_a_critics_packed_rows_give_the_padded_loss_and_gradients(trainer):
+    folder = trainer._model_dir
+    cut = {"micro_batch": 256, "micro_batch_tokens": 96, "critic": CriticConfig()}
+    padded, packed = _trainer(folder, **cut), _trainer(folder, **cut, packing=True)
+    batch = _ragged(padded, [1, 30, 2, 3, 17, 5, 1, 40, 8, 2, 2, 11])
+    loss_padded, grads_padded = _loss_and_grads(padded, batch)
+    loss_packed, grads_packed = _loss_and_grads(packed, batch)
+    assert loss_packed == pytest.approx(loss_padded, abs=1e-5)
+    for name, grad in grads_padded.items():
+        torch.testing.assert_close(grads_packed[name], grad, atol=1e-5, rtol=1e-5)
