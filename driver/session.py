@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -88,6 +89,26 @@ MISMATCH_FLOAT32, MISMATCH_BF16 = 1e-3, 0.05
 CHECK_EVERY_S = 1.0
 # Times one step leases its batch again after its rows were lost with a restarted store.
 RELEASES = 3
+
+
+@dataclass
+class DropWatch:
+    """One wait's samples the store dropped, from its ``dropped`` count at the start: says
+    once when they reach a batch (``Session.ready``, under dynamic sampling)."""
+
+    batch: int
+    start: int
+    told: bool = False
+
+    def first_batch(self, dropped: int) -> int:
+        """The drops since the start the first time they reach ``batch``, else 0. A store
+        restarted in place counts from zero again: the count starts over with it."""
+        if dropped < self.start:
+            self.start = 0
+        if self.told or dropped - self.start < self.batch:
+            return 0
+        self.told = True
+        return dropped - self.start
 
 
 class Session:
@@ -357,6 +378,9 @@ class Session:
     def ready(self, refs: list[Any], need: int, what: str) -> list[Any]:
         """The first ``need`` of ``refs`` that finish (or fail), waited for like ``wait``."""
         started = last_line = time.monotonic()
+        drops = None
+        if self.cfg.train.dynamic_sampling and self.stream is not None:
+            drops = DropWatch(self.batch_size, int(self.store.stats()["dropped"]))
         while len(done := ray.wait(refs, num_returns=need, timeout=CHECK_EVERY_S)[0]) < need:
             if self.stream is not None:  # restart dead workers' streams while waiting
                 self.stream.check()
@@ -366,12 +390,22 @@ class Session:
                     self.stream.dispatcher.credit(groups)
             if time.monotonic() - last_line >= PROGRESS_EVERY_S:
                 last_line = time.monotonic()
+                stats = self.store.stats()
                 log.info(
                     "waiting for %s for %.0f s; trajectory store: %s",
                     what,
                     last_line - started,
-                    self.store.stats(),
+                    stats,
                 )
+                if drops is not None and (dropped := drops.first_batch(int(stats["dropped"]))):
+                    log.warning(
+                        "the store dropped %d samples while waiting for %s, a batch's worth: "
+                        "under train.dynamic_sampling a group whose rewards are all equal is "
+                        "dropped, and a policy that always or never solves the task leaves "
+                        "nothing to train on (the ledger gives each drop's reason)",
+                        dropped,
+                        what,
+                    )
         return done
 
     def drops_to_credit(self, stats: dict[str, int]) -> int:
