@@ -9,7 +9,8 @@ for each variant, which ``predict`` compares against.
 per-step times from the run's MLflow sqlite database (``perf/rollout_s``,
 ``perf/train_s``, ``perf/weight_sync_s``, ``train/publish_s``) and every sample's response
 length from its trajectory Parquet files (``storage/schema.py``; the group id carries the
-step's tag ``@r<seed * 1000003 + step>``, see ``driver/batch.py``). ``derive_costs``
+step's tag, ``r<seed * 1000003 + step>w<worker>.<place>`` after its ``@``, see
+``driver/batch.py``). ``derive_costs``
 fits, by least squares over the steps:
 
 - generation of a batch on one engine = overhead + a * (longest response) + b * (sum of
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 import statistics
 from dataclasses import dataclass, field
@@ -38,6 +40,9 @@ from sluice.sim.scenario import CostSpec, Scenario, ScenarioError, build_scenari
 
 # driver/batch.py tags a step's groups with seed * STEP_TAG + step.
 STEP_TAG = 1_000_003
+# A batch group's id: <prompt id>@<run tag>r<seed * STEP_TAG + step>w<worker>.<place>
+# (driver/batch.py ``submit``: the shard's tag, then each worker's part of it).
+BATCH_GROUP = re.compile(r"@[^@]*r(\d+)w\d+\.\d+$")
 
 
 class CalibrationError(ValueError):
@@ -193,10 +198,7 @@ def measure_run(run_dir: str | Path, seed: int = 0) -> RunMeasurements:
         table.column("prompt_len").to_pylist(),
         strict=True,
     ):
-        tag = group.rsplit("@r", 1)
-        if len(tag) != 2 or not tag[1].isdigit():
-            raise CalibrationError(f"group id {group!r} has no step tag: not a sync run")
-        step = int(tag[1]) - seed * STEP_TAG
+        step = _tagged_step(group) - seed * STEP_TAG
         entry = per_step.setdefault(step, {"lengths": [], "prompts": []})
         entry["lengths"].append(int(length))
         entry["prompts"].append(int(prompt))
@@ -233,8 +235,16 @@ def measure_run(run_dir: str | Path, seed: int = 0) -> RunMeasurements:
     )
 
 
+def _tagged_step(group: str) -> int:
+    """The step tag of a batch group's id (``BATCH_GROUP``)."""
+    found = BATCH_GROUP.search(group)
+    if found is None:
+        raise CalibrationError(f"group id {group!r} has no step tag: not a sync run")
+    return int(found.group(1))
+
+
 def _step_order(group: str) -> tuple[int, str]:
-    return int(group.rsplit("@r", 1)[1]), group
+    return _tagged_step(group), group
 
 
 def _bucket_predictor_error(by_group: dict[str, list[int]], prompt: dict[str, int]) -> float:

@@ -70,9 +70,10 @@ def _fake_sync_run(folder: Path, a: float, b: float, c0: float, fixed: float, pe
             for j, n in enumerate(group):
                 rows.append(
                     {
-                        "sample_id": f"p{g}@r{step}/{j}",
+                        # as driver/batch.py tags a sync step's groups: r<step>w<worker>.<place>
+                        "sample_id": f"p{g}@r{step}w0.{g}/{j}",
                         "prompt_id": f"p{g}",
-                        "group_id": f"p{g}@r{step}",
+                        "group_id": f"p{g}@r{step}w0.{g}",
                         "env": "addition",
                         "prompt_ids": [1] * (3 + g),
                         "response_ids": [7] * int(n),
