@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import tempfile
@@ -49,7 +50,9 @@ from sluice.config.tree import LoraConfig, TrainConfig
 from sluice.storage.params import ParameterService
 
 MIB = 1 << 20
-MAX_MODEL_LEN = 1024  # prompt and reply tokens a sequence may hold in the sync bench's vLLM
+# Prompt and reply tokens a sequence may hold in the sync bench's vLLM, or the model's own
+# positions when it has fewer (the tiny policy has 256; vLLM refuses a longer context).
+MAX_MODEL_LEN = 1024
 SECTION = ("lora-adapters", "LoRA adapters against full weights")
 LORA = LoraConfig(
     rank=16,
@@ -121,6 +124,13 @@ def sync_at_scale(repeats: int) -> dict[str, list[dict[str, float]]]:
     return runs
 
 
+def context(policy: Path) -> int:
+    """The context the sync bench gives vLLM: ``MAX_MODEL_LEN``, or the model's positions
+    (``max_position_embeddings`` in its config.json) when fewer."""
+    config = json.loads((policy / "config.json").read_text())
+    return min(MAX_MODEL_LEN, int(config.get("max_position_embeddings", MAX_MODEL_LEN)))
+
+
 def sync_into_vllm(
     policy: Path, prompts: list[str], max_new_tokens: int, repeats: int
 ) -> dict[str, list[dict[str, float]]]:
@@ -137,7 +147,7 @@ def sync_into_vllm(
         # A context of the prompts' length, not the model's own (SmolLM2's 8,192 tokens need
         # more KV cache than the 0.1 GiB given; vLLM refuses to start).
         engine = VLLMRolloutEngine(
-            str(policy), seed=0, kv_cache_gib=0.1, lora=lora, max_model_len=MAX_MODEL_LEN
+            str(policy), seed=0, kv_cache_gib=0.1, lora=lora, max_model_len=context(policy)
         )
         service = ParameterService.create(relays=1, bucket_bytes=64 * MIB, dtype="float32")
         runs[kind] = []

@@ -3,7 +3,10 @@ and the adapter table."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+
+import pytest
 
 from benchmarks import adapters, weights
 from benchmarks.adapters import table
@@ -76,3 +79,13 @@ def test_the_weights_section_is_rendered_from_its_record():
     assert "5 versions (GB/s: medians of versions 3-5" in text.splitlines()[0]
     gbps = 2**31 / 1e9  # the model's bytes over each step's seconds
     assert f"| pull (into the model's weights) | {gbps / 0.5:.2f} GB/s (0.50 x memcpy) |" in text
+
+
+@pytest.mark.parametrize(
+    ("positions", "expected"), [(256, 256), (8192, 1024)], ids=["tiny", "smollm2"]
+)
+def test_the_adapter_bench_gives_vllm_a_context_the_model_has(tmp_path, positions, expected):
+    """vLLM refuses a context longer than the model's positions (the tiny policy's 256),
+    and SmolLM2's own 8,192 would need more KV cache than the bench gives."""
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": positions}))
+    assert adapters.context(tmp_path) == expected
