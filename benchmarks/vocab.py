@@ -71,14 +71,14 @@ def qwen_vocab_model(folder: Path) -> Path:
 def whole_logits_forward(trainer, batch):  # type: ignore[no-untyped-def]
     """The trainer's forward pass before chunking, verbatim in what it holds: logits of
     every position in float32, log-softmax over all of them, the entropy's graph kept."""
-    from sluice.engines.train.trainer import model_inputs
+    from sluice.engines.train.trainer import Passed, model_inputs
 
     out = trainer._network(**model_inputs(batch))
     logits = out.logits[:, :-1].float()
     logp = torch.log_softmax(logits, dim=-1)
     chosen = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(dim=-1)
-    return chosen, entropy
+    return Passed(chosen, entropy, None)
 
 
 def measure_one(model: Path, tokens: int, variant: str, steps: int) -> dict[str, Any]:
