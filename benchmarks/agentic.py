@@ -45,6 +45,20 @@ def render(record: Record) -> str:
     )
 
 
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote of the section (``benchmarks/quotes.py``), per mode (``sync``,
+    ``one-step``, ``async-k-2``): its trained samples/s (``.samples-per-s``) and their ratio
+    to sync's (``.x-sync``), as the table writes them."""
+    results = record.data["runs"]
+    base = next(iter(results.values()))
+    out = {}
+    for label, r in results.items():
+        key = "-".join("".join(c if c.isalnum() else " " for c in label.lower()).split())
+        out[f"{key}.samples-per-s"] = f"{r['samples_per_s']:.1f}"
+        out[f"{key}.x-sync"] = f"{r['samples_per_s'] / base['samples_per_s']:.2f}x"
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)

@@ -4,7 +4,7 @@ alone, the ratios to sync, and a mode without a rollout idle fraction kept as su
 import math
 from dataclasses import replace
 
-from benchmarks.agentic import render
+from benchmarks.agentic import quotes, render
 from benchmarks.records import Record, keep, read
 
 COMMAND = ".venv/bin/python -m benchmarks.agentic --steps 40 --write"
@@ -55,3 +55,10 @@ def test_the_kept_record_renders_the_same(tmp_path):
     again = read(keep(record, tmp_path))
     assert again.data["runs"]["sync"]["rollout_idle"] is None  # NaN is kept as None
     assert again.text() == record.text()
+
+
+def test_docs_quote_each_modes_samples_per_s_and_its_ratio_to_sync():
+    got = quotes(_record())
+    # 40.1 / 14.6 = 2.75, as the table writes it
+    assert got["async-k-2.x-sync"] == "2.75x" and got["async-k-2.samples-per-s"] == "40.1"
+    assert got["sync.x-sync"] == "1.00x" and got["one-step.samples-per-s"] == "19.5"
