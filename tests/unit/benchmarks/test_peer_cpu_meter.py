@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from benchmarks.cpu_meter import CpuMeter
+from benchmarks.cpu_meter import TICKS, CpuMeter
 
 # A child that starts a grandchild; the grandchild burns BURN_S of CPU time (not wall time,
 # so a busy machine cannot shorten it), then sleeps so the meter sees its total before it
@@ -25,8 +25,10 @@ def test_the_meter_counts_the_cpu_time_of_a_grandchild():
     child.wait(timeout=120)
     meter.stop()
     used = meter.cpu_between(began, time.time())
-    # The burn, plus two interpreters starting (a few tenths of a second at most).
-    assert BURN_S <= used < BURN_S + 1.0
+    # The burn, plus two interpreters starting (a few tenths of a second at most). /proc
+    # gives user and system time each in whole clock ticks, truncated: a process's total
+    # reads up to two ticks under what it used (0.59 s for the 0.6 s burn, seen under load).
+    assert BURN_S - 2 / TICKS <= used < BURN_S + 1.0
     assert len(meter.samples) >= 3
 
 
