@@ -19,7 +19,7 @@ from pathlib import Path
 from benchmarks import modes
 from benchmarks.modes import ROOT, _row, run_variant
 from benchmarks.records import Record, publish
-from benchmarks.tables import ONE_CLOCK, markdown_table
+from benchmarks.tables import ONE_CLOCK, markdown_table, quote_key
 
 CONFIG = "configs/agentic.yaml"
 VARIANTS: list[tuple[str, list[str]]] = [
@@ -53,7 +53,7 @@ def quotes(record: Record) -> dict[str, str]:
     base = next(iter(results.values()))
     out = {}
     for label, r in results.items():
-        key = "-".join("".join(c if c.isalnum() else " " for c in label.lower()).split())
+        key = quote_key(label)
         out[f"{key}.samples-per-s"] = f"{r['samples_per_s']:.1f}"
         out[f"{key}.x-sync"] = f"{r['samples_per_s'] / base['samples_per_s']:.2f}x"
     return out

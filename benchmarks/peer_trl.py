@@ -60,7 +60,7 @@ from benchmarks.cpu_meter import CpuMeter
 from benchmarks.records import Record, publish
 from benchmarks.report import measured_commit, uncommitted
 from benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_series
-from benchmarks.tables import BOOTSTRAP_DRAWS, markdown_table, paired_ratio, spread
+from benchmarks.tables import BOOTSTRAP_DRAWS, markdown_table, paired_ratio, quote_key, spread
 from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
 from sluice.config.tree import load_config
 
@@ -613,7 +613,7 @@ def quotes(record: Record) -> dict[str, str]:
     rounds = [load_round(ROOT / path).round for path in record.data["rounds"]]
     out = {"rounds": str(len(rounds))}
     for label in rounds[0]:
-        key = "-".join("".join(c if c.isalnum() else " " for c in label.lower()).split())
+        key = quote_key(label)
         out |= {
             f"{key}.samples-per-s": spread([r[label].series.samples_per_s for r in rounds], "", 1),
             f"{key}.time-to": _times(_reached(rounds, label, record.data["gain"])),

@@ -63,3 +63,9 @@ def paired_ratio(values: Sequence[float], digits: int = 2) -> str:
         return f"{values[0]:.{digits}f}x"
     low, high = bootstrap_interval(values)
     return f"{geometric_mean(values):.{digits}f}x [{low:.{digits}f}-{high:.{digits}f}]"
+
+
+def quote_key(label: str) -> str:
+    """A table row's label as a quote's key (``benchmarks/quotes.py``): lower case, runs of
+    anything but letters and digits one hyphen (``async k=2`` -> ``async-k-2``)."""
+    return "-".join("".join(c if c.isalnum() else " " for c in label.lower()).split())

@@ -67,6 +67,11 @@ def sequence_sums(
     return sums[flat_ids].reshape(values.shape)
 
 
+def sequence_lengths(mask: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
+    """At each token, its sequence's number of loss tokens (at least 1), [batch, tokens]."""
+    return sequence_sums(torch.ones_like(mask), mask, sequence_ids).clamp(min=1.0)
+
+
 def loss_weights(
     mask: torch.Tensor,
     sequence_ids: torch.Tensor,
@@ -82,7 +87,7 @@ def loss_weights(
     if aggregation == "seq_mean_token_sum":
         return mask / sequences.clamp(min=1.0)
     if aggregation == "seq_mean_token_mean":
-        length = sequence_sums(torch.ones_like(mask), mask, sequence_ids).clamp(min=1.0)
+        length = sequence_lengths(mask, sequence_ids)
         return mask / (length * sequences.clamp(min=1.0))
     raise ValueError(
         f"unknown loss aggregation {aggregation!r}; allowed: {', '.join(AGGREGATIONS)}"
@@ -194,7 +199,7 @@ def gspo_loss(
     ([batch, tokens]) names each token's sequence (packed rows hold several).
     """
     log_ratio = (logprobs - old_logprobs) * mask
-    length = sequence_sums(torch.ones_like(mask), mask, sequence_ids).clamp(min=1.0)
+    length = sequence_lengths(mask, sequence_ids)
     sequence_log_ratio = sequence_sums(log_ratio, mask, sequence_ids) / length
     ratio = torch.exp(sequence_log_ratio.detach() + logprobs - logprobs.detach())
     surrogate, was_clipped = _clipped_surrogate(
