@@ -78,7 +78,7 @@ lint: setup
 	  sluice/engines/rollout/worker.py sluice/engines/rollout/stream_loop.py \
 	  sluice/engines/rollout/scored.py sluice/engines/rollout/dispatcher.py sluice/engines/rollout/in_flight.py \
 	  sluice/engines/train/lora.py sluice/engines/train/pool.py sluice/engines/train/trainer.py \
-  sluice/engines/train/reference.py sluice/engines/train/critic.py \
+	  sluice/engines/train/reference.py sluice/engines/train/critic.py sluice/engines/reward_models \
 	  sluice/engines/train/parallel.py sluice/engines/train/ddp.py sluice/engines/train/fsdp.py \
 	  sluice/engines/train/zero.py sluice/tasks sluice/driver sluice/flows/rl_job.py sluice/flows/api.py
 

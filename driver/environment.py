@@ -22,6 +22,9 @@ from sluice.config.tree import (
     RunConfig,
 )
 from sluice.engines.agents.episodes import AgentSpec
+from sluice.engines.cluster.ray_cluster import child_env
+from sluice.engines.reward_models.scorer import ModelScorer, render
+from sluice.engines.reward_models.served import ServedModels, launch_served
 from sluice.engines.rollout.dispatcher import LedgerSink
 from sluice.engines.rollout.episodes import StepSpec
 from sluice.engines.train.lora import check_base
@@ -31,7 +34,13 @@ from sluice.envs.dataset import Columns, DatasetEnv, DataSource, Messages, Rende
 from sluice.envs.multi_turn import EpisodeLimits, is_multi_turn
 from sluice.envs.prompts import FittingPrompts, PromptSource
 from sluice.envs.registry import env_factory
-from sluice.envs.rewards import RewardFunction, check_signature, import_function, module_root
+from sluice.envs.rewards import (
+    RewardFunction,
+    RewardPool,
+    check_signature,
+    import_function,
+    module_root,
+)
 from sluice.envs.scoring import RecordedScorer, Scorer, make_scorer
 from sluice.envs.skyrl_gym_envs import SkyRLGymEnv
 from sluice.storage.ledger import Ledger, LedgerEvent
@@ -257,10 +266,13 @@ def check_model_folder(cfg: RunConfig) -> None:
     """A model folder (``policy.path``) holds a config, a tokenizer and safetensors weights;
     a ConfigError naming what is missing if not. Weights are read from safetensors only:
     a ``pytorch_model.bin`` is a pickle, and nothing is unpickled from storage."""
-    if cfg.policy.path is None:
-        return
-    folder = Path(cfg.policy.path)
-    where = f"policy.path {str(folder)!r}"
+    if cfg.policy.path is not None:
+        check_folder(Path(cfg.policy.path), "policy.path")
+
+
+def check_folder(folder: Path, setting: str) -> None:
+    """``folder`` (the value of ``setting``) is a loadable model folder; else a ConfigError."""
+    where = f"{setting} {str(folder)!r}"
     if not folder.is_dir():
         raise ConfigError(f"{where} is not a folder; point it at a Hugging Face model folder")
     if not (folder / "config.json").is_file():
@@ -332,7 +344,14 @@ def check_rewards(cfg: RunConfig) -> None:
     """Each configured reward function imports, is callable, and takes what the run passes
     (``check_signature``); an environment without a verifier has one. A ConfigError
     naming the first problem."""
-    if cfg.env.name == "dataset" and not cfg.reward.functions and cfg.env.agent is None:
+    if cfg.reward.served is not None:
+        check_served(cfg)
+    if (
+        cfg.env.name == "dataset"
+        and not cfg.reward.functions
+        and cfg.reward.served is None
+        and cfg.env.agent is None
+    ):
         raise ConfigError(
             "reward: a dataset has no verifier of its own; name your reward function "
             "(reward: mypkg.rewards:exact_match, or a built-in such as "
@@ -343,6 +362,32 @@ def check_rewards(cfg: RunConfig) -> None:
             check_signature(f.fn, import_function(f.fn), [*reward_fields(cfg.env), *f.args])
         except ValueError as error:
             raise ConfigError(f"reward: {error}") from None
+
+
+def check_served(cfg: RunConfig) -> None:
+    """A judge's or reward model's folder loads, its template fits the problems, and a
+    judge's ``parse_fn`` takes what it is passed: a ConfigError before anything starts."""
+    served, section = cfg.reward.served, "reward.judge" if cfg.reward.judge else "reward.model"
+    assert served is not None
+    check_folder(Path(served.model), f"{section}.model")
+    env, _ = make_environment(cfg.env, cfg.policy)
+    if is_multi_turn(env) or cfg.env.agent is not None:
+        raise ConfigError(
+            f"{section}: an episode's verdict comes from its environment as it ends; a judge or "
+            "reward model scores single-turn completions (unset env.agent, or score without it)"
+        )
+    problem = env.problems("train", 1, cfg.seed)[0]
+    template = cfg.reward.judge.prompt if cfg.reward.judge else served.template  # type: ignore[union-attr]
+    try:
+        render(template, problem, "")
+    except ValueError as error:
+        where = "prompt" if cfg.reward.judge else "template"
+        raise ConfigError(f"{section}.{where}: {error}") from None
+    if cfg.reward.judge is not None and (fn := cfg.reward.judge.parse_fn) is not None:
+        try:
+            check_signature(fn, import_function(fn), [*reward_fields(cfg.env), "verdict"])
+        except ValueError as error:
+            raise ConfigError(f"{section}.parse_fn: {error}") from None
 
 
 def check_environment(cfg: RunConfig) -> None:
@@ -362,13 +407,26 @@ def check_environment(cfg: RunConfig) -> None:
             raise ConfigError(f"env.data: {error}") from None
 
 
-def scorer_factory(env: Environment, cfg: RewardConfig, env_cfg: EnvConfig) -> Callable[[], Scorer]:
+def scorer_factory(
+    env: Environment, cfg: RewardConfig, env_cfg: EnvConfig, served: ServedModels | None = None
+) -> Callable[[], Scorer]:
     """What a rollout worker (or the driver) calls to build its scorer, picklable for Ray:
-    the user's reward functions in a pool, with the folders their modules import from; else
-    a plugin environment's own ``reward`` in a pool (user code too); else the built-in
-    environment's verifier."""
+    the user's reward functions in a pool, with the folders their modules import from; a
+    judge or reward model in the actors ``served`` (else in actors the scorer starts for
+    itself); else a plugin environment's own ``reward`` in a pool (user code too); else the
+    built-in environment's verifier."""
     if is_multi_turn(env) or env_cfg.agent:  # each episode's verdict comes as it ends
         return partial(RecordedScorer, [])
+    if cfg.served is not None:
+        return partial(
+            model_scorer,
+            cfg,
+            served,
+            env if env_cfg.name in ENV_NAMES else None,  # a built-in verifier to compare with
+            tuple(sorted(filter(None, [module_root(cfg.judge.parse_fn)])))
+            if cfg.judge and cfg.judge.parse_fn
+            else (),
+        )
     paths = [f.fn for f in cfg.functions]
     plugin = None
     if not paths and env_cfg.name not in (*ENV_NAMES, "dataset"):
@@ -386,6 +444,33 @@ def scorer_factory(env: Environment, cfg: RewardConfig, env_cfg: EnvConfig) -> C
         roots,
         plugin,
     )
+
+
+def model_scorer(
+    cfg: RewardConfig,
+    served: ServedModels | None,
+    verifier: Environment | None,
+    roots: tuple[str, ...],
+    seed: int = 0,
+) -> ModelScorer:
+    """A scorer over the judge or reward model of ``cfg``: in ``served``'s actors, or in
+    actors of its own (stopped with it) when none are given."""
+    assert cfg.served is not None
+    owned = served is None
+    if served is None:
+        served = launch_served(cfg.served, seed, child_env())
+        served.wait_loaded()
+    parse = None
+    if cfg.judge is not None and cfg.judge.parse_fn is not None:
+        parse = RewardPool(
+            [RewardFunction(cfg.judge.parse_fn)],
+            cfg.workers,
+            cfg.timeout_s,
+            cfg.memory_mib,
+            cfg.correct_at,
+            roots,
+        )
+    return ModelScorer(served, cfg.correct_at, verifier, parse, owned)
 
 
 def model_context(model_dir: str) -> int | None:

@@ -61,6 +61,7 @@ from sluice.driver.tracking import MetricLogger
 from sluice.driver.weight_sync import ServedWeights, SyncWatch
 from sluice.engines.cluster.placement import wait_placed
 from sluice.engines.cluster.ray_cluster import child_env, gpus_each, on_driver_node, pool_dtype
+from sluice.engines.reward_models.served import launch_served
 from sluice.engines.rollout import in_flight
 from sluice.engines.rollout.dispatcher import launch_dispatcher
 from sluice.engines.rollout.in_flight import Carried
@@ -123,7 +124,13 @@ class Session:
         self.layout = RunLayout(cfg.run_dir, cfg.cache_dir)
         self.schedule = schedule(cfg)
         self.env, _ = make_environment(cfg.env, cfg.policy)
-        self.make_scorer = scorer_factory(self.env, cfg.reward, cfg.env)
+        # A judge's or reward model's actors, loading while the other pools start.
+        self.reward_models = (
+            launch_served(cfg.reward.served, cfg.seed, child_env())
+            if cfg.reward.served is not None
+            else None
+        )
+        self.make_scorer = scorer_factory(self.env, cfg.reward, cfg.env, self.reward_models)
         self.scorer = self.make_scorer()  # the driver's, for held-out evaluation
         self.heldout = self.env.problems("heldout", cfg.eval.prompts, cfg.seed + 1)
         self.eval_tokens = eval_tokens(cfg, self.heldout)
@@ -160,6 +167,8 @@ class Session:
             restore="checkpoint" if checkpoint is not None else False, tag=tag, carried=reasons
         )
         self._wait_placed()
+        if self.reward_models is not None:
+            self.reward_models.wait_loaded()
         pids = self.trainer.pids()
         trainer = f"the trainer (pid {pids[0]})"
         if len(pids) > 1:
@@ -216,6 +225,9 @@ class Session:
         """Kill every actor this session started, and wait until they are gone: a store
         still flushing its ledger must not write after a resume has rolled the ledger back."""
         self.scorer.close()
+        if self.reward_models is not None:
+            self.actors += self.reward_models.handles
+            self.reward_models = None
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         for group in self.groups:

@@ -87,6 +87,8 @@ class RewardResult:
     """Set when the verifier raised or returned something invalid: the sample failed."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Each user reward function's own reward and extra metrics, by name."""
+    verdict: str | None = None
+    """What a judge model answered about the completion (kept in the row and the ledger)."""
 
 
 class Environment(Protocol):

@@ -115,13 +115,15 @@ def trajectory_block(
     generated_at: datetime | None = None,
     scored_at: datetime | None = None,
     loss_masks: Sequence[Sequence[int] | None] | None = None,
+    verdicts: Sequence[str | None] | None = None,
 ) -> pa.RecordBatch:
     """One trajectory batch, row i from the i-th entry of every sequence.
 
     ``prompts`` are the prompt token ids, ``responses`` and ``logprobs`` the response tokens
     and their behaviour log-probs, ``version_runs`` each row's policy versions as runs.
     ``loss_masks`` marks the tokens the policy sampled (1) against those an environment
-    added between turns (0); a row without one (None) was sampled whole.
+    added between turns (0); a row without one (None) was sampled whole. ``verdicts``: a
+    judge model's answer on each row (None: not judged).
     Raises ``ValueError`` when the sequences differ in length and ``SchemaError`` on a value
     that does not fit its column; the rest of the schema is checked by ``validate_batch``.
     """
@@ -137,6 +139,7 @@ def trajectory_block(
         "advantages": advantages,
         **({"reasons": reasons} if reasons is not None else {}),
         **({"loss_masks": loss_masks} if loss_masks is not None else {}),
+        **({"verdicts": verdicts} if verdicts is not None else {}),
     }
     rows = len(sample_ids)
     uneven = {name: len(values) for name, values in per_row.items() if len(values) != rows}
@@ -161,6 +164,7 @@ def trajectory_block(
         "response_len": pa.array(response_len, pa.int32()),
         "status": pa.array([status] * rows, pa.string()),
         "reason": pa.array(reasons if reasons is not None else [None] * rows, pa.string()),
+        "verdict": pa.array(verdicts if verdicts is not None else [None] * rows, pa.string()),
         "version": pa.nulls(rows, pa.int32()),
         "generated_at": _timestamps(generated_at, rows),
         "scored_at": _timestamps(scored_at, rows),

@@ -34,7 +34,9 @@ EVENTS = ("dispatched", "generated", "scored", "trained", "dropped")
 # Events a sample passes through before it ends trained or dropped. `dispatched`: its
 # group was handed to a rollout worker (async; written by the dispatcher).
 PENDING = ("dispatched", "generated", "scored")
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2  # 2: verdict
+# Older versions this code reads: their files lack the columns added since (read as null).
+READS_VERSIONS = {"1", str(LEDGER_VERSION)}
 VERSION_KEY = b"sluice.ledger_version"
 LEDGER_SCHEMA = pa.schema(
     [
@@ -44,6 +46,8 @@ LEDGER_SCHEMA = pa.schema(
         pa.field("version", pa.int32()),
         pa.field("reason", pa.string()),
         pa.field("staleness", pa.int32()),
+        # A judge model's answer on a `scored` sample (``engines/reward_models``).
+        pa.field("verdict", pa.string()),
         pa.field("ts", pa.timestamp("ms", tz="UTC"), nullable=False),
     ],
     metadata={VERSION_KEY: str(LEDGER_VERSION).encode()},
@@ -67,6 +71,7 @@ class LedgerEvent:
     version: int | None = None
     reason: str | None = None
     staleness: int | None = None
+    verdict: str | None = None
     ts: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def __post_init__(self) -> None:
@@ -160,10 +165,15 @@ class Ledger:
         except (pa.ArrowException, OSError) as err:
             raise LedgerError(f"ledger file {where} is corrupt or unreadable: {err}") from err
         version = (table.schema.metadata or {}).get(VERSION_KEY, b"?").decode(errors="replace")
-        if version != str(LEDGER_VERSION):
+        if version not in READS_VERSIONS:
             raise LedgerError(
                 f"ledger file {where} was written with ledger version {version}, "
-                f"but this code reads version {LEDGER_VERSION}"
+                f"but this code reads versions {', '.join(sorted(READS_VERSIONS))}"
+            )
+        for missing in set(LEDGER_SCHEMA.names) - set(table.column_names):
+            table = table.append_column(
+                LEDGER_SCHEMA.field(missing),
+                pa.nulls(table.num_rows, LEDGER_SCHEMA.field(missing).type),
             )
         try:
             return table.select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA)

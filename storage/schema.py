@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-SCHEMA_VERSION = 2  # 2: loss_mask
+SCHEMA_VERSION = 3  # 2: loss_mask; 3: verdict
 VERSION_KEY = b"sluice.schema_version"
 STATUSES = ("generated", "scored", "failed", "leased", "trained", "dropped")
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
@@ -44,6 +44,8 @@ _FIELDS = [
     pa.field("response_len", pa.int32(), nullable=False),
     pa.field("status", pa.string(), nullable=False),
     pa.field("reason", pa.string()),
+    # What a judge model answered about the response (null: no judge scored it).
+    pa.field("verdict", pa.string()),
     # The policy version the sample was trained at.
     pa.field("version", pa.int32()),
     pa.field("generated_at", TIMESTAMP),

@@ -49,6 +49,7 @@ class SampleMeta:
     reward: float | None = None
     advantage: float | None = None
     reason: str | None = None  # a verifier error: the sample still trains, with its reward
+    verdict: str | None = None  # a judge model's answer, for the ledger
     last_version: int | None = None
 
     @property
@@ -164,7 +165,12 @@ class TrajectoryIndex:
         if record:
             self._log(
                 [LedgerEvent(m.sample_id, m.prompt_id, "generated", m.version) for m in metas]
-                + [LedgerEvent(m.sample_id, m.prompt_id, "scored", reason=m.reason) for m in metas]
+                + [
+                    LedgerEvent(
+                        m.sample_id, m.prompt_id, "scored", reason=m.reason, verdict=m.verdict
+                    )
+                    for m in metas
+                ]
             )
         for group_id in dict.fromkeys(m.group_id for m in metas):
             self._maybe_ready(group_id)

@@ -108,10 +108,11 @@ def _metas(batch: pa.RecordBatch) -> list[SampleMeta]:
             reward=row["reward"],
             advantage=row["advantage"],
             reason=row["reason"],
+            verdict=row["verdict"],
         )
         for i, row in enumerate(
             batch.select(
-                ["sample_id", "prompt_id", "group_id", "reward", "advantage", "reason"]
+                ["sample_id", "prompt_id", "group_id", "reward", "advantage", "reason", "verdict"]
             ).to_pylist()
         )
     ]

@@ -151,7 +151,10 @@ def prepare_policy_task(cfg: RunConfig) -> str:
     chat = cfg.env.agent is not None  # the agent's endpoint needs a chat template
     # An agent's verdicts come with its episodes; the warm start, which learns the
     # environment's answers, is judged as a run without the agent would judge them.
-    scorer = scorer_factory(env, cfg.reward, cfg.env.model_copy(update={"agent": None}))()
+    # A judge or reward model would need its actors: the warm start is judged by the
+    # environment's verifier, or the user's functions.
+    reward = cfg.reward.model_copy(update={"judge": None, "model": None})
+    scorer = scorer_factory(env, reward, cfg.env.model_copy(update={"agent": None}))()
     spec = step_spec(cfg)  # a multi-turn environment's warm start plays episodes
     steps = EpisodeSteps(spec, cfg.env.step_timeout_s) if spec is not None else None
     try:
@@ -174,9 +177,11 @@ def prepare_policy_task(cfg: RunConfig) -> str:
 def start_ray(cfg: RunConfig, layout: RunLayout) -> None:
     """Join the cluster at ``RAY_ADDRESS`` if set, else start a local Ray sized for the pools
     (``engines/cluster/ray_cluster.py``)."""
-    r, t = cfg.rollout, cfg.train
+    r, t, served = cfg.rollout, cfg.train, cfg.reward.served
     ray_cluster.start(
-        r.workers * r.cpus_per_worker + t.ranks * t.cpus,
+        r.workers * r.cpus_per_worker
+        + t.ranks * t.cpus
+        + (served.workers * served.cpus_per_worker if served else 0.0),
         ray_cluster.summed((r.workers, r.resources), (t.ranks, t.resources)),
         layout.ray_temp,
     )

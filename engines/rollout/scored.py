@@ -103,6 +103,7 @@ def score_groups(
         "rewards": [r.reward for r in flat_results],
         "advantages": [float(advantages[g, j]) for g, j in order],
         "reasons": [r.error for r in flat_results],
+        "verdicts": [r.verdict for r in flat_results],
     }
     if loss_masks:
         columns["loss_masks"] = [loss_masks[g][j] for g, j in order]

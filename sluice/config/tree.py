@@ -304,9 +304,97 @@ class RewardFunctionConfig(_Section):
         return fn
 
 
+class ServedModelConfig(_Section):
+    """A model that scores completions, served in Ray actors of its own (a pool beside the
+    rollout workers, with its own resources)."""
+
+    model: str = Field(
+        description="Folder of the model (config.json, tokenizer files, *.safetensors); "
+        "never fetched from a hub."
+    )
+    workers: int = Field(1, ge=1, description="Actors serving it; a group goes to one.")
+    cpus_per_worker: float = Field(1.0, gt=0.0, description="Ray CPU slots per actor.")
+    gpus_per_worker: float = Field(0.0, ge=0.0, description="GPUs per actor (0: on CPUs).")
+    threads_per_worker: int = Field(1, ge=1, description="torch threads inside each actor.")
+    timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        description="Longest a group's scoring may take; past it the group's samples fail "
+        "(recorded with the reason) and the worker goes on.",
+    )
+
+
+class JudgeConfig(ServedModelConfig):
+    """A generative judge (an LLM asked whether an answer is right), served by vLLM.
+    Its answer is the verdict, kept in the trajectory rows and the ledger; ``parse`` or
+    ``parse_fn`` turns it into the reward."""
+
+    prompt: str = Field(
+        description="The question put to the judge, a Python format string over {prompt} "
+        "(the problem as the policy saw it), {completion}, {answer} (the reference answer) "
+        "and the problem's data fields. Rendered through the judge folder's chat template "
+        "when it has one."
+    )
+    parse: str | None = Field(
+        r"(?i)^\W*yes\b",
+        description="A regular expression searched in the verdict: with a group, the group "
+        "is the score (a number, divided by max_score); without one, a match is reward 1 and "
+        "no match 0. A verdict the pattern does not match fails its sample when the pattern "
+        "has a group.",
+    )
+    parse_fn: str | None = Field(
+        None,
+        description="Instead of parse: a reward function 'package.module:function', run "
+        "isolated like reward.functions, called with verdict= besides prompt=, completion= "
+        "and the problem's fields.",
+    )
+    max_score: float = Field(1.0, gt=0.0, description="The top of the score parse captures.")
+    max_new_tokens: int = Field(16, ge=1, description="Longest verdict in tokens.")
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0.0,
+        description="The judge's vLLM KV cache (None: vLLM's choice on GPUs, 0.5 GiB on CPUs).",
+    )
+    max_model_len: int | None = Field(
+        None, ge=16, description="The judge's context (None: the folder's)."
+    )
+
+    @field_validator("parse")
+    @classmethod
+    def _a_pattern(cls, parse: str | None) -> str | None:
+        if parse is not None:
+            try:
+                compiled = re.compile(parse)
+            except re.error as error:
+                raise ValueError(f"{parse!r} is not a regular expression: {error}") from None
+            if compiled.groups > 1:
+                raise ValueError(f"{parse!r} has {compiled.groups} groups; give it one or none")
+        return parse
+
+    @field_validator("parse_fn")
+    @classmethod
+    def _an_import_path(cls, fn: str | None) -> str | None:
+        if fn is not None and not _IMPORT_PATH.match(fn):
+            raise ValueError(f"{fn!r} is not an import path of the form 'package.module:function'")
+        return fn
+
+
+class RewardModelConfig(ServedModelConfig):
+    """A reward model: a sequence-classification folder (one label: its logit through a
+    sigmoid is the reward; two or more: the probability of the last label)."""
+
+    template: str = Field(
+        "{prompt}{completion}",
+        description="The text scored, a format string like judge.prompt's.",
+    )
+    max_length: int = Field(1024, ge=8, description="Longest scored text in tokens (cut left).")
+    batch_size: int = Field(16, ge=1, description="Texts scored in one forward pass.")
+
+
 class RewardConfig(_Section):
     """Reward functions of the user's own, run isolated in a pool of processes per rollout
-    worker. Empty: the environment's built-in verifier scores in-process."""
+    worker; or a judge model or a reward model, served in Ray actors of their own. None of
+    them: the environment's built-in verifier scores in-process."""
 
     functions: list[RewardFunctionConfig] = Field(
         default_factory=list,
@@ -332,10 +420,42 @@ class RewardConfig(_Section):
         "reaches this, unless a function returns 'correct' itself.",
     )
 
+    judge: JudgeConfig | None = Field(
+        None, description="Score with a generative judge model (instead of functions)."
+    )
+    model: RewardModelConfig | None = Field(
+        None, description="Score with a sequence-classification reward model."
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         return reward_section(value)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardConfig:
+        given = [
+            name
+            for name, on in (
+                ("functions", bool(self.functions)),
+                ("judge", self.judge is not None),
+                ("model", self.model is not None),
+            )
+            if on
+        ]
+        if len(given) > 1:
+            raise ValueError(
+                f"reward.{' and reward.'.join(given)} are both set: a run scores with one of "
+                "them (a judge's verdict can go through a function: judge.parse_fn)"
+            )
+        if self.judge is not None and self.judge.parse is None and self.judge.parse_fn is None:
+            raise ValueError("reward.judge needs parse (a regular expression) or parse_fn")
+        return self
+
+    @property
+    def served(self) -> JudgeConfig | RewardModelConfig | None:
+        """The judge or reward model, if the run scores with one."""
+        return self.judge or self.model
 
 
 def reward_section(value: Any) -> Any:

@@ -189,10 +189,27 @@ def test_exactly_once_reports_each_violation():
 
 
 def test_a_file_from_another_ledger_version_is_refused(ledger, tmp_path):
-    table = ledger.read().replace_schema_metadata({VERSION_KEY: b"2"})
+    table = ledger.read().replace_schema_metadata({VERSION_KEY: b"9"})
     pq.write_table(table, tmp_path / "ledger" / "000000000005-00ff00ff.parquet")
-    with pytest.raises(LedgerError, match="ledger version 2, but this code reads version 1"):
+    with pytest.raises(LedgerError, match="ledger version 9, but this code reads versions 1, 2"):
         ledger.read()
+
+
+def test_a_version_1_file_reads_with_no_verdicts(ledger, tmp_path):
+    """Ledgers written before verdicts (version 1) still read: their verdicts are null."""
+    before = ledger.read()
+    table = before.drop_columns(["verdict"]).replace_schema_metadata({VERSION_KEY: b"1"})
+    pq.write_table(table, tmp_path / "ledger" / "000000000005-00ff00ff.parquet")
+    both = ledger.read()
+    assert both.num_rows == 2 * before.num_rows
+    assert both.column("verdict").null_count == both.num_rows
+
+
+def test_a_verdict_is_kept(tmp_path):
+    ledger = Ledger(f"file://{tmp_path}")
+    ledger.append([LedgerEvent("g/0", "p", "scored", verdict="Yes, 5 is right.")])
+    ledger.flush()
+    assert ledger.read().column("verdict").to_pylist() == ["Yes, 5 is right."]
 
 
 def test_a_finished_run_has_no_sample_left_pending():
