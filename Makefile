@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 TEST_WORKERS ?= 2
 
 .PHONY: model test-real setup run test test-fast test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
-  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-algorithms bench-learning-examples bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-misbehaving bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs bench-kill-resume \
+  bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-algorithms bench-learning-examples bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-model-rewards bench-misbehaving bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs bench-kill-resume \
   setup-gpu test-gpu check-gpu-install
 
 setup:
@@ -58,10 +58,12 @@ test-slow: setup
 	$(PYTEST) -m "slow and not real and not gpu and not ui and not bench" || [ $$? -eq 5 ]
 
 # SmolLM2-135M-Instruct end to end (marker `real`): `make model` first, then a few steps with
-# full weights and with LoRA, each checking the engines' log-probs agree, and a bf16 weight
-# push checked bit for bit against a fresh load (~10 minutes).
+# full weights and with LoRA, each checking the engines' log-probs agree, a bf16 weight
+# push checked bit for bit against a fresh load, and the model as a judge, served and in an
+# async run (~13 minutes).
 test-real: model
-	$(PYTEST) -m real tests/integration/test_real_model.py tests/integration/test_bf16_push.py
+	$(PYTEST) -m real tests/integration/test_real_model.py tests/integration/test_bf16_push.py \
+	  tests/integration/test_reward_models.py tests/integration/test_model_rewards_run.py
 
 # The Prefect runs page and the MLflow run page of a real job, rendered by headless
 # Chromium (Debian's package, installed here when missing) into docs/images.
@@ -120,7 +122,7 @@ check-gpu-install: setup
 # plots under runs/bench-quick, BENCHMARKS.md untouched (3.3 minutes).
 BENCH_TARGETS := bench-modes bench-peer bench-peer-agentic bench-staleness bench-agentic \
   bench-peer-default bench-rewards bench-misbehaving bench-ranks bench-engines bench-data bench-trl-generation \
-  bench-weights bench-control bench-micro-batch bench-datasets bench-adapters
+  bench-weights bench-control bench-micro-batch bench-datasets bench-adapters bench-model-rewards
 bench: setup
 	$(PY) -m benchmarks.suite $(if $(BENCH_STOP_BY),--stop-by $(BENCH_STOP_BY)) $(BENCH_TARGETS)
 
@@ -182,6 +184,12 @@ bench-engines: setup
 # sample, and trained samples/s of the default run, 3 runs of 200 steps a path (~15 minutes).
 bench-rewards: setup
 	$(PY) -m benchmarks.rewards --steps 200 --repeats 3 --write
+
+# SmolLM2-135M-Instruct as a judge and as a reward model, each in a Ray actor of its own:
+# samples scored/s, the judge's agreement with the exact answer, and configs/judge.yaml's
+# async runs scored by each against the verifier (~20 minutes).
+bench-model-rewards: model
+	$(PY) -m benchmarks.model_rewards --steps 20 --repeats 2 --rounds 3 --write
 
 bench-misbehaving: setup
 	$(PY) -m benchmarks.misbehaving_reward --steps 12 --repeats 2 --write

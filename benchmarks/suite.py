@@ -44,6 +44,7 @@ SECTIONS = {
     "bench-peer-agentic": ("peer-trl-agentic",),
     "bench-trl-generation": ("trl-generation",),
     "bench-rewards": ("rewards",),
+    "bench-model-rewards": ("model-rewards",),
     "bench-misbehaving": ("misbehaving-rewards",),
     "bench-datasets": ("datasets",),
     "bench-agentic": ("agentic",),
@@ -65,6 +66,7 @@ USUAL_MINUTES = {
     "bench-peer-agentic": 140,  # as bench-peer: estimated from 3 rounds' 59 min
     "bench-trl-generation": 5,
     "bench-rewards": 15,
+    "bench-model-rewards": 20,
     "bench-misbehaving": 12,
     "bench-datasets": 1,
     "bench-agentic": 18,

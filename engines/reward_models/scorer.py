@@ -14,6 +14,7 @@ import itertools
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -25,6 +26,9 @@ from sluice.engines.reward_models.served import ServedModels
 from sluice.envs.base import Environment, Problem, RewardResult, score
 from sluice.envs.rewards import RewardCall, RewardPool
 
+# The reward metric of the seconds the judge or reward model computed, per sample (its
+# mean times the samples of a step, over the step's seconds: the share of a step it took).
+MODEL_SECONDS = "model_s"
 # How much of a verdict a row and the ledger keep.
 VERDICT_CHARS = 2000
 _ERROR_CHARS = 300
@@ -94,19 +98,20 @@ class ModelScorer:
         with self._lock:  # groups go round the actors; several threads score at once
             return self.served.handles[next(self._turn) % len(self.served.handles)]
 
-    def _ask(self, texts: list[str]) -> list[Answer]:
-        """The served model's answers, or one failure for all when the call does."""
+    def _ask(self, texts: list[str]) -> tuple[list[Answer], float]:
+        """The served model's answers and the seconds it computed them in, or one failure
+        for all when the call fails."""
         kind, timeout = self.served.kind, self.served.cfg.timeout_s
         ref = self._actor().score.remote(texts)
         try:
-            answers: list[Answer] = ray.get(ref, timeout=timeout)
-            return answers
+            answers, seconds = ray.get(ref, timeout=timeout)
+            return answers, seconds
         except GetTimeoutError:
             ray.cancel(ref)
             why = f"the {kind} gave no answer within {timeout:g} s (reward.*.timeout_s)"
         except (RayActorError, RayTaskError) as error:
             why = f"the {kind} failed: {str(error).splitlines()[0] if str(error) else error!r}"
-        return [(None, why[:_ERROR_CHARS])] * len(texts)
+        return [(None, why[:_ERROR_CHARS])] * len(texts), 0.0
 
     def score(
         self,
@@ -125,10 +130,18 @@ class ModelScorer:
                 texts.append("")
         asked = [i for i in range(len(pairs)) if i not in bad]
         answers: list[Answer] = [(None, bad.get(i)) for i in range(len(pairs))]
+        seconds = 0.0
         if asked:
-            for i, answer in zip(asked, self._ask([texts[i] for i in asked]), strict=True):
+            got, seconds = self._ask([texts[i] for i in asked])
+            for i, answer in zip(asked, got, strict=True):
                 answers[i] = answer
         results = self._results(pairs, answers)
+        if seconds:  # the model's time, shared among the samples it scored
+            share = {MODEL_SECONDS: seconds / len(asked)}
+            results = [
+                replace(r, metrics={**r.metrics, **share}) if r.error is None else r
+                for r in results
+            ]
         out = iter(results)
         return [[next(out) for _ in group] for group in completions]
 

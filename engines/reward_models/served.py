@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -46,8 +47,11 @@ class ServedModelActor:
         self._engine = build()
         self._pid = os.getpid()
 
-    def score(self, texts: list[str]) -> list[Answer]:
-        return self._engine(texts)
+    def score(self, texts: list[str]) -> tuple[list[Answer], float]:
+        """The answers, and the seconds the engine took for them (queueing left out)."""
+        start = time.perf_counter()
+        answers = self._engine(texts)
+        return answers, time.perf_counter() - start
 
     def pid(self) -> int:
         return self._pid
@@ -106,7 +110,9 @@ def launch_served(
     cfg: JudgeConfig | RewardModelConfig, seed: int, env_vars: dict[str, str]
 ) -> ServedModels:
     """``cfg.workers`` actors, each asking Ray for ``cpus_per_worker`` CPU slots and
-    ``gpus_per_worker`` GPUs; they load their model in the background."""
+    ``gpus_per_worker`` GPUs; they load their model in the background. A relative folder is
+    this process's (an actor's working folder is Ray's)."""
+    cfg = cfg.model_copy(update={"model": str(Path(cfg.model).expanduser().resolve())})
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}  # vLLM inside the actor
     handles = [
         ServedModelActor.options(  # type: ignore[attr-defined]

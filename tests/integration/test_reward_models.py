@@ -51,7 +51,8 @@ def test_a_served_reward_model_scores_as_the_model_does(ray_local, reward_model)
         assert [r.error for r in flat] == [None] * len(texts)
         assert [r.reward for r in flat] == pytest.approx(own_scores(reward_model, texts), abs=1e-5)
         assert [r.correct for r in flat] == [r.reward >= 0.5 for r in flat]
-        assert all(set(r.metrics) == {"agrees_with_verifier"} for r in flat)
+        assert all(set(r.metrics) == {"agrees_with_verifier", "model_s"} for r in flat)
+        assert all(r.metrics["model_s"] > 0 for r in flat)  # the model's time, shared
 
         # A call past the timeout: the group's samples fail with the reason, nothing waits.
         slow = ModelScorer(type(served)(cfg.model_copy(update={"timeout_s": 1e-4}), served.handles))
@@ -96,6 +97,7 @@ def test_smollm2_judges_completions(ray_local):
         assert [r.reward for r in flat] == [
             1.0 if r.verdict.strip().lower().startswith("yes") else 0.0 for r in flat
         ]
-        assert all(set(r.metrics) == {"agrees_with_verifier"} for r in flat)
+        assert all(set(r.metrics) == {"agrees_with_verifier", "model_s"} for r in flat)
+        assert all(r.metrics["model_s"] > 0 for r in flat)  # the model's time, shared
     finally:
         served.close()
