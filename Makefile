@@ -10,7 +10,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # processes took 21-30 min against 34 for one; `TEST_WORKERS=1 make test` runs one.
 TEST_WORKERS ?= 2
 
-.PHONY: model test-real setup run test test-fast test-multinode test-ranks test-chaos test-slow lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
+.PHONY: model test-real setup run test test-fast test-multinode test-ranks test-chaos test-slow test-learning-algorithms lint format clean bench bench-data bench-modes bench-peer bench-peer-default bench-peer-agentic \
   bench-quick bench-vocab bench-real bench-real-sync bench-startup-memory bench-bf16-ranks bench-gpu-trainer bench-learning bench-learning-algorithms bench-learning-examples bench-learning-real bench-trl-generation bench-engines bench-staleness bench-control bench-ranks bench-adapters bench-micro-batch bench-weights bench-rewards bench-model-rewards bench-misbehaving bench-datasets bench-agentic infra-check ui-check simulate sim-profile docs bench-kill-resume \
   setup-gpu test-gpu check-gpu-install
 
@@ -56,6 +56,11 @@ test-chaos: setup
 # pytest exits 5 when no test carries the marker: not a failure here.
 test-slow: setup
 	$(PYTEST) -m "slow and not real and not gpu and not ui and not bench" || [ $$? -eq 5 ]
+
+# Each algorithm of docs/algorithms.md through the default run's learning test (seed 0, 100
+# steps, the same gain asked; ~2 minutes an algorithm, ~20 in all).
+test-learning-algorithms: setup
+	$(PYTEST) tests/integration/test_learning_algorithms.py
 
 # SmolLM2-135M-Instruct end to end (marker `real`): `make model` first, then a few steps with
 # full weights and with LoRA, each checking the engines' log-probs agree, a bf16 weight
@@ -248,12 +253,13 @@ bench-learning-real: model
 	$(PY) -m benchmarks.learning --config configs/smollm2.yaml --steps 40 --seeds 0 1 2 --write
 
 # The algorithms of docs/algorithms.md on the default task beside the default (GRPO, async),
-# 400 steps, seeds 0-2 each (8 variants of ~9 minutes a seed: ~3.6 hours here; records in
-# benchmarks/results/learning/, the table in docs/results.md; not part of `make bench`).
+# each for the 100 steps of the default run's learning test, seeds 0-2 (9 variants of ~2
+# minutes a seed: ~1 hour here; records in benchmarks/results/learning/, the table in
+# docs/algorithms.md; not part of `make bench`).
 bench-learning-algorithms: setup
-	$(PY) -m benchmarks.learning --steps 400 --seeds 0 1 2 --variants \
+	$(PY) -m benchmarks.learning --steps 100 --seeds 0 1 2 --variants \
 	  "async, stale_by last_token" "Dr. GRPO" DAPO GSPO RLOO REINFORCE++ REINFORCE++-baseline \
-	  "KL k3 0.01" --write
+	  "KL k3 0.01" "PPO with a critic" --write --doc docs/algorithms.md
 
 # The learning claims of docs/results.md besides the default run and the real model: the
 # guessing game, the calculator, the agent example and LoRA, seeds 0-2 each, at one commit

@@ -9,7 +9,7 @@ config (``--config configs/smollm2.yaml``) the variant is the config as it is, t
 under ``benchmarks/results/<config's name>/``. A run whose record already names the
 measured commit is not run again, so a grid (nine runs of ~30 minutes here) can be
 measured in several sittings. ``--write`` puts the table of medians and ranges over the
-seeds into docs/results.md between markers (``learning-curves-<steps>``, or
+seeds into docs/results.md (or ``--doc``) between markers (``learning-curves-<steps>``, or
 ``<config's name>-curves-<steps>``).
 
     .venv/bin/python -m benchmarks.learning --steps 1600 --seeds 0 1 2 --write
@@ -59,6 +59,7 @@ VARIANTS: dict[str, list[str]] = {
     "REINFORCE++": ["mode=async", "train.advantage=reinforce_pp"],
     "REINFORCE++-baseline": ["mode=async", "train.advantage=reinforce_pp_baseline"],
     "KL k3 0.01": ["mode=async", "train.kl_coef=0.01"],
+    "PPO with a critic": ["mode=async", "train.critic={}"],
 }  # fmt: skip
 DEFAULT_VARIANTS = list(VARIANTS)[:3]
 """What the default config's grid runs; another config's runs "as configured"."""
@@ -268,13 +269,13 @@ def table(records: list[dict], steps: int, config: str = CONFIG) -> str:
     return "\n".join(lines)
 
 
-def write_doc(body: str, name: str) -> None:
+def write_doc(body: str, name: str, doc: Path = RESULTS_DOC) -> None:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    text = RESULTS_DOC.read_text()
+    text = doc.read_text()
     if begin not in text:
-        raise SystemExit(f"{RESULTS_DOC} has no {begin} marker")
+        raise SystemExit(f"{doc} has no {begin} marker")
     head, rest = text.split(begin, 1)
-    RESULTS_DOC.write_text(head + f"{begin}\n{body}\n{end}" + rest.split(end, 1)[1])
+    doc.write_text(head + f"{begin}\n{body}\n{end}" + rest.split(end, 1)[1])
 
 
 def main() -> None:
@@ -294,7 +295,13 @@ def main() -> None:
         help="draw the training prompts by this seed (same starting policy); kept under draws/",
     )
     parser.add_argument("--root", type=Path, default=ROOT / "runs" / "bench-learning")
-    parser.add_argument("--write", action="store_true", help="write docs/results.md's table")
+    parser.add_argument("--write", action="store_true", help="write the table into --doc")
+    parser.add_argument(
+        "--doc",
+        type=Path,
+        default=RESULTS_DOC.relative_to(ROOT),
+        help="the page whose markers take the table (default: %(default)s)",
+    )
     parser.add_argument(
         "--table-only", action="store_true", help="run nothing: the table of the kept records"
     )
@@ -321,7 +328,7 @@ def main() -> None:
     body = table(load_records(args.config), args.steps, args.config)
     print(body)
     if args.write:
-        write_doc(body, marker(args.config, args.steps))
+        write_doc(body, marker(args.config, args.steps), ROOT / args.doc)
 
 
 if __name__ == "__main__":
