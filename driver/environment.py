@@ -418,15 +418,10 @@ def scorer_factory(
     if is_multi_turn(env) or env_cfg.agent:  # each episode's verdict comes as it ends
         return partial(RecordedScorer, [])
     if cfg.served is not None:
-        return partial(
-            model_scorer,
-            cfg,
-            served,
-            env if env_cfg.name in ENV_NAMES else None,  # a built-in verifier to compare with
-            tuple(sorted(filter(None, [module_root(cfg.judge.parse_fn)])))
-            if cfg.judge and cfg.judge.parse_fn
-            else (),
-        )
+        parse_fn = cfg.judge.parse_fn if cfg.judge else None
+        root = module_root(parse_fn) if parse_fn else None
+        compare = env if env_cfg.name in ENV_NAMES else None  # a built-in verifier
+        return partial(model_scorer, cfg, served, compare, (root,) if root else ())
     paths = [f.fn for f in cfg.functions]
     plugin = None
     if not paths and env_cfg.name not in (*ENV_NAMES, "dataset"):
@@ -451,14 +446,13 @@ def model_scorer(
     served: ServedModels | None,
     verifier: Environment | None,
     roots: tuple[str, ...],
-    seed: int = 0,
 ) -> ModelScorer:
     """A scorer over the judge or reward model of ``cfg``: in ``served``'s actors, or in
     actors of its own (stopped with it) when none are given."""
     assert cfg.served is not None
     owned = served is None
     if served is None:
-        served = launch_served(cfg.served, seed, child_env())
+        served = launch_served(cfg.served, 0, child_env())
         served.wait_loaded()
     parse = None
     if cfg.judge is not None and cfg.judge.parse_fn is not None:

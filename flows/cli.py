@@ -413,7 +413,7 @@ def ledger(
         for e in events:
             extra = "".join(
                 f" {k}={e[k]}" for k in ("version", "staleness", "reason") if e[k] is not None
-            )
+            ) + (f" verdict={e['verdict']!r}" if e["verdict"] is not None else "")
             typer.echo(f"{e['ts']:%H:%M:%S} {e['sample_id']} {e['event']}{extra}")
         _end_report()
     summary = book.summary()

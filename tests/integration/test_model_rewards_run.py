@@ -76,3 +76,7 @@ def test_an_async_run_judged_by_smollm2(tmp_path, shared_cache):
     verdicts = [r["verdict"] for r in scored]
     assert verdicts and all(v for v in verdicts), verdicts[:5]  # every sample's verdict kept
     assert agreement and all(0.0 <= v <= 1.0 for v in agreement)
+    # `sluice ledger --prompt` shows a prompt's verdicts beside its events.
+    traced = sluice("ledger", str(run_dir), "--prompt", scored[0]["prompt_id"], timeout=120)
+    assert traced.returncode == 0, traced.stderr[-2000:]
+    assert f"scored verdict={scored[0]['verdict']!r}" in traced.stdout

@@ -24,7 +24,8 @@ from sluice.engines.rollout.stream_loop import StreamLoop, _as_reported
 from sluice.engines.rollout.worker import RolloutWorker
 from sluice.envs.multi_turn import EpisodeLimits
 from sluice.envs.prompts import PromptStream
-from sluice.envs.scoring import VerifierScorer
+from sluice.envs.rewards import RewardFunction
+from sluice.envs.scoring import VerifierScorer, make_scorer
 from sluice.rl.advantages import Credit
 from sluice.storage.params import PullFailed
 from sluice.storage.schema import validate_batch
@@ -107,6 +108,37 @@ def test_overlong_shaping_moves_advantages_and_leaves_the_rewards_as_scored():
         ["a@t"], credit, loss_masks=[[[1, 1], [1, 0, 0, 1]]],
     )  # fmt: skip
     assert block_of([rows]).column("advantage").to_pylist() == [0.0, 0.0]
+
+
+def test_a_users_weighted_reward_outside_0_1_is_stored_as_scored():
+    """A weight of 2 and the built-in overlong penalty take the summed reward outside
+    [0, 1] (docs/environments.md's own example): the rows keep it and pass the store's
+    schema, which once refused them."""
+    env, _ = make_environment(EnvConfig(scratch=False, train_prompts=8))
+    [problem] = env.problems("train", 1, seed=0)
+    group = [
+        Completion([5, 6], [-0.5, -0.25], problem.answer, True),
+        Completion([5, 6, 7, 8], [-0.5] * 4, "no sum here", False),
+    ]
+    penalty = {"max_tokens": 4, "buffer": 2}
+    scorer = make_scorer(
+        env,
+        [
+            RewardFunction("sluice.envs.verifiers:addition", 2.0),
+            RewardFunction("sluice.envs.verifiers:overlong_penalty", 1.0, penalty),
+        ],
+    )
+    try:
+        rows, _ = score_groups(
+            scorer, env.name, [problem], [[1, 2]], [group], [[[(0, 1)], [(0, 1)]]], ["a@t"],
+            Credit(),
+        )  # fmt: skip
+    finally:
+        scorer.close()
+    block = block_of([rows])
+    validate_batch(block)
+    assert block.column("reward").to_pylist() == [2.0, -1.0]
+    assert block.column("reason").to_pylist() == [None, None]
 
 
 def test_a_handed_over_group_keeps_only_marks_within_its_reported_tokens():
