@@ -18,15 +18,7 @@ NOT_YET_RECORDED = frozenset(
     {
         "peer-trl",
         "peer-trl-agentic",
-        "ranks",
-        "control-plane",
-        "startup-memory",
         "gpu-trainer",
-        "bf16-ranks",
-        "vocab-memory",
-        "weights-streaming-smollm2-135m-instruct",
-        "lora-adapters-smollm2",
-        "misbehaving-rewards",
         "kill-resume",
     }
 )
