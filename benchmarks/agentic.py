@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import modes
-from benchmarks.modes import ROOT, _row, run_variant
+from benchmarks.modes import _row, run_variant
 from benchmarks.records import Record, publish
+from benchmarks.report import scratch
 from benchmarks.tables import ONE_CLOCK, markdown_table, quote_key
 
 CONFIG = "configs/agentic.yaml"
@@ -66,9 +67,7 @@ def main() -> None:
         "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
     )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(
-        prefix="sluice-bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
-    ) as tmp:
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-", dir=scratch()) as tmp:
         results = {
             label: run_variant(label, overrides, args.steps, Path(tmp), CONFIG)
             for label, overrides in VARIANTS

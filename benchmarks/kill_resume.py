@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.modes import ROOT
 from benchmarks.records import Record, publish, run_record
+from benchmarks.report import scratch
 from benchmarks.tables import markdown_table
 from sluice.engines.rollout import in_flight
 from sluice.storage.ledger import Ledger, check_exactly_once, latest_events
@@ -216,7 +217,7 @@ def main() -> None:
     variants = [("no kill", 0, True), ("killed, kept", args.kill_at, True)]
     variants.append(("killed, not kept", args.kill_at, False))
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="sluice-bench-", dir=ROOT / "runs") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-", dir=scratch()) as tmp:
         root = Path(tmp)
         for i, (label, kill_at, keep) in enumerate(variants):
             name = f"kill-resume-{i}"

@@ -58,7 +58,7 @@ from pathlib import Path
 from benchmarks import figures
 from benchmarks.cpu_meter import CpuMeter
 from benchmarks.records import Record, publish
-from benchmarks.report import measured_commit, uncommitted
+from benchmarks.report import measured_commit, scratch, uncommitted
 from benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_series
 from benchmarks.tables import BOOTSTRAP_DRAWS, markdown_table, paired_ratio, quote_key, spread
 from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
@@ -724,7 +724,7 @@ def main() -> None:
     kept: list[Kept] = []
     paths: list[Path] = []  # each kept round's record
     new = 0
-    with tempfile.TemporaryDirectory(prefix="sluice-peer-", dir=ROOT / "runs") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sluice-peer-", dir=scratch()) as tmp:
         base = (args.keep or Path(tmp)).resolve()
         threads, probes = args.trl_threads, dict[int, float | None]()
         for seed in range(args.rounds):

@@ -20,6 +20,14 @@ RESULTS = (
 )
 
 
+def scratch() -> Path:
+    """``runs/`` of the checkout, made if missing (a fresh clone has none): where the
+    benchmarks' runs go while they run."""
+    path = ROOT / "runs"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def measured_commit(root: Path = ROOT) -> str:
     """The short hash of the newest commit that changed code, that is, anything but
     ``RESULTS``: the code a benchmark run measures. "unknown" outside a git checkout."""

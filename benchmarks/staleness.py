@@ -22,8 +22,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from benchmarks.modes import CONFIG, ROOT, run_name, run_variant
+from benchmarks.modes import CONFIG, run_name, run_variant
 from benchmarks.records import Record, publish
+from benchmarks.report import scratch
 from benchmarks.tables import markdown_table
 from sluice.storage.ledger import Ledger, latest_events
 
@@ -116,9 +117,7 @@ def main() -> None:
         "--write", action="store_true", help="keep the record, update BENCHMARKS.md"
     )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(
-        prefix="sluice-bench-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None
-    ) as tmp:
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-", dir=scratch()) as tmp:
         results = {
             rule: [measure(rule, seed, args.steps, Path(tmp)) for seed in args.seeds]
             for rule in RULES

@@ -111,3 +111,14 @@ def test_a_renderer_run_as_a_script_is_named_by_its_module(tmp_path):
         [sys.executable, "-m", "bench_here"], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "bench_here:render"
+
+
+def test_the_benchmarks_scratch_folder_is_made_in_a_fresh_clone(tmp_path, monkeypatch):
+    """A fresh clone has no runs/: the benchmarks that run in a temporary folder under it
+    make it first (bench-kill-resume and bench-peer failed there before)."""
+    from benchmarks import report
+
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    assert report.scratch() == tmp_path / "runs"
+    assert (tmp_path / "runs").is_dir()
+    assert report.scratch() == tmp_path / "runs"  # and is kept when it is there
