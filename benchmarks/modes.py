@@ -216,21 +216,29 @@ def render(record: Record) -> str:
     return "\n".join([*lines, "", bound] if bound else lines)
 
 
-def measure(chosen: list[tuple[str, list[str]]], steps: int, seeds: list[int], out: Path) -> Rounds:
-    """Every chosen variant once a round (the REPEATED ones every round, the others in the
-    first), each round under its own folder and seed; ``out/modes.json`` holds the results."""
+def measure(
+    chosen: list[tuple[str, list[str]]],
+    steps: int,
+    seeds: list[int],
+    out: Path,
+    config: str = CONFIG,
+) -> Rounds:
+    """Every chosen variant of ``config`` once a round (the REPEATED ones every round, the
+    others in the first), each round under its own folder and seed; ``out/modes.json``
+    holds the results."""
     results: Rounds = {}
     for n, seed in enumerate(seeds):
         for label, overrides in chosen:
             if n and label not in REPEATED:
                 continue
             print(f"round {n + 1} of {len(seeds)} (seed {seed}): ", end="", flush=True)
-            run = run_variant(label, [*overrides, f"seed={seed}"], steps, out / f"round-{n}")
+            settings = [*overrides, f"seed={seed}"]
+            run = run_variant(label, settings, steps, out / f"round-{n}", config)
             results.setdefault(label, []).append(run)
     record = {
         "commit": measured_commit(),
         "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-        "config": CONFIG,
+        "config": config,
         "steps": steps,
         "seeds": seeds,
         "sync_run": str((out / "round-0" / run_name("sync")).relative_to(ROOT)),

@@ -22,9 +22,9 @@ def render(record: Record) -> str:
         [
             f"{record.measured_on()}; profile `sim/profiles/{data['profile']}.json` "
             f"({data['notes']}).",
-            "Command: `make bench-modes` measures the modes and fits the profile to them "
-            "(`make sim-profile` re-fits it to the last measurement); this table: "
-            f"`{record.command}`.",
+            "Command: `make sim-profile` fitted the profile to a `make bench-modes` measurement "
+            "and it stays frozen (`make bench-modes` checks it against its fresh measurement, "
+            f"`make bench-sim-holdout` out of sample); this table: `{record.command}`.",
             "",
             calibration_table(data["rows"]),
             "",

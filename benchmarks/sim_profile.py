@@ -12,8 +12,12 @@ two measurements and ``sim.calibrate.derive_costs``:
 
 The profile also records the scenario of the measured runs (``configs/longtail.yaml`` on
 this machine: one rollout worker, one trainer) and the modes benchmark's medians, which
-two costs are fitted to (``fitted``) and the calibration test compares the other variants
-with. ``make bench-modes`` runs it after the benchmark, on the quiet machine:
+two costs are fitted to (``fitted``), and the fit's bounds. The committed profile is the
+frozen fit: ``make bench-modes`` no longer re-fits it, and ``benchmarks/sim_holdout.py``
+checks it against configurations it was not fitted on. Re-fitting is a deliberate step
+(``make sim-profile``, on the quiet machine, after a ``make bench-modes``), after which
+``make bench-sim-holdout`` has to be run again (``tests/unit/sim/test_sim_holdout.py``
+fails until it is):
 
     .venv/bin/python -m benchmarks.sim_profile --modes runs/bench-modes/modes.json
 """
@@ -36,6 +40,7 @@ from benchmarks.modes import CONFIG, VARIANTS, median_result, paired
 from sluice.engines.rollout.messages import StreamSettings
 from sluice.engines.rollout.stream_loop import PUT_EVERY_S, PUT_GROUPS, REFILL_AT
 from sluice.sim.calibrate import (
+    STREAM_FACTOR_BOUNDS,
     Profile,
     RunMeasurements,
     StreamMeasurements,
@@ -179,14 +184,17 @@ def modes_measurement(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, f
     return stamp, out
 
 
-def longtail_scenario(run: RunMeasurements, steps: int) -> dict[str, Any]:
-    """The scenario of configs/longtail.yaml on this machine, with the run's lengths."""
+def run_scenario(
+    run: RunMeasurements, steps: int, config: str = CONFIG, name: str = "longtail-cpu2core"
+) -> dict[str, Any]:
+    """The scenario of ``config`` on this machine with ``run``'s workload (its response
+    lengths group by group, mean prompt length and length-predictor error); no costs."""
     from sluice.config.tree import load_config
 
-    cfg = load_config(CONFIG)
+    cfg = load_config(config)
     r = cfg.rollout
     return {
-        "name": "longtail-cpu2core",
+        "name": name,
         "workload": {
             "steps": steps,
             "groups_per_step": r.prompts_per_step,
@@ -250,14 +258,14 @@ def main() -> None:
         name=Path(args.out).stem,
         costs=costs,
         sources=sources,
-        scenario=longtail_scenario(run, stamp["steps"]),
+        scenario=run_scenario(run, stamp["steps"]),
         measured={k: v["samples_per_s"] for k, v in modes.items()},
         variants=variants(),
         fitted=["one_step", FIT_VARIANT],
         notes=f"written by benchmarks/sim_profile.py on {datetime.now(UTC):%Y-%m-%d} from "
         f"{run_dir}; measured: the modes benchmark of {stamp['date']} at {stamp['commit']}",
     )
-    factor = fit_stream_factor(profile, isolated, FIT_VARIANT)
+    factor = fit_stream_factor(profile, isolated, FIT_VARIANT, STREAM_FACTOR_BOUNDS)
     sources["stream_decode_step_s"] += f" ({factor:.2f}, fitted to {FIT_VARIANT})"
     profile = replace(
         profile,
@@ -267,6 +275,7 @@ def main() -> None:
             "stream_isolated": list(isolated),
             "stream_factor": factor,
             "stream_factor_fitted_to": FIT_VARIANT,
+            "stream_factor_bounds": list(STREAM_FACTOR_BOUNDS),
             "modes": modes,
             "measurement": stamp,
         },

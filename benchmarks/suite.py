@@ -39,6 +39,7 @@ SECTIONS = {
     "bench-data": ("data-planes",),
     "bench-micro-batch": ("micro-batch",),
     "bench-modes": ("modes", "simulator-calibration", "simulator-scale"),
+    "bench-sim-holdout": ("simulator-holdout",),
     "bench-peer": ("peer-trl",),
     "bench-peer-default": ("peer-trl-default",),
     "bench-peer-agentic": ("peer-trl-agentic",),
@@ -61,6 +62,7 @@ USUAL_MINUTES = {
     "bench-data": 8,
     "bench-micro-batch": 1,
     "bench-modes": 40,
+    "bench-sim-holdout": 10,
     "bench-peer": 185,  # 5 rounds from 3 rounds' 81 min, TRL twice a round: not yet run
     "bench-peer-default": 31,
     "bench-peer-agentic": 140,  # as bench-peer: estimated from 3 rounds' 59 min

@@ -30,7 +30,7 @@ import math
 import re
 import sqlite3
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -378,12 +378,17 @@ def scale_stream(costs: CostSpec, isolated: tuple[float, float], factor: float) 
     )
 
 
+# The streaming factor is searched in this range: wide enough for every fit so far (1.55,
+# 0.59, 1.13 and 2.26 on four modes runs), and frozen with the fit in the profile
+# (``calibration.stream_factor_bounds``) so that it is not widened to fit one run.
+STREAM_FACTOR_BOUNDS = (0.25, 6.0)
+
+
 def fit_stream_factor(
     profile: Profile,
     isolated: tuple[float, float],
     variant: str,
-    low: float = 0.25,
-    high: float = 6.0,
+    bounds: tuple[float, float] = STREAM_FACTOR_BOUNDS,
 ) -> float:
     """The factor on the isolated engine's streaming decode cost that makes ``variant``'s
     simulated ratio to the baseline equal its measured one (bisection: throughput falls as
@@ -392,6 +397,7 @@ def fit_stream_factor(
     0.59 to that of 45abaec, whose isolated engine was timed on a slower machine."""
     from sluice.sim.engine import simulate
 
+    low, high = bounds
     baseline = next(iter(profile.variants))
     target = profile.measured[variant] / profile.measured[baseline]
     base = simulate(profile.scenario_for(baseline)).samples_per_s
@@ -411,9 +417,46 @@ def fit_stream_factor(
     return (low + high) / 2
 
 
-def replace_costs(profile: Profile, costs: CostSpec) -> Profile:
-    from dataclasses import replace
+def frozen_bounds(profile: Profile) -> tuple[float, float]:
+    """The streaming factor's search range frozen with the profile's fit."""
+    low, high = profile.calibration.get("stream_factor_bounds", STREAM_FACTOR_BOUNDS)
+    return float(low), float(high)
 
+
+@dataclass(frozen=True)
+class Refit:
+    """The two fitted factors as one round of a modes measurement gives them."""
+
+    train_overlap: float
+    stream_factor: float | None  # None: no factor within the frozen bounds fits the round
+    fit_ratio: float  # the round's measured ratio of the fitted variant to sync
+
+
+def refit_round(profile: Profile, rows: dict[str, dict[str, float]], fit_variant: str) -> Refit:
+    """Fit the training overlap and the streaming factor again, as ``make sim-profile``
+    does, to one round's ``sync``, ``one_step`` and ``fit_variant`` (each a run's
+    ``samples_per_s``, ``step_s`` and ``trainer_idle``), with the profile's other costs and
+    frozen bounds: one draw of the spread of the fitted factors."""
+    sync, one_step = rows["sync"], rows["one_step"]
+    overlap = train_overlap(
+        sync["step_s"], sync["trainer_idle"], one_step["step_s"], one_step["trainer_idle"]
+    )
+    trial = replace(
+        profile,
+        costs=profile.costs.model_copy(update={"train_overlap_factor": overlap}),
+        measured={"sync": sync["samples_per_s"], fit_variant: rows[fit_variant]["samples_per_s"]},
+    )
+    isolated = profile.calibration["stream_isolated"]
+    try:
+        factor: float | None = fit_stream_factor(
+            trial, (isolated[0], isolated[1]), fit_variant, frozen_bounds(profile)
+        )
+    except CalibrationError:
+        factor = None
+    return Refit(overlap, factor, rows[fit_variant]["samples_per_s"] / sync["samples_per_s"])
+
+
+def replace_costs(profile: Profile, costs: CostSpec) -> Profile:
     return replace(profile, costs=costs)
 
 
