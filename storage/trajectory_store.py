@@ -344,15 +344,13 @@ class TrajectoryStore:
         self._draining = draining
         await self._notify()
 
-    async def record(self, events: list[LedgerEvent], after: list[ObjectRef] | None = None) -> None:
+    async def record(self, events: list[LedgerEvent]) -> None:
         """Ledger events of samples not in the store yet (``dispatched``, or ``dropped``
         before they were generated); written with the next flush. A ``dropped`` event of a
         sample whose rows reached the store, or that ended already (before a restart in
         place, too), is left out: the store ends that sample (a worker can die after its
         put and before it reported the group done). Rows that come after their samples'
-        ``dropped`` are refused (``put``). ``after``: the sender's previous call, which is
-        taken first (``StoreClient.record``)."""
-        await _after(after)
+        ``dropped`` are refused (``put``)."""
         for e in events:
             if e.event == "dispatched":
                 self._since.setdefault(e.sample_id.rpartition("/")[0], e.prompt_id)
@@ -367,11 +365,9 @@ class TrajectoryStore:
         if self._ledger is not None:
             self._ledger.append(events)
 
-    async def journal(self, state: dict[str, Any], after: list[ObjectRef] | None = None) -> None:
-        """Keep the dispatcher's state (``GroupDispatcher.journal``); taken in order with its
-        ``record`` calls (``after``), so the groups recorded after it are the ones handed out
-        since."""
-        await _after(after)
+    async def journal(self, state: dict[str, Any]) -> None:
+        """Keep the dispatcher's state (``GroupDispatcher.journal``); sent in order with its
+        ``record`` calls, so the groups recorded after it are the ones handed out since."""
         self._journal, self._since = state, {}
 
     async def recovery(self) -> DispatchRecovery | None:
@@ -607,17 +603,6 @@ class _Put:
         self.taken_by = 0
 
 
-async def _after(calls: list[ObjectRef] | None) -> None:
-    """Wait until a sender's earlier calls to the store have run: Ray starts an async actor's
-    calls in any order, and a sender's ledger events must be taken in the order it sent
-    them. A call that failed is logged here, not raised: the ones after it still count."""
-    for call in calls or ():
-        try:
-            await call
-        except Exception as error:
-            log.warning("an earlier ledger call to the store failed: %s", error)
-
-
 class StoreClient:
     """Producer and consumer calls on one store; picklable, so actors can hold one.
 
@@ -839,36 +824,27 @@ class StoreClient:
 
     def record(self, events: list[LedgerEvent], wait: bool = True) -> None:
         """Send ledger events of samples the store does not hold; returns once the store has
-        them, or with ``wait=False`` once they are sent. The calls are taken in the order
-        they were sent: each names the one before, which the store waits for (Ray runs an
-        async actor's calls out of order, and a ``dropped`` taken before its
-        ``dispatched`` would be misread); the sender does not wait, so a dispatcher's take
-        costs no round trip to a busy store."""
-        self._recording = self.handle.record.remote(events, self._previous())
-        if wait:
-            self.settle_records()
-
-    def _previous(self) -> list[ObjectRef]:
-        """The call the next one must follow, if the store may not have taken it yet; one
-        that already failed raises here, as a wait for it would."""
-        if self._recording is None:
-            return []
-        done, _ = ray.wait([self._recording], timeout=0)
-        if not done:
-            return [self._recording]
+        them, or with ``wait=False`` once they are sent. One call is in flight at a time:
+        each first waits until the store has the one before (``settle_records`` waits for
+        the last), because Ray runs an async actor's calls out of order and a ``dropped``
+        taken before its ``dispatched`` would be misread."""
         self.settle_records()
-        return []
+        sent = self.handle.record.remote(events)
+        if wait:
+            ray.get(sent)
+        else:
+            self._recording = sent
 
     def settle_records(self) -> None:
-        """Wait until the store has every event ``record`` sent (the last call runs after
-        the ones before it)."""
+        """Wait until the store has the events ``record`` sent without waiting."""
         if self._recording is not None:
             sent, self._recording = self._recording, None
             ray.get(sent)
 
     def journal(self, state: dict[str, Any]) -> None:
         """Send the dispatcher's state, in order with ``record``'s events, without waiting."""
-        self._recording = self.handle.journal.remote(state, self._previous())
+        self.settle_records()
+        self._recording = self.handle.journal.remote(state)
 
     def recovery(self) -> DispatchRecovery | None:
         """What a restarted dispatcher rebuilds from (``TrajectoryStore.recovery``)."""

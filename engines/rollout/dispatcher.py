@@ -263,9 +263,8 @@ class GroupDispatcher:
             held[group_id] = problem
             self._issued += 1
         # In the ledger from this moment: a dispatched sample ends trained or dropped. The
-        # take does not wait for the store to have the events (the store takes a sender's
-        # calls in order, ``StoreClient.record``; a drain waits for them): they are stamped
-        # now, and the ledger is read in time order.
+        # take does not wait for the store to have the events (the next call to the store
+        # does): they are stamped now, and the ledger is read in time order.
         self._record({a.group_id: a.problem.prompt_id for a in out}, "dispatched", wait=False)
         return out
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import time
@@ -410,50 +409,6 @@ def test_dispatch_events_reach_the_ledger_and_a_drop_never_overrides_stored_rows
     assert {latest[s] for s in ids["put"]} == {"trained"}
     assert {latest[s] for s in ids["lost"]} == {"dropped"}
     ray.kill(client.handle)
-
-
-@ray.remote(num_cpus=0)
-class Gate:
-    """A call that returns only once the test opens the gate."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.Event()
-
-    async def wait(self) -> None:
-        await self.opened.wait()
-
-    async def open(self) -> None:
-        self.opened.set()
-
-
-def test_a_senders_ledger_calls_are_taken_in_the_order_it_sent_them(ray_local, tmp_path):
-    """Each call names the sender's previous one and the store takes it only after that
-    one: a journal held up keeps back the dispatched events sent after it, which then
-    count as handed out since that journal (a restarted dispatcher's recovery)."""
-    url = f"file://{tmp_path}"
-    handle = create_store(url, capacity=64)
-    gate = Gate.remote()
-    held = gate.wait.remote()
-    journal = handle.journal.remote({"issued": 1}, [held])
-    events = [LedgerEvent(f"g/{j}", "prompt-g", "dispatched") for j in range(GROUP)]
-    recorded = handle.record.remote(events, [journal])
-    assert ray.get(handle.recovery.remote()) is None  # the journal waits for the gate
-    ray.get(gate.open.remote())
-    ray.get(recorded)
-    found = ray.get(handle.recovery.remote())
-    assert found.state == {"issued": 1}
-    assert found.since == {"g": "prompt-g"}
-    # Through the client: calls sent without waiting reach the ledger in the order sent.
-    client = StoreClient(handle, url)
-    for i in range(20):
-        client.record([LedgerEvent(f"s{i}/0", f"p{i}", "dispatched")], wait=False)
-    client.journal({"issued": 21})
-    client.record([LedgerEvent("last/0", "p", "dispatched")], wait=False)
-    client.settle_records()
-    found = client.recovery()
-    assert found is not None and found.state == {"issued": 21}
-    assert found.since == {"last": "p"}
-    ray.kill(handle)
 
 
 def test_rows_that_come_after_their_samples_were_dropped_stay_out(ray_local, tmp_path):
