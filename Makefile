@@ -149,7 +149,7 @@ bench-modes: setup
 
 # The frozen simulator profile out of sample: the default workload measured (sync, one_step,
 # async k=2, 3 rounds of 60 steps) and predicted, the long tail's two-worker rows of the last
-# bench-modes predicted, the fitted factors' spread over its rounds (~10 minutes).
+# bench-modes predicted, the fitted factors' spread over its rounds (~30 minutes).
 bench-sim-holdout: setup
 	$(PY) -m benchmarks.sim_holdout --steps 60 --rounds 3 --write
 	$(PYTEST) -m bench tests/bench/test_sim_calibration_fresh.py -k not_fitted_on

@@ -161,7 +161,8 @@ def render(record: Record) -> str:
         f"({data['profile_notes']}), not re-fitted. The two-worker rows were measured by "
         f"`make bench-modes` ({data['modes_record']}) and are simulated as two engines sharing "
         "one accelerator at half speed each; the default workload was measured here, "
-        f"{data['steps']} steps a run, rounds with seeds {data['seeds']}. Measured: samples/s "
+        f"{data['steps']} steps a run, {len(data['seeds'])} rounds (seeds "
+        f"{', '.join(map(str, data['seeds']))}). Measured: samples/s "
         "over `sync`'s, paired within a round, median (min-max); error: predicted over the "
         "median, minus 1.",
         f"Command: `make bench-sim-holdout` (`{record.command}`).",

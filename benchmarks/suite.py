@@ -62,7 +62,7 @@ USUAL_MINUTES = {
     "bench-data": 8,
     "bench-micro-batch": 1,
     "bench-modes": 40,
-    "bench-sim-holdout": 10,
+    "bench-sim-holdout": 30,
     "bench-peer": 185,  # 5 rounds from 3 rounds' 81 min, TRL twice a round: not yet run
     "bench-peer-default": 31,
     "bench-peer-agentic": 140,  # as bench-peer: estimated from 3 rounds' 59 min
