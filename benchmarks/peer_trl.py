@@ -30,10 +30,14 @@ before Ray starts.
 Each finished round is kept as a record (``benchmarks/results/peer-trl/<config's name>/``:
 every system's per-step series, final accuracy, wall time, load and cores, TRL's threads,
 the order the systems ran in and the command),
-and a round whose record names the measured commit and the same plan and systems is not
-run again. So a comparison longer than one sitting is measured a round at a time
-(``--stop-after 1``), each round's systems side by side on one clock, and the table is
-built from the kept records once every round has one. ``--from-records COMMIT`` runs
+and a round whose record has the same plan and systems and was measured with the code of
+the checkout (at its commit, or at an earlier one from which nothing the runs run has
+changed: ``RUNS_WITH``, ``benchmarks.report.code_changes``) is not run again. So a
+comparison longer than one sitting is measured a round at a time (``--stop-after 1``),
+across sittings, and commits that change only tests, docs, the simulator or the rest of
+benchmarks/ in between; each round's systems run side by side on one clock, each round
+names its commit and CPU, and the table is built from the kept records once every round
+has one. ``--from-records COMMIT`` runs
 nothing and writes the table again from the rounds kept at that commit, with the command
 that measured them.
 """
@@ -57,8 +61,8 @@ from pathlib import Path
 
 from benchmarks import figures
 from benchmarks.cpu_meter import CpuMeter
-from benchmarks.records import Record, publish
-from benchmarks.report import measured_commit, scratch, uncommitted
+from benchmarks.records import Record, machine, publish
+from benchmarks.report import code_changes, measured_commit, scratch, uncommitted
 from benchmarks.series import WINDOW_STEPS, Phase, Series, sluice_series, trl_series
 from benchmarks.tables import BOOTSTRAP_DRAWS, markdown_table, paired_ratio, quote_key, spread
 from benchmarks.trl_grpo import POLICY_FOLDER, PROBE_REPEATS, read_result
@@ -67,6 +71,16 @@ from sluice.config.tree import load_config
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
 RECORDS = ROOT / "benchmarks" / "results" / "peer-trl"
+# The modules under benchmarks/ that measure a round (the rest of benchmarks/ only tables
+# and publishes it): a round kept at an earlier commit is reused while none of them, nor the
+# code the runs run, has changed since (``benchmarks.report.code_changes``).
+RUNS_WITH = (
+    "benchmarks/peer_trl.py",
+    "benchmarks/trl_grpo.py",
+    "benchmarks/trl_episodes.py",
+    "benchmarks/series.py",
+    "benchmarks/cpu_meter.py",
+)
 # The Sluice runs --sluice picks from: name -> (label, overrides). async-k2 is the mode of
 # the tiny model's configs; async-k4 the fastest async of the modes table; async keeps the
 # config's bound (configs/smollm2.yaml: 1).
@@ -298,17 +312,18 @@ def machine_line(
     finished: list[str],
     micro: bool = True,
     ordered: bool = True,
+    kept_at: list[tuple[str, str]] | None = None,
 ) -> str:
     """``measured`` (``Record.measured_on``), then how the rounds ran; ``ordered``: the
     rounds kept the order their systems ran in (rounds kept before it alternated ran
-    Sluice's first)."""
+    Sluice's first); ``kept_at``: each round's commit and CPU, named when they differ."""
     probed = (
         f" (the faster in a probe of one batch's generation: {_probes(probes)})"
         if probes
         else " (set with --trl-threads)"
     )
     return (
-        f"{measured}; rounds finished "
+        f"{measured}{_sittings(kept_at or [])}; rounds finished "
         f"{', '.join(finished)} UTC; `{config}`, {plan.steps} steps of "
         f"{work['prompts_per_step']} prompts x {work['samples_per_prompt']} completions each, "
         f"held-out accuracy ({plan.prompts} prompts) every {plan.every} steps; {rounds} "
@@ -329,6 +344,27 @@ def machine_line(
             else "each batch in one pass."
         )
     )
+
+
+def _sittings(kept_at: list[tuple[str, str]]) -> str:
+    """Where rounds measured at other commits or on other CPUs than the first say so."""
+    said = []
+    for part, what in ((0, "commit"), (1, "CPU")):
+        values = [k[part] for k in kept_at if k[part]]
+        if len(set(values)) > 1:
+            rounds = {
+                v: [str(i + 1) for i, k in enumerate(kept_at) if k[part] == v] for v in values
+            }
+            said.append(
+                f"rounds by {what}: "
+                + "; ".join(f"{v} (round(s) {', '.join(r)})" for v, r in rounds.items())
+            )
+    if said and len({k[0] for k in kept_at}) > 1:
+        said.append(
+            "between those commits nothing the runs run changed "
+            "(`benchmarks.report.code_changes`, `peer_trl.RUNS_WITH`)"
+        )
+    return "".join(f"; {s}" for s in said)
 
 
 Round = dict[str, Measured]
@@ -354,6 +390,8 @@ class Kept:
     """The systems' labels in the order they ran."""
     command: str = ""
     """The command that measured it."""
+    machine: str = ""
+    """The CPU it ran on (``benchmarks.records.machine``)."""
 
 
 def round_path(config: str, plan: Plan) -> Path:
@@ -404,16 +442,29 @@ def load_round(path: Path) -> Kept:
         record["finished"],
         record.get("order", []),
         record.get("command", ""),
+        record.get("machine", ""),
     )
 
 
 def kept_round(path: Path, commit: str, plan: Plan, systems: list[str]) -> Kept | None:
-    """The record at ``path`` if it measured ``commit`` with ``plan`` and ``systems``."""
+    """The record at ``path`` if it measured ``plan`` and ``systems`` with the code of
+    ``commit``: at it, or at an earlier commit from which nothing the round runs changed."""
     if not path.is_file():
         return None
     kept = load_round(path)
-    same = (kept.commit, kept.plan, kept.systems) == (commit, plan, systems)
-    return kept if same else None
+    if (kept.plan, kept.systems) != (plan, systems):
+        return None
+    changed = [] if kept.commit == commit else code_changes(kept.commit, commit, RUNS_WITH)
+    if changed:
+        print(
+            f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: measured at "
+            f"{kept.commit}, since changed: {', '.join(changed[:5])}"
+            + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            + "; measured again",
+            flush=True,
+        )
+        return None
+    return kept
 
 
 def _pairs(
@@ -733,7 +784,7 @@ def main() -> None:
             path = plots / f"round-{seed}.json" if args.quick else round_path(args.config, plan)
             found = None if args.quick else kept_round(path, commit, plan, systems)
             if found is not None:
-                print(f"round {seed + 1}: kept at {commit} ({path.relative_to(ROOT)})")
+                print(f"round {seed + 1}: kept at {found.commit} ({path.relative_to(ROOT)})")
                 kept.append(found)
                 paths.append(path)
                 if threads < 1:  # every round's TRL on the threads the first round took
@@ -773,6 +824,7 @@ def main() -> None:
                 finished,
                 order,
                 command,
+                machine()["cpu"],
             )
             save_round(path, done)
             kept.append(done)
@@ -825,6 +877,7 @@ def render(record: Record) -> str:
             [k.finished for k in kept],
             micro=data["micro"],
             ordered=all(k.order for k in kept),
+            kept_at=[(k.commit, k.machine) for k in kept],
         ),
         f"Command: `{kept[0].command.strip('`') or record.command}`.",  # what measured them
         "",

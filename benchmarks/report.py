@@ -41,6 +41,40 @@ def measured_commit(root: Path = ROOT) -> str:
     return out.stdout.strip() or "unknown"
 
 
+# What a training run (``sluice run``) never imports: a run measured at one commit is the
+# same measurement at a later one when the commits between change only these, ``RESULTS``
+# and no module of the benchmark's own (``code_changes``). The simulator is ``sluice
+# simulate``'s alone.
+NOT_IN_A_RUN = ("tests", "sim", "infra", ".ci", "benchmarks")
+
+
+def code_changes(
+    since: str, until: str, runs_with: tuple[str, ...] = (), root: Path | None = None
+) -> list[str]:
+    """The files that ``until`` changes since ``since`` among those a measurement runs:
+    everything but ``RESULTS`` and ``NOT_IN_A_RUN``, and the paths of ``runs_with`` (a
+    benchmark's own modules under ``benchmarks/``). A commit that is not in the checkout's
+    history is named as the change."""
+
+    def changed(*paths: str) -> list[str]:
+        out = subprocess.run(
+            ["git", "diff", "--name-only", since, until, "--", *paths],
+            cwd=root or ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise LookupError(out.stderr.strip())
+        return out.stdout.split()
+
+    excluded = (f":(exclude){p}" for p in (*RESULTS, *NOT_IN_A_RUN))
+    try:
+        return sorted({*changed(".", *excluded), *(changed(*runs_with) if runs_with else [])})
+    except LookupError:
+        return [f"{since} or {until} (not a commit of this checkout)"]
+
+
 def uncommitted() -> list[str]:
     """Tracked files outside ``RESULTS`` that differ from the checkout's commit."""
     out = subprocess.run(

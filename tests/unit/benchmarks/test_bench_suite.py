@@ -79,6 +79,32 @@ def test_the_measured_commit_is_the_newest_that_changed_code(tmp_path):
     assert newer != code and report.measured_commit(tmp_path) == newer
 
 
+def test_code_changes_name_what_a_measurement_runs_and_nothing_else(tmp_path):
+    git(tmp_path, "init", "-q")
+    for name in ("storage/store.py", "benchmarks/peer.py", "benchmarks/tables.py", "tests/t.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("1")
+    first = commit_all(tmp_path, "code")
+    for name in ("benchmarks/tables.py", "tests/t.py", "BENCHMARKS.md"):
+        (tmp_path / name).write_text("2")
+    tables = commit_all(tmp_path, "a table, a test and results")
+    assert report.code_changes(first, tables, root=tmp_path) == []
+    assert report.code_changes(first, tables, ("benchmarks/tables.py",), tmp_path) == [
+        "benchmarks/tables.py"
+    ]
+    (tmp_path / "benchmarks/peer.py").write_text("2")
+    (tmp_path / "storage/store.py").write_text("2")
+    code = commit_all(tmp_path, "code again")
+    assert report.code_changes(tables, code, ("benchmarks/peer.py",), tmp_path) == [
+        "benchmarks/peer.py",
+        "storage/store.py",
+    ]
+    assert report.code_changes(code, first, root=tmp_path) == ["storage/store.py"]
+    assert report.code_changes("0000000", code, root=tmp_path) == [
+        f"0000000 or {code} (not a commit of this checkout)"
+    ]
+
+
 def test_targets_measured_at_the_commit_are_not_run_again(bench_md, monkeypatch):
     earlier = _run_record(
         ["bench-data", "bench-micro-batch"],

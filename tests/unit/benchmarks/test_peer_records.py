@@ -1,10 +1,12 @@
 """benchmarks/peer_trl.py's round records: a finished round read back is the round that was
-measured, and a record is reused only for the commit, plan and systems it measured."""
+measured, and a record is reused only for the plan and systems it measured, with the code
+it ran."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from benchmarks import peer_trl
 from benchmarks.peer_trl import (
     TRL_LABEL,
     Kept,
@@ -53,6 +55,7 @@ def test_a_kept_round_reads_back_as_it_was_measured(tmp_path):
         "2026-11-29 01:30",
         [TRL_LABEL, "Sluice async"],  # seed 1: TRL ran first
         "`.venv/bin/python -m benchmarks.peer_trl --rounds 2`",
+        "Intel Xeon (AVX512)",
     )
     path = tmp_path / "round-1-3steps.json"
     save_round(path, kept)
@@ -70,6 +73,40 @@ def test_a_record_is_reused_only_for_its_commit_plan_and_systems(tmp_path):
     assert kept_round(path, "def5678", PLAN, ["async"]) is None
     assert kept_round(path, "abc1234", replace(PLAN, prompts=1024), ["async"]) is None
     assert kept_round(path, "abc1234", PLAN, ["sync", "async"]) is None
+
+
+def test_a_round_kept_at_an_earlier_commit_is_reused_while_its_code_is_the_same(
+    tmp_path, monkeypatch
+):
+    changes = {("abc1234", "def5678"): [], ("abc1234", "0123456"): ["storage/store.py"]}
+    seen = []
+
+    def code_changes(since, until, runs_with):
+        seen.append(runs_with)
+        return changes[since, until]
+
+    monkeypatch.setattr(peer_trl, "code_changes", code_changes)
+    kept = Kept("abc1234", PLAN, ["async"], _round(), 0.31, 2, {}, "2026-11-29 01:30")
+    path = tmp_path / "round.json"
+    save_round(path, kept)
+    assert kept_round(path, "def5678", PLAN, ["async"]) == kept
+    assert kept_round(path, "0123456", PLAN, ["async"]) is None
+    assert seen == [peer_trl.RUNS_WITH] * 2
+    assert "benchmarks/trl_grpo.py" in peer_trl.RUNS_WITH
+
+
+def test_the_section_names_the_commits_and_cpus_of_rounds_that_differ_in_them():
+    same = peer_trl._sittings([("abc1234", "Xeon (AVX512)")] * 2)
+    assert same == ""
+    line = peer_trl._sittings(
+        [("abc1234", "Xeon (AVX512)"), ("abc1234", "EPYC (AVX2)"), ("def5678", "EPYC (AVX2)")]
+    )
+    assert line == (
+        "; rounds by commit: abc1234 (round(s) 1, 2); def5678 (round(s) 3)"
+        "; rounds by CPU: Xeon (AVX512) (round(s) 1); EPYC (AVX2) (round(s) 2, 3)"
+        "; between those commits nothing the runs run changed "
+        "(`benchmarks.report.code_changes`, `peer_trl.RUNS_WITH`)"
+    )
 
 
 def test_the_section_is_rendered_from_a_record_of_the_kept_rounds(tmp_path):
