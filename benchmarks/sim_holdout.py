@@ -15,9 +15,10 @@ and ``async k=4`` rows. Here it predicts, without refitting, the ratio to ``sync
   predictor's error; every cost is the profile's.
 
 It also fits the two factors again to each round of the modes record, with the frozen
-bounds: their spread over repeated fits. The record keeps each prediction's scenario, so
-``tests/unit/sim/test_sim_holdout.py`` simulates them again from the committed profile and
-fails when the profile was re-fitted after this ran (then run ``make bench-sim-holdout``).
+bounds: their spread over repeated fits. The record keeps the two workloads, the profile's
+costs and each prediction's policies and engines, so ``tests/unit/sim/test_sim_holdout.py``
+simulates them again from the committed profile and fails when the profile was re-fitted
+after this ran (then run ``make bench-sim-holdout``).
 
     .venv/bin/python -m benchmarks.sim_holdout --steps 60 --rounds 3 --write
 """
@@ -34,7 +35,7 @@ from benchmarks.modes import ROOT, VARIANTS, paired, run_name
 from benchmarks.modes import measure as measure_modes
 from benchmarks.records import Record, newest, publish
 from benchmarks.sim_profile import FIT_VARIANT, run_scenario, variants
-from benchmarks.tables import markdown_table, spread
+from benchmarks.tables import markdown_table, quote_key, spread
 from sluice.sim.calibrate import Profile, frozen_bounds, load_profile, measure_run, refit_round
 from sluice.sim.engine import simulate
 from sluice.sim.scenario import build_scenario
@@ -45,93 +46,73 @@ OUT = ROOT / "runs" / "bench-sim-holdout"
 # The default workload's variants: its own mode (async k=2) and the two batch modes.
 DEFAULT_VARIANTS = ["sync", "one_step", "async k=2"]
 TWO_WORKERS = ["async k=2, 2 workers", "async k=2, 2 workers, repack off"]
-# The costs an engine pays on its accelerator: doubled when two engines share one.
-ROLLOUT_COSTS = (
-    "decode_step_s",
-    "decode_per_request_s",
-    "stream_decode_step_s",
-    "stream_per_request_s",
-    "prefill_per_token_s",
-    "batch_overhead_s",
-    "group_overhead_s",
-    "sync_latency_s",
-)
+LONG_TAIL, DEFAULT_WORKLOAD = "long tail", "default workload"
 
 
-def tree(
-    profile: Profile,
-    scenario: dict[str, Any],
-    policy: dict[str, Any],
-    workers: int = 1,
-    share: float = 1.0,
-) -> dict[str, Any]:
-    """A simulator scenario: ``scenario`` (workload, cluster, policy defaults) under
-    ``policy``, with ``workers`` rollout engines and the profile's costs, the engines' own
-    multiplied by ``share`` (engines sharing an accelerator)."""
-    out = json.loads(json.dumps(scenario))
-    out["policy"] = {**out.get("policy", {}), **policy}
-    out["cluster"] = {**out["cluster"], "rollout_accelerators": workers}
-    costs = profile.costs.model_dump()
-    for key in ROLLOUT_COSTS:
-        if costs[key] is not None:
-            costs[key] *= share
-    out["costs"] = costs
+def predict_rows(
+    profile: Profile, workloads: dict[str, dict[str, Any]], rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each row with its prediction: the simulated samples/s of its ``workload`` under its
+    ``policy`` on its ``engines`` over that of its ``baseline`` policy on one engine, with
+    the profile's costs (each distinct scenario simulated once), and the error against the
+    median of its ``measured`` ratios."""
+    rates: dict[str, float] = {}
+
+    def rate(workload: str, policy: dict[str, Any], engines: int) -> float:
+        tree = profile.tree(policy, workloads[workload], engines)
+        key = json.dumps(tree, sort_keys=True)
+        if key not in rates:
+            rates[key] = simulate(build_scenario(tree)).samples_per_s
+        return rates[key]
+
+    out = []
+    for r in rows:
+        predicted = rate(r["workload"], r["policy"], r["engines"]) / rate(
+            r["workload"], r["baseline"], 1
+        )
+        error = predicted / statistics.median(r["measured"]) - 1.0
+        out.append({**r, "predicted": predicted, "error": error})
     return out
 
 
-def simulated_ratio(variant: dict[str, Any], base: dict[str, Any]) -> float:
-    """Simulated samples/s of ``variant`` over ``base``'s (whole runs, as measured)."""
-    run = simulate(build_scenario(variant)).samples_per_s
-    return run / simulate(build_scenario(base)).samples_per_s
-
-
-def row(
-    name: str, variant: dict[str, Any], base: dict[str, Any], measured: list[float]
-) -> dict[str, Any]:
-    """One prediction: the scenarios it simulates and the measured ratios (one a round)."""
-    predicted = simulated_ratio(variant, base)
-    return {
-        "config": name,
-        "predicted": predicted,
-        "measured": measured,
-        "error": predicted / statistics.median(measured) - 1.0,
-        "scenario": variant,
-        "baseline": base,
-    }
-
-
-def two_worker_rows(profile: Profile, modes: Record) -> list[dict[str, Any]]:
-    """The modes record's two-worker rows against the frozen profile's predictions."""
+def two_worker_rows(modes: Record) -> list[dict[str, Any]]:
+    """The modes record's two-worker rows, on the long tail's workload (the profile's own)."""
     policies, results = variants(), modes.data["results"]
-    base = tree(profile, profile.scenario, policies["sync"])
-    async_k2 = policies["async k=2"]
-    rows = []
-    for label in TWO_WORKERS:
-        repack = "repack off" not in label
-        policy = {**async_k2, "repack": repack}
-        scenario = tree(profile, profile.scenario, policy, workers=2, share=2.0)
-        rows.append(row(f"long tail, {label}", scenario, base, paired(results, label, "sync")))
-    return rows
+    return [
+        {
+            "config": f"{LONG_TAIL}, {label}",
+            "workload": LONG_TAIL,
+            "policy": {**policies["async k=2"], "repack": "repack off" not in label},
+            "baseline": policies["sync"],
+            "engines": 2,
+            "measured": paired(results, label, "sync"),
+        }
+        for label in TWO_WORKERS
+    ]
 
 
-def default_rows(profile: Profile, steps: int, rounds: int) -> list[dict[str, Any]]:
-    """Measure the default workload's variants in ``rounds`` rounds, then predict each
-    from its first ``sync`` run's workload and the profile's costs."""
+def default_rows(steps: int, rounds: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Measure the default workload's variants in ``rounds`` rounds: the workload as its
+    first ``sync`` run gives it, and a row for each variant but ``sync``."""
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True)
     chosen = [(label, overrides) for label, overrides in VARIANTS if label in DEFAULT_VARIANTS]
     results = measure_modes(chosen, steps, list(range(rounds)), OUT, DEFAULT)
     run = measure_run(OUT / "round-0" / run_name("sync"))
-    scenario = run_scenario(run, steps, DEFAULT, name="default-cpu2core")
+    workload = run_scenario(run, steps, DEFAULT, name="default-cpu2core")
     policies = variants()
-    base = tree(profile, scenario, policies["sync"])
-    rows = []
-    for label in DEFAULT_VARIANTS[1:]:  # ratios to sync
-        scenario_of = tree(profile, scenario, policies[label])
-        rows.append(
-            row(f"default workload, {label}", scenario_of, base, paired(results, label, "sync"))
-        )
-    return rows
+    rows = [
+        {
+            "config": f"{DEFAULT_WORKLOAD}, {label}",
+            "workload": DEFAULT_WORKLOAD,
+            "policy": policies[label],
+            "baseline": policies["sync"],
+            "engines": 1,
+            "measured": paired(results, label, "sync"),
+        }
+        for label in DEFAULT_VARIANTS[1:]  # ratios to sync
+    ]
+    return workload, rows
 
 
 def factor_spread(profile: Profile, modes: Record) -> list[dict[str, Any]]:
@@ -150,6 +131,28 @@ def factor_spread(profile: Profile, modes: Record) -> list[dict[str, Any]]:
                 "fit_ratio": fit.fit_ratio,
             }
         )
+    return out
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): each row's measured ratio (median
+    (min-max), and the median alone), prediction and error (``default-workload-one-step.
+    error``); the refitted factors' ranges; the commit and date."""
+    data = record.data
+    out = {"commit": record.commit, "date": record.date.split()[0]}
+    for r in data["rows"]:
+        key = quote_key(r["config"])
+        out |= {
+            f"{key}.measured": spread(r["measured"], "x", 2),
+            f"{key}.measured-median": f"{statistics.median(r['measured']):.2f}x",
+            f"{key}.predicted": f"{r['predicted']:.2f}x",
+            f"{key}.error": f"{100 * r['error']:+.0f}%",
+        }
+    fitted = [r["stream_factor"] for r in data["spread"] if r["stream_factor"] is not None]
+    overlaps = [r["train_overlap"] for r in data["spread"]]
+    if fitted:
+        out["stream-factor-range"] = f"{min(fitted):.2f}-{max(fitted):.2f}"
+    out["train-overlap-range"] = f"{min(overlaps):.2f}-{max(overlaps):.2f}"
     return out
 
 
@@ -209,14 +212,17 @@ def main() -> None:
     modes = newest("modes")
     if modes is None or not set(TWO_WORKERS) <= set(modes.data["results"]):
         raise SystemExit("no modes record with the two-worker rows: run `make bench-modes`")
-    rows = default_rows(profile, args.steps, args.rounds)
+    default, rows = default_rows(args.steps, args.rounds)
+    workloads = {LONG_TAIL: profile.scenario, DEFAULT_WORKLOAD: default}
     data = {
         "profile": profile.name,
         "profile_notes": profile.notes,
         "modes_record": f"{modes.date} at {modes.commit}",
         "steps": args.steps,
         "seeds": list(range(args.rounds)),
-        "rows": two_worker_rows(profile, modes) + rows,
+        "costs": profile.costs.model_dump(),
+        "workloads": workloads,
+        "rows": predict_rows(profile, workloads, two_worker_rows(modes) + rows),
         "frozen": {
             "train_overlap": profile.costs.train_overlap_factor,
             "stream_factor": profile.calibration["stream_factor"],

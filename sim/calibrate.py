@@ -97,10 +97,38 @@ class Profile:
             raise CalibrationError(
                 f"profile {self.name!r} has no variant {variant!r}; it has {sorted(self.variants)}"
             )
-        tree = json.loads(json.dumps(self.scenario))
-        tree["policy"] = {**tree.get("policy", {}), **self.variants[variant]}
-        tree["costs"] = self.costs.model_dump()
-        return build_scenario(tree)
+        return build_scenario(self.tree(self.variants[variant]))
+
+    def tree(
+        self, policy: dict[str, Any], scenario: dict[str, Any] | None = None, engines: int = 1
+    ) -> dict[str, Any]:
+        """A scenario as ``build_scenario`` takes it: ``scenario`` (workload, cluster, policy
+        defaults; the profile's own when None) under ``policy``, with the profile's costs;
+        ``engines`` > 1: that many rollout engines sharing one accelerator, each paying its
+        own costs (``ENGINE_COSTS``) that many times."""
+        tree = json.loads(json.dumps(self.scenario if scenario is None else scenario))
+        tree["policy"] = {**tree.get("policy", {}), **policy}
+        costs = self.costs.model_dump()
+        if engines != 1:
+            tree["cluster"] = {**tree["cluster"], "rollout_accelerators": engines}
+            for key in ENGINE_COSTS:
+                if costs[key] is not None:
+                    costs[key] *= engines
+        tree["costs"] = costs
+        return tree
+
+
+# The costs a rollout engine pays on its accelerator: multiplied when engines share one.
+ENGINE_COSTS = (
+    "decode_step_s",
+    "decode_per_request_s",
+    "stream_decode_step_s",
+    "stream_per_request_s",
+    "prefill_per_token_s",
+    "batch_overhead_s",
+    "group_overhead_s",
+    "sync_latency_s",
+)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -419,7 +447,12 @@ def fit_stream_factor(
 
 def frozen_bounds(profile: Profile) -> tuple[float, float]:
     """The streaming factor's search range frozen with the profile's fit."""
-    low, high = profile.calibration.get("stream_factor_bounds", STREAM_FACTOR_BOUNDS)
+    if "stream_factor_bounds" not in profile.calibration:
+        raise CalibrationError(
+            f"profile {profile.name!r} keeps no calibration.stream_factor_bounds (fitted before "
+            "they were frozen with the fit): fit it again with `make sim-profile`"
+        )
+    low, high = profile.calibration["stream_factor_bounds"]
     return float(low), float(high)
 
 
