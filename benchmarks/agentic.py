@@ -49,14 +49,21 @@ def render(record: Record) -> str:
 def quotes(record: Record) -> dict[str, str]:
     """What docs may quote of the section (``benchmarks/quotes.py``), per mode (``sync``,
     ``one-step``, ``async-k-2``): its trained samples/s (``.samples-per-s``) and their ratio
-    to sync's (``.x-sync``), as the table writes them."""
+    to sync's (``.x-sync``), as the table writes them; its trainer's and rollout worker's
+    idle share in percent, mean staleness and held-out accuracy at the end; the commit and
+    date."""
     results = record.data["runs"]
     base = next(iter(results.values()))
-    out = {}
+    out = {"commit": record.commit, "date": record.date.split()[0]}
     for label, r in results.items():
         key = quote_key(label)
         out[f"{key}.samples-per-s"] = f"{r['samples_per_s']:.1f}"
         out[f"{key}.x-sync"] = f"{r['samples_per_s'] / base['samples_per_s']:.2f}x"
+        out[f"{key}.trainer-idle"] = f"{100 * r['trainer_idle']:.0f}%"
+        if r["rollout_idle"] is not None:
+            out[f"{key}.rollout-idle"] = f"{100 * r['rollout_idle']:.0f}%"
+        out[f"{key}.staleness"] = f"{r['staleness']:.2f}"
+        out[f"{key}.end"] = f"{100 * r['end_accuracy']:.1f}%"
     return out
 
 

@@ -1559,6 +1559,72 @@ def _profile_lines(levels: Sequence[LevelResult]) -> list[str]:
     return lines
 
 
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): per level (``levels.512``) and ramp
+    step (``ramp.3x``) its offered and acked samples/s, reports/s and take p50 / p99 in
+    seconds; over the ramp the CPU ranges of the machine, the workers, the store and the
+    dispatcher, the most any step carried over the demand, and the share of the
+    dispatcher's wall time in ``StoreClient.settle_records``; the projected headroom at the
+    largest size; a take's own work at the largest cell; the commit and date."""
+    m = Measurement.from_dict(record.data)
+    top = largest_demand(m.demands)
+    out = {"commit": record.commit, "date": record.date.split()[0]}
+
+    def level(key: str, r: LevelResult) -> None:
+        take = r.latency["take"]
+        out.update({
+            f"{key}.offered": f"{r.offered:,.0f}",
+            f"{key}.acked": f"{r.acked_s:,.0f}",
+            f"{key}.reports": f"{r.rates['reports']:,.0f}",
+            f"{key}.take-p50": f"{take.p50:.2f} s",
+            f"{key}.take-p99": f"{take.p99:.1f} s",
+        })  # fmt: skip
+
+    def span(values: Sequence[float], digits: int = 2, unit: str = "") -> str:
+        low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+        return (low if low == high else f"{low}-{high}") + unit
+
+    for r in m.levels:
+        level(f"levels.{r.workers}", r)
+    for r in m.ramp:
+        times = f"ramp.{r.offered / top.samples_s:.0f}x"
+        level(times, r)
+        out[f"{times}.share"] = f"{r.acked_s / r.offered:.0%}"
+    if m.ramp:
+        out |= {
+            "ramp.workers": str(top.engines),
+            "ramp.demand": f"{top.samples_s:,.0f}",
+            "ramp.most": f"{max(r.acked_s for r in m.ramp) / top.samples_s:.1f}x",
+            "ramp.cpu-machine": span([r.others_cpu["machine"] for r in m.ramp]),
+            "ramp.cpu-workers": span([r.others_cpu["workers"] for r in m.ramp]),
+            "ramp.cpu-store": span([r.cpu["store"] for r in m.ramp]),
+            "ramp.cpu-dispatcher": span([r.cpu["dispatcher"] for r in m.ramp]),
+        }
+        settle = [
+            share
+            for r in m.ramp
+            for frame, share in r.profile.get("dispatcher", [])
+            if frame.startswith("StoreClient.settle_records")
+        ]
+        if settle:
+            out["ramp.settle-share"] = span([100 * x for x in settle], 0, "%")
+    costs = costs_of([*m.levels, *m.ramp], m.probes, m.takes)
+    at_top = [d for d in m.demands if d.accelerators == max(SIZES)]
+    for name, busy in (
+        ("store", costs.store),
+        ("dispatcher", costs.dispatcher),
+        ("relay", costs.relay),
+        ("one-relay", costs.one_relay),
+    ):
+        out[f"headroom.{name}"] = _times(headroom(1.0, max(busy(d) for d in at_top)))
+    shape = (top.engines, top.groups_per_take)
+    out["take-ms"] = f"{1e3 * m.takes[shape]:.1f} ms"
+    smaller = [1e3 * seconds for cell, seconds in m.takes.items() if cell != shape]
+    if smaller:
+        out["take-ms-smaller"] = span(smaller, 1, " ms")
+    return out
+
+
 def render(record: Record) -> str:
     """The section, from ``record`` alone: the levels, the ramp, the call rates, the
     simulated demand, each controller's projected load at scale, the verdict and the

@@ -51,7 +51,7 @@ from ray.util.queue import Queue
 
 from benchmarks import params as params_bench
 from benchmarks.records import Record, publish
-from benchmarks.tables import markdown_table, spread
+from benchmarks.tables import markdown_table, quote_key, spread
 from sluice.rl.batching import Sample, collate
 from sluice.storage.batches import TRAIN_FIELDS, to_train_batch
 from sluice.storage.block_builder import trajectory_block
@@ -277,6 +277,23 @@ def store_table(rows: list[dict[str, Any]]) -> str:
             ]
         )
     return "\n".join(markdown_table(header, cells))
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): each row size's ratios, median of the
+    rounds (``16kb.store-file-queue-pipelined``), and each ratio's range over the row sizes
+    (``store-queue.range``); the commit and date."""
+    out = {"commit": record.commit, "date": record.date.split()[0]}
+    medians: dict[str, list[float]] = {}
+    for r in record.data["store"]:
+        for column, top, bottom in RATIOS:
+            key = quote_key(column)
+            ratio = statistics.median(a / b for a, b in zip(r[top], r[bottom], strict=True))
+            out[f"{r['row_kb']}kb.{key}"] = f"{ratio:.1f}x"
+            medians.setdefault(key, []).append(ratio)
+    for key, values in medians.items():
+        out[f"{key}.range"] = f"{min(values):.1f}-{max(values):.1f}x"
+    return out
 
 
 def render(record: Record) -> str:

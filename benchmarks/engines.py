@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.records import Record, publish
-from benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table, quote_key
 from sluice.config.tree import PolicyConfig, TrainConfig
 from sluice.engines.train.trainer import PolicyTrainer, build_engine
 from sluice.policy.starting import build_model, build_tokenizer, save_policy
@@ -156,6 +156,20 @@ def table(sizes: dict[str, dict[str, Any]]) -> list[str]:
         "build s",
     ]
     return markdown_table(header, rows)
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): each size's and engine's step over
+    torch's as a cost in percent (``larger.deepspeed-zero-3.over-torch``: "+11%"); the
+    commit and date."""
+    out = {"commit": record.commit, "date": record.date.split()[0]}
+    for size, measured in record.data["sizes"].items():
+        base = measured["step_s"][ENGINES[0][0]]
+        for label, samples in measured["step_s"].items():
+            ratio = statistics.median(t / b for t, b in zip(samples, base, strict=True))
+            key = f"{quote_key(size.split(' (')[0])}.{quote_key(label)}.over-torch"
+            out[key] = f"{100 * (ratio - 1):+.0f}%"
+    return out
 
 
 def render(record: Record) -> str:

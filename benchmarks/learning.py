@@ -179,13 +179,21 @@ def quotes(folder: str, steps: int) -> dict[str, str] | None:
     """What docs may quote of the ``steps``-step runs kept in ``benchmarks/results/<folder>/``
     (``benchmarks/quotes.py``), per variant (``async--stale-by-last-token``): the seeds and
     their commits, the held-out accuracy at the start and the end and the gain in points,
-    as median (min-max) over the seeds and per seed (``.s0.gain``), each seed's commit,
-    trained samples/s, wall seconds and minutes of RL; None without records."""
+    as median (min-max) over the seeds (the gain also as its median alone and its range)
+    and per seed (``.s0.gain``), each seed's commit, trained samples/s, wall seconds,
+    minutes of RL and held-out accuracy at each evaluation (``.s0.at20``), the range of
+    the seeds' samples/s; over every run, the lowest and the highest gain and whose they
+    are; None without records."""
     found = [json.loads(p.read_text()) for p in sorted((RECORDS.parent / folder).glob("*.json"))]
     runs = [r for r in found if "variant" in r and r["steps"] == steps]
     if not runs:
         return None
     out = {"commits": ", ".join(sorted({r["commit"] for r in runs}))}
+    gain = {id(r): 100 * (r["heldout"][str(steps)] - r["heldout"]["0"]) for r in runs}
+    for end, pick in (("lowest", min), ("highest", max)):
+        run = pick(runs, key=lambda r: gain[id(r)])
+        out[f"{end}-gain"] = f"{gain[id(run)]:+.1f}"
+        out[f"{end}-gain.of"] = f"{run['variant']}, seed {run['seed']}"
     for label in VARIANTS:
         mine = sorted((r for r in runs if r["variant"] == label), key=lambda r: r["seed"])
         if not mine:
@@ -200,6 +208,9 @@ def quotes(folder: str, steps: int) -> dict[str, str] | None:
             f"{key}.start": spread(first, "%", 1),
             f"{key}.end": spread(last, "%", 1),
             f"{key}.gain": _signed(gains),
+            f"{key}.median-gain": f"{statistics.median(gains):+.1f}",
+            f"{key}.gain-range": f"{min(gains):+.1f} to {max(gains):+.1f}",
+            f"{key}.samples-per-s-range": _range([r["samples_per_s"] for r in mine]),
         }
         for r, a, b in zip(mine, first, last, strict=True):
             at = f"{key}.s{r['seed']}"
@@ -213,7 +224,15 @@ def quotes(folder: str, steps: int) -> dict[str, str] | None:
             }
             if str(steps) in r.get("rl_seconds", {}):
                 out[f"{at}.minutes"] = f"{r['rl_seconds'][str(steps)] / 60:.0f}"
+            for step, accuracy in r["heldout"].items():
+                out[f"{at}.at{step}"] = f"{100 * accuracy:.1f}%"
     return out
+
+
+def _range(values: list[float]) -> str:
+    """``288-305``: the lowest and highest of whole numbers, or the one."""
+    low, high = f"{min(values):.0f}", f"{max(values):.0f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def _signed(values: list[float]) -> str:

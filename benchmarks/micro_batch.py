@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.engines import fixed_batch, step_times
 from benchmarks.records import Record, publish
-from benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table, quote_key
 from sluice.config.tree import PolicyConfig, TrainConfig
 from sluice.engines.train.trainer import NO_TOKEN_LIMIT, build_engine
 from sluice.policy.starting import build_model, build_tokenizer, save_policy
@@ -93,6 +93,23 @@ def table(step_s: dict[str, list[float]], tokens: int) -> list[str]:
         ratio = statistics.median(t / b for t, b in zip(samples, step_s[BASELINE], strict=True))
         rows.append([label, f"{median:.3f}", f"{ratio:.2f}", f"{tokens / median:.0f}"])
     return markdown_table(["micro_batch_tokens", "step s", "x 4096", "tokens/s"], rows)
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): each setting's median step seconds
+    and its step over the 4096-token one's (``no-split.x-4096``), a packed step over the
+    padded one at the same size (``1024-packed.x-padded``); the commit and date."""
+    step_s = record.data["step_s"]
+    out = {"commit": record.commit, "date": record.date.split()[0]}
+    for label, samples in step_s.items():
+        ratio = statistics.median(t / b for t, b in zip(samples, step_s[BASELINE], strict=True))
+        out[f"{quote_key(label)}.step-s"] = f"{statistics.median(samples):.3f}"
+        out[f"{quote_key(label)}.x-4096"] = f"{ratio:.2f}x"
+        padded = label.removesuffix(" packed")
+        if padded != label and padded in step_s:
+            over = statistics.median(samples) / statistics.median(step_s[padded])
+            out[f"{quote_key(label)}.x-padded"] = f"{over:.2f}x"
+    return out
 
 
 def render(record: Record) -> str:

@@ -89,6 +89,28 @@ def row(label: str, result: dict[str, Any]) -> list[str]:
     ]
 
 
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): per reward (``clean``,
+    ``misbehaving``) the lowest and highest of its runs' median step seconds, trained
+    samples/s and failed samples (``misbehaving.samples-per-s``)."""
+
+    def span(values: list[float], digits: int, unit: str = "") -> str:
+        low, high = f"{min(values):,.{digits}f}", f"{max(values):,.{digits}f}"
+        return (low if low == high else f"{low}-{high}") + unit
+
+    out = {}
+    for name, runs in record.data["runs"].items():
+        steps = [statistics.median(s["wall_s"] for s in r["run"]["steps"]) for r in runs]
+        out |= {
+            f"{name}.step-s": span(steps, 2),
+            f"{name}.samples-per-s": span(
+                [r["run"]["samples_per_s"] for r in runs], 1, " samples/s"
+            ),
+            f"{name}.failed": span([r["failed_samples"] for r in runs], 0),
+        }
+    return out
+
+
 def render(record: Record) -> str:
     """The section: the settings, then a row per run, the clean reward's runs first."""
     data = record.data

@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks.records import Record, publish, run_record
 from benchmarks.report import measured_commit
-from benchmarks.tables import ONE_CLOCK, markdown_table, spread
+from benchmarks.tables import ONE_CLOCK, markdown_table, quote_key, spread
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/longtail.yaml"
@@ -190,6 +190,49 @@ def bound_line(results: Rounds) -> str:
         + "; ".join(ratios)
         + "."
     )
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``), per variant (``async-k-2``): its
+    samples/s over sync's and over one_step's, paired within a round, median (min-max)
+    (``.x-sync``, ``.x-one-step``; ``.x-sync-median`` alone), the rounds it was at least
+    one_step's, its share of the pipeline bound, and the medians over the rounds of its
+    samples/s, trainer and rollout idle (percent) and mean staleness; each round's
+    samples/s (``one-step.r1.samples-per-s``); the bound, each seed's starting held-out
+    accuracy and the range of the runs' held-out gains in points; the commit and date."""
+    results = record.data["results"]
+    out = {"commit": record.commit, "date": record.date.split()[0]}
+    bounds = [pipeline_bound(sync)[2] for sync in results.get("sync", [])]
+    if bounds:
+        out["bound"] = f"{statistics.median(bounds):.1f}"
+    gains = []
+    for label, runs in results.items():
+        key, median = quote_key(label), median_result(runs)
+        out |= {
+            f"{key}.samples-per-s": f"{median['samples_per_s']:.1f}",
+            f"{key}.trainer-idle": f"{100 * median['trainer_idle']:.0f}%",
+            f"{key}.staleness": f"{median['staleness']:.2f}",
+        }
+        if median["rollout_idle"] is not None:
+            out[f"{key}.rollout-idle"] = f"{100 * median['rollout_idle']:.0f}%"
+        for n, run in enumerate(runs, start=1):
+            out[f"{key}.r{n}.samples-per-s"] = f"{run['samples_per_s']:.0f}"
+            gains.append(100 * (run["end_accuracy"] - run["start_accuracy"]))
+        if "sync" in results:
+            x_sync = paired(results, label, "sync")
+            out[f"{key}.x-sync"] = spread(x_sync, "x", 2)
+            out[f"{key}.x-sync-median"] = f"{statistics.median(x_sync):.2f}x"
+        if "one_step" in results and label.startswith("async"):
+            x_one = paired(results, label, "one_step")
+            out[f"{key}.x-one-step"] = spread(x_one, "x", 2)
+            out[f"{key}.wins-one-step"] = f"{sum(x >= 1.0 for x in x_one)} of {len(x_one)}"
+        if bounds:
+            shares = [r["samples_per_s"] / b for r, b in zip(runs, bounds, strict=False)]
+            out[f"{key}.of-bound"] = spread(shares, "", 2)
+    for seed, run in zip(record.data["seeds"], results[next(iter(results))], strict=False):
+        out[f"start.s{seed}"] = f"{100 * run['start_accuracy']:.1f}%"
+    out["gains"] = f"{min(gains):+.1f} to {max(gains):+.1f}"
+    return out
 
 
 def render(record: Record) -> str:

@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks.engines import PROMPTS, SAMPLES_PER_PROMPT, fixed_samples, train_section
 from benchmarks.records import Record, publish
-from benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table, quote_key
 from sluice.config.tree import PolicyConfig
 from sluice.policy.starting import build_model, build_tokenizer, save_policy
 
@@ -119,10 +119,19 @@ def measure(rounds: int, steps: int, warmup: int) -> list[dict[str, Any]]:
     ]
 
 
-def table(launches: list[dict[str, Any]], warmup: int) -> list[str]:
-    """Per engine and layout: the median over rounds of a launch's step time (the median of
-    its steps after ``warmup``), its range, and its speed-up over the engine's first layout
+@dataclass(frozen=True)
+class Row:
+    """One engine and layout over the rounds: each round's step seconds (the median of its
+    steps after the warm-up) and the median speed-up over the engine's first layout,
     paired by round."""
+
+    engine: str
+    layout: str
+    seconds: list[float]
+    speedup: float
+
+
+def rows(launches: list[dict[str, Any]], warmup: int) -> list[Row]:
     medians = {
         (launch["engine"], launch["layout"]): [
             statistics.median(seconds[warmup:]) for seconds in launch["step_s"]
@@ -130,21 +139,48 @@ def table(launches: list[dict[str, Any]], warmup: int) -> list[str]:
         for launch in launches
     }
     base: dict[str, list[float]] = {}
-    rows = []
+    out = []
     for (engine, layout), values in medians.items():
         first = base.setdefault(engine, values)
         speedup = statistics.median(b / v for b, v in zip(first, values, strict=True))
-        rows.append(
-            [
-                engine,
-                layout,
-                f"{statistics.median(values):.3f}",
-                f"{min(values):.3f}-{max(values):.3f}",
-                f"{speedup:.2f}x",
-            ]
-        )
+        out.append(Row(engine, layout, values, speedup))
+    return out
+
+
+def table(launches: list[dict[str, Any]], warmup: int) -> list[str]:
+    """Per engine and layout: the median over rounds of a launch's step time, its range,
+    and its speed-up over the engine's first layout."""
+    cells = [
+        [
+            r.engine,
+            r.layout,
+            f"{statistics.median(r.seconds):.3f}",
+            f"{min(r.seconds):.3f}-{max(r.seconds):.3f}",
+            f"{r.speedup:.2f}x",
+        ]
+        for r in rows(launches, warmup)
+    ]
     header = ["engine", "layout", "step s (median)", "range", "speed-up over 1 rank x 1 thread"]
-    return markdown_table(header, rows)
+    return markdown_table(header, cells)
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): each engine's and layout's speed-up
+    and median step seconds (``torch-ddp.2-ranks-x-1-thread.speedup``), the range of the
+    speed-ups of each layout over the engines (``2-ranks-x-1-thread.speedups``), the widest
+    spread of one configuration's rounds, the commit and date."""
+    found = rows(record.data["launches"], record.data["warmup"])
+    out = {"commit": record.commit, "date": record.date.split()[0]}
+    for r in found:
+        key = f"{quote_key(r.engine)}.{quote_key(r.layout)}"
+        out[f"{key}.speedup"] = f"{r.speedup:.2f}x"
+        out[f"{key}.step-s"] = f"{statistics.median(r.seconds):.3f}"
+    for name, *_ in LAYOUTS[1:]:
+        ups = [r.speedup for r in found if r.layout == name]
+        out[f"{quote_key(name)}.speedups"] = f"{min(ups):.2f}-{max(ups):.2f}x"
+    widest = max(max(r.seconds) / min(r.seconds) - 1 for r in found)
+    out["widest-spread"] = f"{100 * widest:.0f}%"
+    return out
 
 
 def render(record: Record) -> str:

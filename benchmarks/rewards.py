@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.records import Record, publish, run_record
-from benchmarks.tables import markdown_table, spread
+from benchmarks.tables import markdown_table, quote_key, spread
 from sluice.envs import make_env
 from sluice.envs.rewards import RewardFunction
 from sluice.envs.scoring import Scorer, VerifierScorer, make_scorer
@@ -64,6 +64,33 @@ def run(label: str, steps: int, root: Path, repeat: int) -> dict[str, Any]:
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((root / name / "summary.json").read_text())
     return {"end_accuracy": summary["end_accuracy"], "run": run_record(root / name, root)}
+
+
+# The isolated path's trained samples/s within this share of the in-process path's.
+TARGET = 0.05
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): per path (``isolated-reward-function``)
+    its scoring µs a sample and trained samples/s as median (min-max); the ratio of the
+    isolated path's median samples/s to the in-process one's and whether it is within
+    ``TARGET``; the µs the subprocess adds a sample and their share of a trained sample's
+    end-to-end time; the commit and date."""
+    micro, runs = record.data["micro_us"], record.data["runs"]
+    inner, isolated = PATHS
+    rate = {label: [r["run"]["samples_per_s"] for r in runs[label]] for label in PATHS}
+    ratio = statistics.median(rate[isolated]) / statistics.median(rate[inner])
+    added = statistics.median(micro[isolated]) - statistics.median(micro[inner])
+    out = {"commit": record.commit, "date": record.date.split()[0]}
+    for label in PATHS:
+        out[f"{quote_key(label)}.us"] = spread(micro[label], "", 1)
+        out[f"{quote_key(label)}.samples-per-s"] = spread(rate[label], "", 1)
+    return out | {
+        "ratio": f"{ratio:.3f}",
+        "target": "within the target" if ratio >= 1 - TARGET else "short of the target",
+        "added-us": f"{added:.1f}",
+        "added-share": f"{100 * added * 1e-6 * statistics.median(rate[isolated]):.2f}%",
+    }
 
 
 def render(record: Record) -> str:

@@ -11,7 +11,29 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.records import Record, publish
+from benchmarks.tables import quote_key
 from sluice.sim.calibrate import calibration_rows, calibration_table, load_profile
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): each variant's error, simulated and
+    measured trainer idle and mean staleness (``async-k-2.staleness``: "1.75 / 1.31"), and
+    the ranges of the trainer idle over the ``async`` rows."""
+    out, idle = {}, []
+    for r in record.data["rows"]:
+        key = quote_key(r["variant"])
+        if r["error"] is not None:
+            out[f"{key}.error"] = f"{100 * r['error']:+.0f}%"
+        for name, pair in (("idle", r["trainer_idle"]), ("staleness", r["mean_staleness"])):
+            if pair[0] is not None:
+                out[f"{key}.{name}"] = f"{pair[0]:.2f} / {pair[1]:.2f}"
+        if r["variant"].startswith("async") and r["trainer_idle"][0] is not None:
+            idle.append(r["trainer_idle"])
+    if idle:
+        measured, simulated = zip(*idle, strict=True)
+        out["async.idle-measured"] = f"{min(measured):.2f}-{max(measured):.2f}"
+        out["async.idle-simulated"] = f"{min(simulated):.2f}-{max(simulated):.2f}"
+    return out
 
 
 def render(record: Record) -> str:

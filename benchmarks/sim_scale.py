@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.records import Record, publish
+from benchmarks.tables import quote_key
 from sluice.sim.engine import simulate
 from sluice.sim.hardware import (
     ASSUMPTIONS,
@@ -234,15 +235,75 @@ Grid = dict[str, dict[int, dict[str, Cell]]]  # model -> accelerators -> policy 
 def render(record: Record) -> str:
     """The section: the grid's tables, then the timed full run when there was one."""
     data = record.data
-    grid = {
+    text = report(record, read_grid(data), data["steps"], data["elapsed_s"])
+    timed = data.get("full_run")
+    return text + "\n\n" + full_run_line(timed) if timed else text
+
+
+def read_grid(data: dict[str, Any]) -> Grid:
+    """The grid a record keeps, its sizes as numbers again."""
+    return {
         name: {
             int(size): {label: Cell.read(c) for label, c in row.items()} for size, row in by.items()
         }
         for name, by in data["grid"].items()
     }
-    text = report(record, grid, data["steps"], data["elapsed_s"])
-    timed = data.get("full_run")
-    return text + "\n\n" + full_run_line(timed) if timed else text
+
+
+def _span(values: list[float], unit: str, digits: int) -> str:
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return f"{low}{unit}" if low == high else f"{low}-{high}{unit}"
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``), per policy and cell
+    (``async-k-2-dispatch.7b-x1024``): the speed-up over the baseline, the share of
+    generated samples dropped as stale, the share of trained samples whose first token is
+    more than k versions old and the oldest; per policy the speed-ups' range over the
+    cells, and per policy and model (``.7b``) the ranges of the speed-ups and the drops;
+    each cell's baseline samples/s; the range of what repack changes; per cell the range
+    of the speed-ups of every async policy with k >= 2 (``7b-x64.k2-up``)."""
+    grid, out = read_grid(record.data), {}
+    policies = dict(POLICIES)
+    for label, policy in POLICIES:
+        key, ups = quote_key(label), []
+        for model, by in grid.items():
+            model_ups, drops = [], []
+            for size, cells in by.items():
+                cell, r = f"{quote_key(model)}-x{size}", cells[label].result
+                up = _speedup(cells, label)
+                model_ups.append(up)
+                out[f"{key}.{cell}.speedup"] = f"{up:.2f}x"
+                if policy["mode"] != "async":
+                    continue
+                drops.append(100 * r.dropped_samples / max(r.generated_samples, 1))
+                lag, k = r.first_token_lag, policy["max_staleness"]
+                over = sum(v for lagged, v in lag.items() if lagged > k) / max(sum(lag.values()), 1)
+                out |= {
+                    f"{key}.{cell}.dropped": f"{drops[-1]:.0f}%",
+                    f"{key}.{cell}.lag-over": f"{100 * over:.0f}%",
+                    f"{key}.{cell}.lag-max": str(max(lag, default=0)),
+                }
+            ups += model_ups
+            out[f"{key}.{quote_key(model)}.speedups"] = _span(model_ups, "x", 2)
+            if drops:
+                out[f"{key}.{quote_key(model)}.dropped"] = _span(drops, "%", 0)
+        out[f"{key}.speedups"] = _span(ups, "x", 2)
+    repack = []
+    for model, by in grid.items():
+        for size, cells in by.items():
+            cell = f"{quote_key(model)}-x{size}"
+            out[f"baseline.{cell}"] = f"{cells[POLICIES[0][0]].result.samples_per_s:,.1f}"
+            with_it = cells["async k=2 +dispatch +repack"].result.samples_per_s
+            repack.append(100 * (with_it / cells["async k=2 +dispatch"].result.samples_per_s - 1))
+            k2_up = [
+                _speedup(cells, label)
+                for label, policy in policies.items()
+                if policy["mode"] == "async" and policy["max_staleness"] >= 2
+            ]
+            out[f"{cell}.k2-up"] = _span(k2_up, "x", 2)
+    out["repack-effect"] = f"{min(repack):+.0f}% to {max(repack):+.0f}%"
+    return out
 
 
 def report(record: Record, grid: Grid, steps: int, elapsed: float) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 from safetensors import safe_open
 
 from benchmarks.records import Record, publish
-from benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table, quote_key
 from sluice.config.tree import TrainConfig
 from sluice.engines.train.ranks import free_port
 from sluice.rl.batching import Sample
@@ -124,6 +124,15 @@ def run(model: Path, engine: str, stage: int, ranks: int, work: Path) -> list[di
     return [json.loads((out / f"memory-{r}.json").read_text()) for r in range(ranks)]
 
 
+# Each phase's peak and what it is measured above.
+PHASES = (
+    ("startup", "base"),
+    ("step", "before_step"),
+    ("checkpoint", "before_checkpoint"),
+    ("resume", "before_resume"),
+)
+
+
 def _worst(per_rank: list[dict[str, int]], peak: str, before: str) -> dict[str, int]:
     """The rank whose ``peak`` rose most above ``before``."""
     return max(per_rank, key=lambda m: m[peak] - m[before])
@@ -140,12 +149,7 @@ def table(launches: list[dict[str, Any]], weights: int) -> str:
     rows = []
     for launch in launches:
         cells = []
-        for phase, before in (
-            ("startup", "base"),
-            ("step", "before_step"),
-            ("checkpoint", "before_checkpoint"),
-            ("resume", "before_resume"),
-        ):
+        for phase, before in PHASES:
             m = _worst(launch["per_rank"], f"{phase}_peak_bytes", f"{before}_bytes")
             cells.append(_mb(m[f"{phase}_peak_bytes"] - m[f"{before}_bytes"], weights))
             if phase == "startup":
@@ -163,12 +167,42 @@ def table(launches: list[dict[str, Any]], weights: int) -> str:
     return "\n".join(markdown_table(header, rows))
 
 
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``), per launch (``deepspeed-zero-3.x2``)
+    in the weights' float32 bytes, worst rank: each phase's peak above what came before it
+    (``.startup``, ``.step``, ``.checkpoint``, ``.resume``) and the start-up peak's heap and
+    mapped pages and the heap kept once built (``.heap``, ``.mapped``, ``.kept``)."""
+    weights, out = record.data["float32_bytes"], {}
+    for launch in record.data["launches"]:
+        key = f"{quote_key(launch['engine'])}.x{launch['ranks']}"
+        for phase, before in PHASES:
+            m = _worst(launch["per_rank"], f"{phase}_peak_bytes", f"{before}_bytes")
+            rise = m[f"{phase}_peak_bytes"] - m[f"{before}_bytes"]
+            out[f"{key}.{phase}"] = f"{rise / weights:.2f}x"
+        m = _worst(launch["per_rank"], "startup_peak_bytes", "base_bytes")
+        if "startup_peak_anon_bytes" in m:
+            heap, mapped, kept = _parts(m)
+            out |= {
+                f"{key}.heap": f"{heap / weights:.2f}x",
+                f"{key}.mapped": f"{mapped / weights:.2f}x",
+                f"{key}.kept": f"{kept / weights:.2f}x",
+            }
+    return out
+
+
+def _parts(m: dict[str, int]) -> tuple[int, int, int]:
+    """The start-up peak's heap and mapped files' pages above the base, and the heap kept."""
+    return (
+        m["startup_peak_anon_bytes"] - m["base_anon_bytes"],
+        m["startup_peak_file_bytes"] - m["base_file_bytes"],
+        m["after_startup_anon_bytes"] - m["base_anon_bytes"],
+    )
+
+
 def _split(m: dict[str, int], weights: int) -> str:
     if "startup_peak_anon_bytes" not in m:
         return "-"
-    heap = m["startup_peak_anon_bytes"] - m["base_anon_bytes"]
-    mapped = m["startup_peak_file_bytes"] - m["base_file_bytes"]
-    kept = m["after_startup_anon_bytes"] - m["base_anon_bytes"]
+    heap, mapped, kept = _parts(m)
     return f"{heap / weights:.2f}x / {mapped / weights:.2f}x; {kept / weights:.2f}x"
 
 

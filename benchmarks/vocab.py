@@ -36,7 +36,7 @@ import torch
 
 from benchmarks.cpu_meter import resident_bytes
 from benchmarks.records import Record, publish
-from benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table, quote_key
 
 ROOT = Path(__file__).parents[1]
 SMOLLM2 = ROOT / "models" / "smollm2-135m-instruct"
@@ -154,6 +154,21 @@ def table(settings: list[dict[str, Any]]) -> list[list[str]]:
         cells.append("-" if whole_s is None or chunked_s is None else f"{chunked_s / whole_s:.2f}")
         rows.append(cells)
     return rows
+
+
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): each model's and micro-batch size's
+    peaks in GiB (``qwen2-5-vocabulary-2-layers.4096.whole``: "out of memory" where it ran
+    out) and the range of chunked over whole step time."""
+    out, ratios = {}, []
+    for row in table(record.data["settings"]):
+        name, tokens, _, whole, chunked, *_, ratio = row
+        key = f"{quote_key(name)}.{tokens.replace(',', '')}"
+        out |= {f"{key}.whole": whole, f"{key}.chunked": chunked}
+        if ratio != "-":
+            ratios.append(float(ratio))
+    out["chunked-over-whole"] = f"{min(ratios):.2f}-{max(ratios):.2f}"
+    return out
 
 
 def render(record: Record) -> str:

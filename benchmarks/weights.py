@@ -407,6 +407,22 @@ def main() -> None:
     print(line)
 
 
+def quotes(record: Record) -> dict[str, str]:
+    """What docs may quote (``benchmarks/quotes.py``): the table's rates and memory."""
+    s, bucket = summary(record.data["result"]), record.data["result"]["bucket_bytes"]
+    return {
+        "publish": f"{s['publish_gbps']:.2f} GB/s",
+        "pull": f"{s['pull_gbps']:.2f} GB/s",
+        "pull-over-memcpy": f"{s['pull_gbps'] / s['memcpy_gbps']:.2f}x",
+        "relay-private-mb": f"{s['relay_private_buckets'] * bucket / 1e6:.1f}",
+        "pull-private-buckets": f"{s['pull_private_over_model_buckets']:.2f}",
+        "store-first-publish": f"{s['store_first_publish_models']:.2f}x",
+        "store-later-publish": f"{s['store_publish_models']:.2f}x",
+        "commit": record.commit,
+        "date": record.date.split()[0],
+    }
+
+
 def render(record: Record) -> str:
     """The section: how the versions were timed, then the table of their summary."""
     data = record.data
