@@ -268,8 +268,8 @@ def quotes(record: Record) -> dict[str, str]:
     """What docs may quote (``benchmarks/quotes.py``), per model (``1-1b-llama-bf16``): the
     adapter's bytes as a share of the model's, full over adapter sync time (medians of the
     versions after the first), the full publish's range in seconds and, where a batch was
-    generated, the adapter's generate time over the full model's; the commit and date."""
-    out = {"commit": record.commit, "date": record.date.split()[0]}
+    generated, the adapter's generate time over the full model's."""
+    out: dict[str, str] = {}
     for model, runs in record.data["measured"]:
         key = quote_key(model.split(", into")[0])
         full, lora = runs["full"], runs["adapter"]

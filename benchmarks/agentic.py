@@ -50,11 +50,10 @@ def quotes(record: Record) -> dict[str, str]:
     """What docs may quote of the section (``benchmarks/quotes.py``), per mode (``sync``,
     ``one-step``, ``async-k-2``): its trained samples/s (``.samples-per-s``) and their ratio
     to sync's (``.x-sync``), as the table writes them; its trainer's and rollout worker's
-    idle share in percent, mean staleness and held-out accuracy at the end; the commit and
-    date."""
+    idle share in percent, mean staleness and held-out accuracy at the end."""
     results = record.data["runs"]
     base = next(iter(results.values()))
-    out = {"commit": record.commit, "date": record.date.split()[0]}
+    out: dict[str, str] = {}
     for label, r in results.items():
         key = quote_key(label)
         out[f"{key}.samples-per-s"] = f"{r['samples_per_s']:.1f}"

@@ -82,7 +82,7 @@ import torch
 from benchmarks.records import Record, publish
 from benchmarks.sim_scale import GROUP, GROUPS_PER_STEP, PROMPT_TOKENS, SIZES, WORKLOADS
 from benchmarks.sim_scale import scenario as scale_scenario
-from benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table, span
 from sluice.engines.protocols import Completion, Delta
 from sluice.engines.rollout.dispatcher import (
     LOOKAHEAD_STEPS,
@@ -1565,10 +1565,10 @@ def quotes(record: Record) -> dict[str, str]:
     seconds; over the ramp the CPU ranges of the machine, the workers, the store and the
     dispatcher, the most any step carried over the demand, and the share of the
     dispatcher's wall time in ``StoreClient.settle_records``; the projected headroom at the
-    largest size; a take's own work at the largest cell; the commit and date."""
+    largest size; a take's own work at the largest cell."""
     m = Measurement.from_dict(record.data)
     top = largest_demand(m.demands)
-    out = {"commit": record.commit, "date": record.date.split()[0]}
+    out: dict[str, str] = {}
 
     def level(key: str, r: LevelResult) -> None:
         take = r.latency["take"]
@@ -1579,10 +1579,6 @@ def quotes(record: Record) -> dict[str, str]:
             f"{key}.take-p50": f"{take.p50:.2f} s",
             f"{key}.take-p99": f"{take.p99:.1f} s",
         })  # fmt: skip
-
-    def span(values: Sequence[float], digits: int = 2, unit: str = "") -> str:
-        low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
-        return (low if low == high else f"{low}-{high}") + unit
 
     for r in m.levels:
         level(f"levels.{r.workers}", r)
@@ -1607,7 +1603,7 @@ def quotes(record: Record) -> dict[str, str]:
             if frame.startswith("StoreClient.settle_records")
         ]
         if settle:
-            out["ramp.settle-share"] = span([100 * x for x in settle], 0, "%")
+            out["ramp.settle-share"] = span([100 * x for x in settle], "%", 0)
     costs = costs_of([*m.levels, *m.ramp], m.probes, m.takes)
     at_top = [d for d in m.demands if d.accelerators == max(SIZES)]
     for name, busy in (
@@ -1621,7 +1617,7 @@ def quotes(record: Record) -> dict[str, str]:
     out["take-ms"] = f"{1e3 * m.takes[shape]:.1f} ms"
     smaller = [1e3 * seconds for cell, seconds in m.takes.items() if cell != shape]
     if smaller:
-        out["take-ms-smaller"] = span(smaller, 1, " ms")
+        out["take-ms-smaller"] = span(smaller, " ms", 1)
     return out
 
 

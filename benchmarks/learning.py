@@ -31,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.records import machine
 from benchmarks.report import measured_commit, uncommitted
-from benchmarks.tables import markdown_table, spread
+from benchmarks.tables import markdown_table, span, spread
 
 ROOT = Path(__file__).parents[1]
 CONFIG = "configs/default.yaml"
@@ -189,10 +189,12 @@ def quotes(folder: str, steps: int) -> dict[str, str] | None:
     if not runs:
         return None
     out = {"commits": ", ".join(sorted({r["commit"] for r in runs}))}
-    gain = {id(r): 100 * (r["heldout"][str(steps)] - r["heldout"]["0"]) for r in runs}
-    for end, pick in (("lowest", min), ("highest", max)):
-        run = pick(runs, key=lambda r: gain[id(r)])
-        out[f"{end}-gain"] = f"{gain[id(run)]:+.1f}"
+    gains = sorted(
+        ((100 * (r["heldout"][str(steps)] - r["heldout"]["0"]), r) for r in runs),
+        key=lambda g: g[0],
+    )
+    for end, (gain, run) in (("lowest", gains[0]), ("highest", gains[-1])):
+        out[f"{end}-gain"] = f"{gain:+.1f}"
         out[f"{end}-gain.of"] = f"{run['variant']}, seed {run['seed']}"
     for label in VARIANTS:
         mine = sorted((r for r in runs if r["variant"] == label), key=lambda r: r["seed"])
@@ -210,7 +212,7 @@ def quotes(folder: str, steps: int) -> dict[str, str] | None:
             f"{key}.gain": _signed(gains),
             f"{key}.median-gain": f"{statistics.median(gains):+.1f}",
             f"{key}.gain-range": f"{min(gains):+.1f} to {max(gains):+.1f}",
-            f"{key}.samples-per-s-range": _range([r["samples_per_s"] for r in mine]),
+            f"{key}.samples-per-s-range": span([r["samples_per_s"] for r in mine], "", 0),
         }
         for r, a, b in zip(mine, first, last, strict=True):
             at = f"{key}.s{r['seed']}"
@@ -227,12 +229,6 @@ def quotes(folder: str, steps: int) -> dict[str, str] | None:
             for step, accuracy in r["heldout"].items():
                 out[f"{at}.at{step}"] = f"{100 * accuracy:.1f}%"
     return out
-
-
-def _range(values: list[float]) -> str:
-    """``288-305``: the lowest and highest of whole numbers, or the one."""
-    low, high = f"{min(values):.0f}", f"{max(values):.0f}"
-    return low if low == high else f"{low}-{high}"
 
 
 def _signed(values: list[float]) -> str:

@@ -98,9 +98,9 @@ def table(step_s: dict[str, list[float]], tokens: int) -> list[str]:
 def quotes(record: Record) -> dict[str, str]:
     """What docs may quote (``benchmarks/quotes.py``): each setting's median step seconds
     and its step over the 4096-token one's (``no-split.x-4096``), a packed step over the
-    padded one at the same size (``1024-packed.x-padded``); the commit and date."""
+    padded one at the same size (``1024-packed.x-padded``)."""
     step_s = record.data["step_s"]
-    out = {"commit": record.commit, "date": record.date.split()[0]}
+    out: dict[str, str] = {}
     for label, samples in step_s.items():
         ratio = statistics.median(t / b for t, b in zip(samples, step_s[BASELINE], strict=True))
         out[f"{quote_key(label)}.step-s"] = f"{statistics.median(samples):.3f}"

@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from benchmarks.records import Record, publish, run_record
-from benchmarks.tables import markdown_table
+from benchmarks.tables import markdown_table, span
 from sluice.storage.ledger import Ledger
 
 ROOT = Path(__file__).parents[1]
@@ -94,19 +94,15 @@ def quotes(record: Record) -> dict[str, str]:
     ``misbehaving``) the lowest and highest of its runs' median step seconds, trained
     samples/s and failed samples (``misbehaving.samples-per-s``)."""
 
-    def span(values: list[float], digits: int, unit: str = "") -> str:
-        low, high = f"{min(values):,.{digits}f}", f"{max(values):,.{digits}f}"
-        return (low if low == high else f"{low}-{high}") + unit
-
     out = {}
     for name, runs in record.data["runs"].items():
         steps = [statistics.median(s["wall_s"] for s in r["run"]["steps"]) for r in runs]
         out |= {
-            f"{name}.step-s": span(steps, 2),
+            f"{name}.step-s": span(steps),
             f"{name}.samples-per-s": span(
-                [r["run"]["samples_per_s"] for r in runs], 1, " samples/s"
+                [r["run"]["samples_per_s"] for r in runs], " samples/s", 1
             ),
-            f"{name}.failed": span([r["failed_samples"] for r in runs], 0),
+            f"{name}.failed": span([r["failed_samples"] for r in runs], "", 0),
         }
     return out
 

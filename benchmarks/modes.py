@@ -199,9 +199,9 @@ def quotes(record: Record) -> dict[str, str]:
     one_step's, its share of the pipeline bound, and the medians over the rounds of its
     samples/s, trainer and rollout idle (percent) and mean staleness; each round's
     samples/s (``one-step.r1.samples-per-s``); the bound, each seed's starting held-out
-    accuracy and the range of the runs' held-out gains in points; the commit and date."""
+    accuracy and the range of the runs' held-out gains in points."""
     results = record.data["results"]
-    out = {"commit": record.commit, "date": record.date.split()[0]}
+    out: dict[str, str] = {}
     bounds = [pipeline_bound(sync)[2] for sync in results.get("sync", [])]
     if bounds:
         out["bound"] = f"{statistics.median(bounds):.1f}"

@@ -6,7 +6,7 @@ when the Markdown is rendered). SOURCE is where the number comes from:
 
 - a section of BENCHMARKS.md (``peer-trl-smollm2``): its newest record
   (``benchmarks/records.py``), whose module names its quotable values in
-  ``quotes(record) -> dict[str, str]``;
+  ``quotes(record) -> dict[str, str]``, beside the ``commit`` and ``date`` of every record;
 - ``learning/<folder>/<steps>``: the learning runs kept under
   ``benchmarks/results/<folder>/`` (``benchmarks/learning.py``; the folder may be nested,
   ``learning/repeats``), their ``quotes``.
@@ -77,7 +77,9 @@ def values(source: str) -> dict[str, str] | None:
     record = newest(source)
     assert record is not None
     quotes = record.beside("quotes")
-    return quotes(record) if quotes else {}
+    # Every record's commit and date, beside what its module names.
+    own = {"commit": record.commit, "date": record.date.split()[0]}
+    return own | (quotes(record) if quotes else {})
 
 
 def rewrite(text: str, read: dict[str, dict[str, str] | None] | None = None) -> str:

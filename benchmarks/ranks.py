@@ -168,9 +168,9 @@ def quotes(record: Record) -> dict[str, str]:
     """What docs may quote (``benchmarks/quotes.py``): each engine's and layout's speed-up
     and median step seconds (``torch-ddp.2-ranks-x-1-thread.speedup``), the range of the
     speed-ups of each layout over the engines (``2-ranks-x-1-thread.speedups``), the widest
-    spread of one configuration's rounds, the commit and date."""
+    spread of one configuration's rounds."""
     found = rows(record.data["launches"], record.data["warmup"])
-    out = {"commit": record.commit, "date": record.date.split()[0]}
+    out: dict[str, str] = {}
     for r in found:
         key = f"{quote_key(r.engine)}.{quote_key(r.layout)}"
         out[f"{key}.speedup"] = f"{r.speedup:.2f}x"

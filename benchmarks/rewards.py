@@ -75,13 +75,13 @@ def quotes(record: Record) -> dict[str, str]:
     its scoring µs a sample and trained samples/s as median (min-max); the ratio of the
     isolated path's median samples/s to the in-process one's and whether it is within
     ``TARGET``; the µs the subprocess adds a sample and their share of a trained sample's
-    end-to-end time; the commit and date."""
+    end-to-end time."""
     micro, runs = record.data["micro_us"], record.data["runs"]
     inner, isolated = PATHS
     rate = {label: [r["run"]["samples_per_s"] for r in runs[label]] for label in PATHS}
     ratio = statistics.median(rate[isolated]) / statistics.median(rate[inner])
     added = statistics.median(micro[isolated]) - statistics.median(micro[inner])
-    out = {"commit": record.commit, "date": record.date.split()[0]}
+    out: dict[str, str] = {}
     for label in PATHS:
         out[f"{quote_key(label)}.us"] = spread(micro[label], "", 1)
         out[f"{quote_key(label)}.samples-per-s"] = spread(rate[label], "", 1)

@@ -137,9 +137,9 @@ def factor_spread(profile: Profile, modes: Record) -> list[dict[str, Any]]:
 def quotes(record: Record) -> dict[str, str]:
     """What docs may quote (``benchmarks/quotes.py``): each row's measured ratio (median
     (min-max), and the median alone), prediction and error (``default-workload-one-step.
-    error``); the refitted factors' ranges; the commit and date."""
+    error``); the refitted factors' ranges."""
     data = record.data
-    out = {"commit": record.commit, "date": record.date.split()[0]}
+    out: dict[str, str] = {}
     for r in data["rows"]:
         key = quote_key(r["config"])
         out |= {

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.records import Record, publish
-from benchmarks.tables import quote_key
+from benchmarks.tables import quote_key, span
 from sluice.sim.engine import simulate
 from sluice.sim.hardware import (
     ASSUMPTIONS,
@@ -250,11 +250,6 @@ def read_grid(data: dict[str, Any]) -> Grid:
     }
 
 
-def _span(values: list[float], unit: str, digits: int) -> str:
-    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
-    return f"{low}{unit}" if low == high else f"{low}-{high}{unit}"
-
-
 def quotes(record: Record) -> dict[str, str]:
     """What docs may quote (``benchmarks/quotes.py``), per policy and cell
     (``async-k-2-dispatch.7b-x1024``): the speed-up over the baseline, the share of
@@ -285,10 +280,10 @@ def quotes(record: Record) -> dict[str, str]:
                     f"{key}.{cell}.lag-max": str(max(lag, default=0)),
                 }
             ups += model_ups
-            out[f"{key}.{quote_key(model)}.speedups"] = _span(model_ups, "x", 2)
+            out[f"{key}.{quote_key(model)}.speedups"] = span(model_ups, "x", 2)
             if drops:
-                out[f"{key}.{quote_key(model)}.dropped"] = _span(drops, "%", 0)
-        out[f"{key}.speedups"] = _span(ups, "x", 2)
+                out[f"{key}.{quote_key(model)}.dropped"] = span(drops, "%", 0)
+        out[f"{key}.speedups"] = span(ups, "x", 2)
     repack = []
     for model, by in grid.items():
         for size, cells in by.items():
@@ -301,7 +296,7 @@ def quotes(record: Record) -> dict[str, str]:
                 for label, policy in policies.items()
                 if policy["mode"] == "async" and policy["max_staleness"] >= 2
             ]
-            out[f"{cell}.k2-up"] = _span(k2_up, "x", 2)
+            out[f"{cell}.k2-up"] = span(k2_up, "x", 2)
     out["repack-effect"] = f"{min(repack):+.0f}% to {max(repack):+.0f}%"
     return out
 

@@ -29,6 +29,13 @@ def spread(values: Sequence[float], unit: str = "x", digits: int = 1) -> str:
     return f"{mid:.{digits}f}{unit} ({low:.{digits}f}-{high:.{digits}f})"
 
 
+def span(values: Sequence[float], unit: str = "", digits: int = 2) -> str:
+    """``288-305``: the lowest and highest of ``values``, or one number when they print
+    alike."""
+    low, high = f"{min(values):,.{digits}f}", f"{max(values):,.{digits}f}"
+    return (low if low == high else f"{low}-{high}") + unit
+
+
 # How every training-run throughput is timed; docs/benchmarks.md, "One clock", says it whole.
 ONE_CLOCK = (
     "Samples/s: trained samples over the run's wall clock from its first step's start to its "

@@ -418,8 +418,6 @@ def quotes(record: Record) -> dict[str, str]:
         "pull-private-buckets": f"{s['pull_private_over_model_buckets']:.2f}",
         "store-first-publish": f"{s['store_first_publish_models']:.2f}x",
         "store-later-publish": f"{s['store_publish_models']:.2f}x",
-        "commit": record.commit,
-        "date": record.date.split()[0],
     }
 
 
